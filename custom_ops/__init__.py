@@ -1,0 +1,1 @@
+"""Kernels generated from a small spec, compiled and verified, to fill gaps between providers."""

@@ -1,0 +1,161 @@
+"""Reference models built with onnx.helper: deterministic weights (seeded), opset 17, IR version 8.
+
+Each builder returns an `onnx.ModelProto` whose nodes have names in the style of PyTorch exports
+(`/block1/conv/Conv`), so tests see what users' models look like.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+IR_VERSION = 8
+
+
+class _Builder:
+    """Collects nodes and initializers; names every node `/{scope}/{Op}`."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+
+    def weight(self, name: str, shape: tuple[int, ...], scale: float | None = None) -> str:
+        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
+        scale = scale if scale is not None else 1.0 / np.sqrt(max(fan_in, 1))
+        self.initializers.append(numpy_helper.from_array((self.rng.standard_normal(shape) * scale).astype(np.float32), name))
+        return name
+
+    def const(self, name: str, value) -> str:
+        self.initializers.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], scope: str, outputs: int = 1, **attrs) -> str:
+        names = [f"{scope}/{op_type}_output_{i}" for i in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, inputs, names, name=f"{scope}/{op_type}", **attrs))
+        return names[0]
+
+    def conv(self, x: str, scope: str, cin: int, cout: int, k: int = 3, stride: int = 1, group: int = 1,
+             relu: bool = True) -> str:
+        w = self.weight(f"{scope}.weight", (cout, cin // group, k, k))
+        b = self.weight(f"{scope}.bias", (cout,), scale=0.1)
+        y = self.op("Conv", [x, w, b], f"{scope}/conv", kernel_shape=[k, k], strides=[stride, stride],
+                    pads=[k // 2] * 4, group=group)
+        return self.op("Relu", [y], f"{scope}/relu") if relu else y
+
+    def model(self, name: str, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
+        graph = helper.make_graph(self.nodes, name, inputs, outputs, self.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
+                                  producer_name="uhop-onnx.models")
+        onnx.checker.check_model(model)
+        return onnx.shape_inference.infer_shapes(model)
+
+
+def _io(name: str, shape: list) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def mlp(batch: int = 4, sizes: tuple[int, ...] = (64, 128, 128, 10), seed: int = 0) -> onnx.ModelProto:
+    """Gemm/MatMul + Add + Relu layers, softmax at the end."""
+    b = _Builder(seed)
+    x = "input"
+    for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
+        scope = f"/fc{i}"
+        if i % 2 == 0:
+            x = b.op("Gemm", [x, b.weight(f"fc{i}.weight", (n_out, n_in)), b.weight(f"fc{i}.bias", (n_out,), 0.1)],
+                     scope, transB=1)
+        else:
+            x = b.op("MatMul", [x, b.weight(f"fc{i}.weight", (n_in, n_out))], scope)
+            x = b.op("Add", [x, b.weight(f"fc{i}.bias", (n_out,), 0.1)], scope)
+        if i < len(sizes) - 2:
+            x = b.op("Relu", [x], f"{scope}/relu")
+    b.nodes.append(helper.make_node("Softmax", [x], ["output"], name="/softmax/Softmax", axis=-1))
+    return b.model("mlp", [_io("input", [batch, sizes[0]])], [_io("output", [batch, sizes[-1]])])
+
+
+def cnn(size: int = 32, channels: tuple[int, ...] = (3, 16, 32, 32), classes: int = 10, seed: int = 1) -> onnx.ModelProto:
+    """Conv + Relu + MaxPool blocks, global average pool, flatten, Gemm."""
+    b = _Builder(seed)
+    x = "input"
+    for i, (cin, cout) in enumerate(zip(channels, channels[1:])):
+        x = b.conv(x, f"/block{i}", cin, cout)
+        x = b.op("MaxPool", [x], f"/block{i}/pool", kernel_shape=[2, 2], strides=[2, 2])
+    return _head(b, x, channels[-1], classes, "cnn", [1, channels[0], size, size])
+
+
+def resnet(size: int = 32, width: int = 16, blocks: int = 3, classes: int = 10, seed: int = 2) -> onnx.ModelProto:
+    """A stem conv, then residual blocks (conv-relu-conv, add the skip, relu), then the head."""
+    b = _Builder(seed)
+    x = b.conv("input", "/stem", 3, width)
+    for i in range(blocks):
+        y = b.conv(x, f"/layer{i}/conv1", width, width)
+        y = b.conv(y, f"/layer{i}/conv2", width, width, relu=False)
+        x = b.op("Relu", [b.op("Add", [x, y], f"/layer{i}/add")], f"/layer{i}/relu")
+    return _head(b, x, width, classes, "resnet", [1, 3, size, size])
+
+
+def mobilenet(size: int = 32, widths: tuple[int, ...] = (16, 32, 64), classes: int = 10, seed: int = 3) -> onnx.ModelProto:
+    """Depthwise-separable blocks: depthwise 3x3 conv + Clip(0, 6), pointwise 1x1 conv + Clip(0, 6)."""
+    b = _Builder(seed)
+    lo, hi = b.const("relu6.min", np.float32(0.0)), b.const("relu6.max", np.float32(6.0))
+    x = b.conv("input", "/stem", 3, widths[0], stride=2, relu=False)
+    x = b.op("Clip", [x, lo, hi], "/stem/relu6")
+    for i, (cin, cout) in enumerate(zip(widths, widths[1:])):
+        x = b.conv(x, f"/dw{i}", cin, cin, group=cin, relu=False)
+        x = b.op("Clip", [x, lo, hi], f"/dw{i}/relu6")
+        x = b.conv(x, f"/pw{i}", cin, cout, k=1, relu=False)
+        x = b.op("Clip", [x, lo, hi], f"/pw{i}/relu6")
+    return _head(b, x, widths[-1], classes, "mobilenet", [1, 3, size, size])
+
+
+def transformer(seq: int = 16, hidden: int = 64, heads: int = 4, seed: int = 4) -> onnx.ModelProto:
+    """One encoder block: multi-head self-attention and a Gelu (Erf) MLP, each with a residual and LayerNorm."""
+    b = _Builder(seed)
+    head = hidden // heads
+    x = "input"
+
+    def project(src: str, name: str, n_in: int, n_out: int) -> str:
+        y = b.op("MatMul", [src, b.weight(f"{name}.weight", (n_in, n_out))], f"/attn/{name}")
+        return b.op("Add", [y, b.weight(f"{name}.bias", (n_out,), 0.1)], f"/attn/{name}")
+
+    split = b.const("heads.shape", np.array([1, seq, heads, head], np.int64))
+    q, k, v = (
+        b.op("Transpose", [b.op("Reshape", [project(x, n, hidden, hidden), split], f"/attn/{n}/split")],
+             f"/attn/{n}/heads", perm=perm)
+        for n, perm in (("query", [0, 2, 1, 3]), ("key", [0, 2, 3, 1]), ("value", [0, 2, 1, 3]))
+    )
+    scores = b.op("Mul", [b.op("MatMul", [q, k], "/attn/scores"), b.const("scale", np.float32(1 / np.sqrt(head)))],
+                  "/attn/scale")
+    context = b.op("MatMul", [b.op("Softmax", [scores], "/attn/softmax", axis=-1), v], "/attn/context")
+    merged = b.op("Reshape", [b.op("Transpose", [context], "/attn/merge", perm=[0, 2, 1, 3]),
+                              b.const("merge.shape", np.array([1, seq, hidden], np.int64))], "/attn/merge")
+    x = _layer_norm(b, b.op("Add", [x, project(merged, "out", hidden, hidden)], "/attn/residual"), "/ln1", hidden)
+    h = project(x, "fc1", hidden, 4 * hidden)
+    erf = b.op("Erf", [b.op("Div", [h, b.const("sqrt2", np.float32(np.sqrt(2)))], "/mlp/gelu")], "/mlp/gelu")
+    gate = b.op("Mul", [b.op("Add", [erf, b.const("one", np.float32(1))], "/mlp/gelu"), b.const("half", np.float32(0.5))],
+                "/mlp/gelu/half")
+    gelu = b.op("Mul", [h, gate], "/mlp/gelu")
+    y = b.op("Add", [x, project(gelu, "fc2", 4 * hidden, hidden)], "/mlp/residual")
+    out = _layer_norm(b, y, "/ln2", hidden)
+    b.nodes.append(helper.make_node("Identity", [out], ["output"], name="/output/Identity"))
+    return b.model("transformer", [_io("input", [1, seq, hidden])], [_io("output", [1, seq, hidden])])
+
+
+def _layer_norm(b: _Builder, x: str, scope: str, hidden: int) -> str:
+    scale = b.const(f"{scope}.weight", np.ones(hidden, np.float32))
+    bias = b.const(f"{scope}.bias", np.zeros(hidden, np.float32))
+    return b.op("LayerNormalization", [x, scale, bias], scope, axis=-1, epsilon=1e-5)
+
+
+def _head(b: _Builder, x: str, width: int, classes: int, name: str, input_shape: list) -> onnx.ModelProto:
+    x = b.op("GlobalAveragePool", [x], "/head/pool")
+    x = b.op("Flatten", [x], "/head/flatten", axis=1)
+    fc = b.op("Gemm", [x, b.weight("fc.weight", (classes, width)), b.weight("fc.bias", (classes,), 0.1)], "/head/fc",
+              transB=1)
+    b.nodes.append(helper.make_node("Identity", [fc], ["output"], name="/output/Identity"))
+    return b.model(name, [_io("input", input_shape)], [_io("output", [input_shape[0], classes])])
+
+
+BUILDERS = {"mlp": mlp, "cnn": cnn, "resnet": resnet, "mobilenet": mobilenet, "transformer": transformer}

@@ -1,0 +1,1 @@
+"""From capabilities to stages: which provider runs each node, and the convex subgraphs that result."""

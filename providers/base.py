@@ -1,0 +1,133 @@
+"""What every provider is: presence, a capability table plus the runtime's own query, and compilation.
+
+A provider is a loader (`compile`) of runners (`Runner.run`). Runners import only numpy and their own
+runtime, so a bundle can run them on a board that has nothing else.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from uhop_onnx.errors import ProviderError
+
+from .capability import CapabilityTable, Support
+
+if TYPE_CHECKING:
+    import onnx
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a provider can run on this host, and if not, why and how to install it."""
+
+    id: str
+    present: bool
+    version: str | None = None
+    device: str | None = None
+    reason: str = ""
+    install: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Absent(Exception):
+    """Raised by `Provider.probe` with the reason a provider cannot run here."""
+
+
+class Runner(ABC):
+    """A compiled stage. Feeds and results are keyed by the stage's ONNX tensor names, in ONNX layout.
+
+    Values are numpy arrays, or tensors resident on `device` when the next stage shares that device;
+    `to_host` brings one back to a numpy array.
+    """
+
+    device: str = "cpu"
+
+    @abstractmethod
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def to_host(self, value: Any) -> np.ndarray:
+        return np.asarray(value)
+
+    def close(self) -> None:
+        """Release the runtime's resources."""
+
+
+class Provider(ABC):
+    """One way to run ONNX nodes: a runtime on a device."""
+
+    id: ClassVar[str]
+    install: ClassVar[str]  # the command that makes this provider present
+    table: ClassVar[CapabilityTable]
+    option_names: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, options: Mapping[str, Any] | None = None, threads: int | None = None):
+        options = dict(options or {})
+        unknown = sorted(set(options) - self.option_names)
+        if unknown:
+            valid = ", ".join(sorted(self.option_names)) or "none"
+            raise ProviderError(f"{self.id}: unknown option(s) {', '.join(unknown)}; valid options: {valid}")
+        if threads is not None and threads < 1:
+            raise ProviderError(f"threads must be a positive integer, got {threads}")
+        self.options = options
+        self.threads = threads
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(options={self.options!r}, threads={self.threads!r})"
+
+    @cached_property
+    def availability(self) -> Availability:
+        try:
+            version, device = self.probe()
+        except Absent as absent:
+            return Availability(self.id, False, reason=str(absent), install=self.install,
+                                device=self.options.get("device"))
+        return Availability(self.id, True, version=version, device=device)
+
+    @property
+    def present(self) -> bool:
+        return self.availability.present
+
+    def require(self) -> None:
+        """Raise a `ProviderError` naming the reason and the install command when absent."""
+        if not self.present:
+            a = self.availability
+            hint = f"; to install: {a.install}" if a.install else ""
+            raise ProviderError(f"provider {self.id!r} is not available: {a.reason}{hint}")
+
+    @classmethod
+    def known_options(cls) -> list[dict[str, Any]]:
+        """One options dict per device this provider knows, for `devices`."""
+        return [{}]
+
+    @abstractmethod
+    def probe(self) -> tuple[str, str]:
+        """Return (runtime version, device) or raise `Absent` with the reason."""
+
+    def query(self, model: onnx.ModelProto) -> dict[str, Support]:
+        """The runtime's own answer for nodes the table accepted, by node name; nodes absent from the
+        answer are taken as supported. The default has no runtime query."""
+        return {}
+
+    @abstractmethod
+    def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
+        """Build a runner for a standalone ONNX model. `exclusive` is False when other stages share the
+        process, so the runtime must not keep spinning threads between calls."""
+
+
+def output_dtypes(model: onnx.ModelProto) -> dict[str, np.dtype]:
+    """Declared numpy dtype of each graph output."""
+    from onnx import helper
+
+    return {
+        o.name: np.dtype(helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type))
+        for o in model.graph.output
+        if o.type.tensor_type.elem_type
+    }

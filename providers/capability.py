@@ -1,0 +1,99 @@
+"""Declarative capability tables: which ops a provider runs, at which opsets, types and attributes.
+
+A table is data. `check` reads one node against it and answers `Support(ok, reason)`, where a "no"
+quotes the actual value and what the provider requires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from uhop_onnx.graph import Graph, Node
+
+ANY_OPSET = (1, 10_000)
+
+
+@dataclass(frozen=True)
+class Support:
+    """A provider's answer for one node: yes, or no with the reason."""
+
+    ok: bool
+    reason: str = ""
+    source: str = "table"  # "table" or "runtime": who said so
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+YES = Support(True)
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """One op a provider runs, and the constraints under which it runs it."""
+
+    op: str
+    domain: str = ""
+    opsets: tuple[int, int] = ANY_OPSET  # inclusive range of the domain's opset version
+    dtypes: frozenset[str] | None = None  # element types allowed on inputs and outputs; None: the table's
+    attributes: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)  # name -> allowed values
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # attribute values when absent
+    ranks: tuple[int, ...] | None = None  # allowed ranks of the first input
+    constant_inputs: tuple[int, ...] = ()  # input positions that must be initializers
+
+
+@dataclass(frozen=True)
+class CapabilityTable:
+    """The ops one provider runs. With `any_op`, every op of `domains` is run unless a rule says otherwise."""
+
+    provider: str
+    rules: tuple[OpRule, ...]
+    dtypes: frozenset[str]
+    domains: Mapping[str, tuple[int, int]]  # domain -> opset range the provider accepts
+    any_op: bool = False
+
+    def rule(self, domain: str, op: str) -> OpRule | None:
+        return self._index.get((domain, op))
+
+    @cached_property
+    def _index(self) -> dict[tuple[str, str], OpRule]:
+        return {(r.domain, r.op): r for r in self.rules}
+
+
+def check(table: CapabilityTable, node: Node, graph: Graph) -> Support:
+    """Whether `table` accepts `node`, and if not, why."""
+    where = f"{node.domain or 'ai.onnx'}.{node.op_type}"
+    if node.domain not in table.domains:
+        known = ", ".join(repr(d or "ai.onnx") for d in table.domains)
+        return Support(False, f"domain {node.domain!r} is not supported by {table.provider} (supported: {known})")
+    version = graph.opsets.get(node.domain, 0)
+    low, high = table.domains[node.domain]
+    if not low <= version <= high:
+        return Support(False, f"opset {version} of {node.domain or 'ai.onnx'} is outside {low}..{high}")
+    rule = table.rule(node.domain, node.op_type)
+    if rule is None:
+        return YES if table.any_op else Support(False, f"{where} is not in {table.provider}'s table")
+    if not rule.opsets[0] <= version <= rule.opsets[1]:
+        return Support(False, f"{where} at opset {version}; supported opsets {rule.opsets[0]}..{rule.opsets[1]}")
+    allowed = rule.dtypes or table.dtypes
+    for name in (*node.inputs, *node.outputs):
+        info = graph.tensors.get(name) if name else None
+        if info is not None and info.dtype is not None and info.dtype not in allowed:
+            return Support(False, f"tensor {name!r} is {info.dtype}; supported: {', '.join(sorted(allowed))}")
+    for attr, values in rule.attributes.items():
+        value = node.attributes.get(attr, rule.defaults.get(attr))
+        if value not in values:
+            return Support(False, f"attribute {attr}={value!r}; supported: {', '.join(map(repr, values))}")
+    if rule.ranks is not None and node.inputs:
+        shape = graph.tensors.get(node.inputs[0])
+        rank = len(shape.shape) if shape and shape.shape is not None else None
+        if rank not in rule.ranks:
+            return Support(False, f"input rank {rank}; supported ranks: {', '.join(map(str, rule.ranks))}")
+    for position in rule.constant_inputs:
+        if position < len(node.inputs) and node.inputs[position] not in graph.initializers:
+            return Support(False, f"input {position} ({node.inputs[position]!r}) must be a constant initializer")
+    return YES

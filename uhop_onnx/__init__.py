@@ -1,0 +1,41 @@
+"""uhop-onnx: write an ONNX model once, run it fast on whatever hardware is present.
+
+Attributes are imported on first use, so that `uhop_onnx.bundle` on a board needs only numpy and the
+runtimes a bundle names.
+"""
+
+from importlib import import_module
+
+from .errors import InputError, ModelError, PlanError, ProviderError, StageError, UhopError
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "load": "uhop_onnx.loader",
+    "optimize": "uhop_onnx.optimize",
+    "InferenceSession": "uhop_onnx.session",
+    "Plan": "uhop_onnx.plan",
+    "Stage": "uhop_onnx.plan",
+    "devices": "uhop_onnx.providers",
+}
+
+__all__ = [
+    "InferenceSession",
+    "InputError",
+    "ModelError",
+    "Plan",
+    "PlanError",
+    "ProviderError",
+    "Stage",
+    "StageError",
+    "UhopError",
+    "devices",
+    "load",
+    "optimize",
+]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'uhop_onnx' has no attribute {name!r}")

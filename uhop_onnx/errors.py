@@ -1,0 +1,40 @@
+"""The exceptions uhop-onnx raises: one small tree under `UhopError`."""
+
+
+class UhopError(Exception):
+    """Base of every error uhop-onnx raises on purpose."""
+
+    exit_code = 2
+
+
+class ModelError(UhopError):
+    """The model file or graph is unusable: not ONNX, truncated, cyclic, unsafe, unsupported."""
+
+
+class InputError(UhopError):
+    """Feeds passed to `run` do not match the model's inputs."""
+
+
+class ProviderError(UhopError):
+    """A provider is unknown, absent, cannot run what it was given, or failed while running."""
+
+
+class PlanError(UhopError):
+    """A plan or an assignment is inconsistent, or a plan folder cannot be read or written."""
+
+
+class StageError(ProviderError):
+    """A stage failed at run time; names the stage and its provider."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, stage: int, provider: str):
+        super().__init__(message)
+        self.stage = stage
+        self.provider = provider
+
+
+def first_line(error: BaseException, limit: int = 400) -> str:
+    """The first line of an exception's message (its class name when it has none), for one-line errors."""
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0][:limit]

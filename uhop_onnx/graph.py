@@ -1,0 +1,163 @@
+"""A read-only view of an ONNX graph as a DAG of named nodes, with the type of every tensor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import onnx
+from onnx import helper
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Element type (`"float"`, `"int64"`, ... as ONNX spells them) and shape (ints, symbols or None)."""
+
+    dtype: str | None
+    shape: tuple[int | str | None, ...] | None
+
+    @property
+    def type(self) -> str:
+        return f"tensor({self.dtype})" if self.dtype else "tensor(unknown)"
+
+    @classmethod
+    def from_type_proto(cls, type_proto: onnx.TypeProto) -> TensorInfo:
+        if type_proto.WhichOneof("value") != "tensor_type":
+            return cls(None, None)
+        tensor = type_proto.tensor_type
+        dtype = onnx.TensorProto.DataType.Name(tensor.elem_type).lower() if tensor.elem_type else None
+        if not tensor.HasField("shape"):
+            return cls(dtype, None)
+        shape = tuple(
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim
+        )
+        return cls(dtype, shape)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node: its position in the graph, names, and attribute values (subgraphs left as protos)."""
+
+    index: int
+    name: str
+    op_type: str
+    domain: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attributes: dict[str, Any] = field(repr=False)
+    outer_inputs: frozenset[str] = field(repr=False)  # outer-scope tensors its subgraphs read
+
+
+@dataclass(frozen=True)
+class Graph:
+    """The main graph of a model: nodes in topological order and what connects them."""
+
+    nodes: tuple[Node, ...]
+    tensors: dict[str, TensorInfo]
+    initializers: frozenset[str]
+    inputs: tuple[str, ...]  # graph inputs that are not initializers
+    outputs: tuple[str, ...]
+    opsets: dict[str, int]
+
+    @classmethod
+    def from_model(cls, model: onnx.ModelProto) -> Graph:
+        g = model.graph
+        tensors = {}
+        for value in (*g.input, *g.value_info, *g.output):
+            tensors[value.name] = TensorInfo.from_type_proto(value.type)
+        for init in g.initializer:
+            tensors.setdefault(init.name, TensorInfo(_dtype_name(init.data_type), tuple(init.dims)))
+        initializers = frozenset(i.name for i in g.initializer) | frozenset(
+            i.values.name for i in g.sparse_initializer
+        )
+        nodes = tuple(
+            Node(
+                index=i,
+                name=n.name,
+                op_type=n.op_type,
+                domain=_domain(n.domain),
+                inputs=tuple(n.input),
+                outputs=tuple(n.output),
+                attributes={a.name: helper.get_attribute_value(a) for a in n.attribute},
+                outer_inputs=frozenset(outer_inputs(n)),
+            )
+            for i, n in enumerate(g.node)
+        )
+        opsets = {_domain(o.domain): o.version for o in model.opset_import}
+        return cls(
+            nodes=nodes,
+            tensors=tensors,
+            initializers=initializers,
+            inputs=tuple(i.name for i in g.input if i.name not in initializers),
+            outputs=tuple(o.name for o in g.output),
+            opsets=opsets,
+        )
+
+    def node(self, name: str) -> Node:
+        return self.nodes[self.index_of[name]]
+
+    @cached_property
+    def index_of(self) -> dict[str, int]:
+        return {n.name: n.index for n in self.nodes}
+
+    @cached_property
+    def producer(self) -> dict[str, int]:
+        """Tensor name -> index of the node that writes it."""
+        return {out: n.index for n in self.nodes for out in n.outputs if out}
+
+    @cached_property
+    def readers(self) -> dict[str, frozenset[int]]:
+        """Tensor name -> indices of the nodes that read it (directly or from a subgraph)."""
+        readers: dict[str, set[int]] = {}
+        for n in self.nodes:
+            for name in reads(n):
+                readers.setdefault(name, set()).add(n.index)
+        return {name: frozenset(r) for name, r in readers.items()}
+
+    @cached_property
+    def successors(self) -> tuple[frozenset[int], ...]:
+        """For each node, the nodes that read one of its outputs."""
+        return tuple(frozenset(j for out in n.outputs if out for j in self.readers.get(out, ())) for n in self.nodes)
+
+    @cached_property
+    def predecessors(self) -> tuple[frozenset[int], ...]:
+        preds: list[set[int]] = [set() for _ in self.nodes]
+        for i, succ in enumerate(self.successors):
+            for j in succ:
+                preds[j].add(i)
+        return tuple(frozenset(p) for p in preds)
+
+
+def reads(node: Node) -> set[str]:
+    """Every tensor a node reads: its inputs and the outer-scope names its subgraphs use."""
+    return {name for name in node.inputs if name} | node.outer_inputs
+
+
+def _domain(domain: str) -> str:
+    return "" if domain == "ai.onnx" else domain
+
+
+def _dtype_name(data_type: int) -> str:
+    return onnx.TensorProto.DataType.Name(data_type).lower()
+
+
+def outer_inputs(node: onnx.NodeProto) -> set[str]:
+    """Names a node's subgraphs read from enclosing scopes."""
+    used: set[str] = set()
+    for attr in node.attribute:
+        for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
+            used |= _free_names(sub)
+    return used
+
+
+def _free_names(graph: onnx.GraphProto) -> set[str]:
+    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    defined |= {i.values.name for i in graph.sparse_initializer}
+    free: set[str] = set()
+    for n in graph.node:
+        free |= {name for name in n.input if name and name not in defined}
+        free |= outer_inputs(n) - defined
+        defined |= set(n.output)
+    free |= {o.name for o in graph.output if o.name not in defined}
+    return free

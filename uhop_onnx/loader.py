@@ -1,0 +1,183 @@
+"""`load`: read an ONNX model safely, check it, name its nodes and infer its shapes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import external_data_helper, shape_inference
+
+from .errors import ModelError, first_line
+from .graph import outer_inputs
+
+MIN_OPSET = 7
+MIN_IR_VERSION = 3
+
+
+def load(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.ModelProto:
+    """Load and check a model; return it with every node named and shapes inferred.
+
+    Unnamed nodes become `f"{op_type}_{index}"`; a clash gets a numeric suffix. External data is read only
+    from inside the model's own folder.
+    """
+    if isinstance(model, onnx.ModelProto):
+        proto, where, folder = _copy(model), "model", None
+    elif isinstance(model, bytes):
+        proto, where, folder = _parse(model, "model"), "model", None
+    else:
+        path = Path(model)
+        if not path.is_file():
+            raise ModelError(f"{path}: no such file")
+        proto, where, folder = _parse(path.read_bytes(), str(path)), str(path), path.resolve().parent
+    _check_versions(proto, where)
+    _load_external_data(proto, folder, where)
+    name_nodes(proto.graph)
+    _check_structure(proto.graph, where)
+    try:
+        onnx.checker.check_model(proto)
+        return shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
+    except (onnx.checker.ValidationError, shape_inference.InferenceError) as error:
+        raise ModelError(f"{where}: {first_line(error)}") from None
+
+
+def name_nodes(graph: onnx.GraphProto) -> None:
+    """Give every node a unique name: unnamed ones `op_type_index`, clashes a numeric suffix."""
+    taken: set[str] = set()
+    for index, node in enumerate(graph.node):
+        base = node.name or f"{node.op_type}_{index}"
+        name, k = base, 0
+        while name in taken:
+            k += 1
+            name = f"{base}_{k}"
+        node.name = name
+        taken.add(name)
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy
+
+
+def _parse(data: bytes, where: str) -> onnx.ModelProto:
+    if not data:
+        raise ModelError(f"{where}: the file is empty")
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as error:
+        raise ModelError(f"{where}: not an ONNX model or truncated ({first_line(error)})") from None
+    if not proto.HasField("graph") or proto.ir_version == 0:
+        raise ModelError(f"{where}: not an ONNX model (no graph or no IR version)")
+    return proto
+
+
+def _check_versions(model: onnx.ModelProto, where: str) -> None:
+    if not MIN_IR_VERSION <= model.ir_version <= onnx.IR_VERSION:
+        raise ModelError(
+            f"{where}: IR version {model.ir_version} is outside {MIN_IR_VERSION}..{onnx.IR_VERSION} "
+            f"(onnx {onnx.__version__}); re-export the model with a supported IR version"
+        )
+    newest = onnx.defs.onnx_opset_version()
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx") and not MIN_OPSET <= opset.version <= newest:
+            raise ModelError(
+                f"{where}: opset {opset.version} of ai.onnx is outside the supported {MIN_OPSET}..{newest}; "
+                "convert it with onnx.version_converter or re-export"
+            )
+
+
+def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor of a graph and its subgraphs: initializers and tensor attributes."""
+    yield from graph.initializer
+    yield from (s.values for s in graph.sparse_initializer)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
+                yield from _tensors(sub)
+
+
+def _load_external_data(model: onnx.ModelProto, folder: Path | None, where: str) -> None:
+    external = [t for t in _tensors(model.graph) if external_data_helper.uses_external_data(t)]
+    if not external:
+        return
+    if folder is None:
+        raise ModelError(f"{where}: tensors use external data; load the model from its file path instead")
+    for tensor in external:
+        info = external_data_helper.ExternalDataInfo(tensor)
+        location = Path(info.location)
+        target = (folder / location).resolve()
+        if location.is_absolute() or not target.is_relative_to(folder):
+            raise ModelError(
+                f"{where}: external data of tensor {tensor.name!r} points outside the model's folder "
+                f"({info.location!r}); keep external data files beside the model"
+            )
+        if not target.is_file():
+            raise ModelError(f"{where}: external data file {info.location!r} of tensor {tensor.name!r} is missing")
+        end = (info.offset or 0) + (info.length or 0)
+        if end > target.stat().st_size:
+            raise ModelError(f"{where}: external data of tensor {tensor.name!r} runs past the end of {info.location!r}")
+    try:
+        external_data_helper.load_external_data_for_model(model, str(folder))
+    except (OSError, ValueError) as error:
+        raise ModelError(f"{where}: cannot read external data ({first_line(error)})") from None
+
+
+def _check_structure(graph: onnx.GraphProto, where: str) -> None:
+    """Dangling inputs, tensors written twice, and cycles, named; an unsorted acyclic graph is sorted."""
+    available = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    available |= {i.values.name for i in graph.sparse_initializer}
+    writer: dict[str, int] = {}
+    for index, node in enumerate(graph.node):
+        for out in filter(None, node.output):
+            if out in writer or out in available:
+                first = f"node {graph.node[writer[out]].name!r}" if out in writer else "a graph input or initializer"
+                raise ModelError(f"{where}: tensor {out!r} is written by both {first} and node {node.name!r}")
+            writer[out] = index
+    for node in graph.node:
+        for name in filter(None, node.input):
+            if name not in writer and name not in available:
+                raise ModelError(
+                    f"{where}: node {node.name!r} reads {name!r}, which no node, graph input or initializer provides"
+                )
+    for out in graph.output:
+        if out.name not in writer and out.name not in available:
+            raise ModelError(f"{where}: graph output {out.name!r} is produced by nothing")
+    _sort(graph, writer, where)
+
+
+def _sort(graph: onnx.GraphProto, writer: dict[str, int], where: str) -> None:
+    """Topologically sort the nodes (depth first, stable), or name the cycle that prevents it."""
+    nodes = list(graph.node)
+    deps = [sorted({writer[i] for i in (*n.input, *outer_inputs(n)) if i in writer}) for n in nodes]
+    order: list[int] = []
+    state = [0] * len(nodes)  # 0 unseen, 1 on the path, 2 placed
+    for root in range(len(nodes)):
+        if state[root]:
+            continue
+        path = [(root, iter(deps[root]))]
+        state[root] = 1
+        while path:
+            index, pending = path[-1]
+            dep = next(pending, None)
+            if dep is None:
+                path.pop()
+                state[index] = 2
+                order.append(index)
+            elif state[dep] == 1:
+                on_path = [i for i, _ in path]
+                cycle = [nodes[i].name for i in on_path[on_path.index(dep):]] + [nodes[dep].name]
+                raise ModelError(f"{where}: the graph has a cycle through nodes {' -> '.join(cycle)}")
+            elif state[dep] == 0:
+                state[dep] = 1
+                path.append((dep, iter(deps[dep])))
+    if order != list(range(len(nodes))):
+        del graph.node[:]
+        graph.node.extend(nodes[i] for i in order)
+

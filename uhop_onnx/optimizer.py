@@ -1,0 +1,100 @@
+"""`optimize`: model -> graph -> capabilities -> placement -> stages -> Plan."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
+
+import onnx
+from onnx import numpy_helper
+
+from .errors import PlanError
+from .graph import Graph
+from .loader import load
+from .partitioner.capabilities import capabilities
+from .partitioner.extract import extract
+from .partitioner.partition import partition
+from .partitioner.placement import first_supported
+from .plan import Plan, Stage, TensorSig
+from .providers import LAST_RESORT, Provider, ProviderSpec, create, parse_spec, resolve
+from .simplify import simplify
+
+
+def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[ProviderSpec] | None = None,
+             assign: Mapping[str, str] | None = None, profile: bool = True, threads: int | None = None) -> Plan:
+    """Place every node of `model` on a provider and split it into stages.
+
+    `providers` lists provider ids (or `(id, options)`) in preference order; None means every provider
+    present. `assign` pins nodes (by name in the loaded model) to provider ids. Placement today takes, for
+    each node, the first provider that supports it; `profile` is accepted for the measured placement.
+    """
+    loaded = load(model)
+    simplified = simplify(loaded)
+    graph = Graph.from_model(simplified)
+    chosen = resolve(providers, threads)
+    pinned = _pins(assign or {}, loaded, graph, chosen, threads)
+    names = [_label(p) for p in chosen]
+    support = [capabilities(simplified, graph, p) for p in chosen]
+    placement = first_supported(graph, support, pinned, names)
+    stages = []
+    for k, spec in enumerate(partition(graph, placement)):
+        provider = chosen[spec.provider]
+        stage_model = extract(simplified, graph, spec.nodes, name=f"stage_{k}")
+        stages.append(Stage(
+            provider=provider.id,
+            options=dict(provider.options),
+            nodes=[graph.nodes[i].name for i in spec.nodes],
+            inputs=[i.name for i in stage_model.graph.input],
+            outputs=[o.name for o in stage_model.graph.output],
+            file=f"stage_{k:02d}_{provider.id}.onnx",
+            model=stage_model,
+        ))
+    return Plan(
+        model_name=_model_name(model, loaded),
+        model_hash=hashlib.sha256(loaded.SerializeToString(deterministic=True)).hexdigest(),
+        inputs=[_signature(graph, name) for name in graph.inputs],
+        outputs=[_signature(graph, name) for name in graph.outputs],
+        providers=[{"id": p.id, "options": dict(p.options), "version": p.availability.version} for p in chosen],
+        stages=stages,
+        constants={t.name: numpy_helper.to_array(t) for t in simplified.graph.initializer if t.name in graph.outputs},
+        threads=threads,
+    )
+
+
+def _pins(assign: Mapping[str, str], loaded: onnx.ModelProto, graph: Graph, chosen: list[Provider],
+          threads: int | None) -> dict[str, int]:
+    """Node name -> index into `chosen`. An assigned provider missing from `chosen` joins it, before the
+    last resort; names of nodes that simplification removed are ignored."""
+    known = {n.name for n in loaded.graph.node}
+    for node, spec in assign.items():
+        if node not in known:
+            sample = ", ".join(sorted(known)[:10])
+            raise PlanError(f"assign: no node named {node!r} in the model (nodes include: {sample})")
+        if _find(chosen, spec) is None:
+            provider = create(spec, threads)
+            provider.require()
+            chosen.insert(len(chosen) - (chosen[-1].id == LAST_RESORT), provider)
+    return {node: _find(chosen, spec) for node, spec in assign.items() if node in graph.index_of}
+
+
+def _find(chosen: list[Provider], spec: ProviderSpec) -> int | None:
+    ident, options = parse_spec(spec)
+    return next((i for i, p in enumerate(chosen) if p.id == ident and (not options or p.options == options)), None)
+
+
+def _label(provider: Provider) -> str:
+    device = provider.options.get("device")
+    return f"{provider.id}:{device}" if device else provider.id
+
+
+def _signature(graph: Graph, name: str) -> TensorSig:
+    info = graph.tensors.get(name)
+    shape = None if info is None or info.shape is None else list(info.shape)
+    return TensorSig(name=name, type=info.type if info else "tensor(unknown)", shape=shape)
+
+
+def _model_name(source, loaded: onnx.ModelProto) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        return os.path.splitext(os.path.basename(os.fspath(source)))[0]
+    return loaded.graph.name or "model"

@@ -1,0 +1,178 @@
+"""The plan: stages in run order, each a standalone ONNX model and the provider that runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import PlanError
+
+SCHEMA = "uhop-onnx.plan/1"
+PLAN_FILE = "plan.json"
+CONSTANTS_FILE = "constants.npz"
+
+
+@dataclass(frozen=True)
+class TensorSig:
+    """A model input or output, as onnxruntime's `NodeArg`: `name`, `shape`, `type` (`"tensor(float)"`)."""
+
+    name: str
+    type: str
+    shape: list[int | str | None] | None  # None when unknown
+
+    @property
+    def dtype(self):
+        """The numpy dtype of `type`, or None for types numpy cannot hold."""
+        from .dtypes import numpy_dtype
+
+        return numpy_dtype(self.type)
+
+
+@dataclass
+class Stage:
+    """One subgraph on one provider. `nodes` are node names of the loaded model."""
+
+    provider: str
+    options: dict[str, Any]
+    nodes: list[str]
+    inputs: list[str]
+    outputs: list[str]
+    file: str
+    cost_ms: float | None = None
+    fallback: str | None = None  # the provider that re-ran this stage after it failed
+    model: Any = field(default=None, repr=False)  # onnx.ModelProto, read from `file` on demand
+
+    @property
+    def label(self) -> str:
+        device = self.options.get("device")
+        return f"{self.provider}:{device}" if device else self.provider
+
+
+@dataclass
+class Plan:
+    """Where each part of a model runs. Built by `uhop_onnx.optimize`, run by `uhop_onnx.InferenceSession`."""
+
+    model_name: str
+    model_hash: str
+    inputs: list[TensorSig]
+    outputs: list[TensorSig]
+    providers: list[dict[str, Any]]  # {"id", "options", "version"}, in preference order
+    stages: list[Stage]
+    placement: str = "first-supported"
+    constants: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # outputs no stage computes
+    threads: int | None = None
+    folder: Path | None = field(default=None, repr=False)
+
+    def get_providers(self) -> list[str]:
+        return list(dict.fromkeys(s.provider for s in self.stages))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "model": {"name": self.model_name, "sha256": self.model_hash},
+            "inputs": [asdict(t) for t in self.inputs],
+            "outputs": [asdict(t) for t in self.outputs],
+            "providers": self.providers,
+            "placement": self.placement,
+            "threads": self.threads,
+            "constants": sorted(self.constants),
+            "stages": [
+                {k: v for k, v in asdict(s).items() if k != "model"} for s in self.stages
+            ],
+        }
+
+    def stage_model(self, stage: Stage):
+        """The stage's ONNX model, read from the plan folder when not in memory."""
+        if stage.model is None:
+            import onnx
+
+            if self.folder is None:
+                raise PlanError(f"stage {stage.file!r} has no model in memory and the plan has no folder")
+            path = self.folder / stage.file
+            try:
+                stage.model = onnx.load(path)
+            except Exception as error:  # noqa: BLE001 - unreadable or not a protobuf
+                raise PlanError(f"{path}: cannot read stage model ({error})") from None
+        return stage.model
+
+    def record_fallback(self, index: int, provider: str) -> None:
+        """Mark stage `index` as re-run on `provider`, in the plan folder too when there is one."""
+        self.stages[index].fallback = provider
+        if self.folder is not None:
+            _write_atomically(self.folder / PLAN_FILE, json.dumps(self.to_json(), indent=2) + "\n")
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        """Write `plan.json`, the stage models and constants into `folder`, which must be absent or empty.
+
+        Everything is written to a temporary folder beside it and renamed into place.
+        """
+        target = Path(folder)
+        if target.exists() and (not target.is_dir() or any(target.iterdir())):
+            raise PlanError(f"{target}: exists and is not an empty folder; choose a new output folder")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            import onnx
+
+            for stage in self.stages:
+                onnx.save(self.stage_model(stage), staging / stage.file)
+            if self.constants:
+                np.savez(staging / CONSTANTS_FILE, **self.constants)
+            (staging / PLAN_FILE).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+            if target.exists():
+                target.rmdir()
+            staging.rename(target)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        self.folder = target
+        return target
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike) -> Plan:
+        """Read a plan folder written by `save`; stage models are read when first needed."""
+        folder = Path(folder)
+        path = folder / PLAN_FILE
+        if not path.is_file():
+            raise PlanError(f"{folder}: not a plan folder (no {PLAN_FILE}); create one with `uhop-onnx optimize`")
+        try:
+            data = json.loads(path.read_text())
+            if data.get("schema") != SCHEMA:
+                raise PlanError(f"{path}: schema {data.get('schema')!r} is not {SCHEMA!r}; re-run optimize")
+            constants = {}
+            if data.get("constants"):
+                with np.load(folder / CONSTANTS_FILE, allow_pickle=False) as stored:
+                    constants = {name: stored[name] for name in data["constants"]}
+            stages = [Stage(**s) for s in data["stages"]]
+            for stage in stages:
+                if Path(stage.file).name != stage.file or not (folder / stage.file).is_file():
+                    raise PlanError(f"{path}: stage file {stage.file!r} is missing or not inside the plan folder")
+            return cls(
+                model_name=data["model"]["name"],
+                model_hash=data["model"]["sha256"],
+                inputs=[TensorSig(**t) for t in data["inputs"]],
+                outputs=[TensorSig(**t) for t in data["outputs"]],
+                providers=data["providers"],
+                stages=stages,
+                placement=data.get("placement", "first-supported"),
+                constants=constants,
+                threads=data.get("threads"),
+                folder=folder,
+            )
+        except PlanError:
+            raise
+        except (ValueError, KeyError, TypeError, OSError) as error:
+            raise PlanError(f"{path}: not a valid plan ({type(error).__name__}: {error})") from None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
