@@ -1,0 +1,78 @@
+"""Compile generated C into a shared library (or a static aarch64 program), cached on disk.
+
+The cache key is the hash of the source, the flags and the compiler's version banner, so a new compiler or a
+changed generator rebuilds. Files are written under a temporary name and renamed, so a concurrent build or an
+interrupted one never leaves a half-written library in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+from uhop_onnx.errors import UhopError
+
+from .spec import TARGETS, host_target
+
+log = logging.getLogger(__name__)
+
+BASE_FLAGS = ("-O3", "-std=c11", "-fno-math-errno", "-pthread", "-D_POSIX_C_SOURCE=200809L", "-D_ISOC11_SOURCE")
+
+
+class BuildError(UhopError):
+    """The C compiler is missing or rejected the generated source."""
+
+
+def cache_dir() -> Path:
+    """`$UHOP_CACHE_DIR`, else `$XDG_CACHE_HOME/uhop-onnx`, else `~/.cache/uhop-onnx`."""
+    if os.environ.get("UHOP_CACHE_DIR"):
+        return Path(os.environ["UHOP_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "uhop-onnx"
+
+
+@cache
+def compiler_version(compiler: str) -> str:
+    """The first line of `compiler --version`; raises `BuildError` when the compiler is not installed."""
+    if shutil.which(compiler) is None:
+        raise BuildError(f"C compiler {compiler!r} is not on PATH")
+    out = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False)
+    return (out.stdout.splitlines() or [compiler])[0].strip()
+
+
+def compile_command(target: str, shared: bool = True) -> list[str]:
+    t = TARGETS[target]
+    kind = ["-shared", "-fPIC"] if shared else ["-static"]
+    return [t.compiler, *BASE_FLAGS, *t.flags, *kind]
+
+
+def build(source: str, target: str | None = None, *, shared: bool = True, libs: tuple[str, ...] = ("-lm",)) -> Path:
+    """The path of the compiled `source` for `target` (the host's by default), building it unless cached."""
+    target = target or host_target()
+    command = compile_command(target, shared)
+    version = compiler_version(command[0])
+    key = hashlib.sha256("\0".join([source, *command, *libs, version]).encode()).hexdigest()[:24]
+    out = cache_dir() / "kernels" / f"{target}-{key}{'.so' if shared else ''}"
+    if out.is_file() and out.stat().st_size > 0:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        c_file, binary = Path(tmp) / "kernels.c", Path(tmp) / out.name
+        c_file.write_text(source)
+        result = subprocess.run([*command, str(c_file), "-o", str(binary), *libs], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise BuildError(f"{command[0]} failed to build the {target} kernels:\n{result.stderr[-2000:]}")
+        os.replace(binary, out)
+    log.info("built %s", out)
+    return out
+
+
+def evict(path: Path) -> None:
+    """Remove a cached build that failed to load or verify, so the next `build` compiles it afresh."""
+    path.unlink(missing_ok=True)

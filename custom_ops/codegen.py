@@ -1,0 +1,415 @@
+"""Lowering: a `LibrarySpec` to C source for its target (AVX2/FMA, NEON, or portable scalar C).
+
+The source holds, for every micro-kernel of the spec, a register-blocked kernel whose accumulators are named
+variables (an array would be spilled), the packing routines, a blocked GEMM with a fused epilogue, an im2col
+and a direct convolution, a bias+clamp kernel and a naive GEMM for comparison. Work is split over POSIX
+threads. Every exported function checks its arguments and returns a nonzero code instead of touching memory
+it was not given.
+"""
+
+from __future__ import annotations
+
+from .spec import LibrarySpec, MicroKernel, Target, check_library
+
+VECTOR_MACROS = {
+    "x86-64-avx2": """
+typedef __m256 vf;
+#define VZERO() _mm256_setzero_ps()
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VSTORE(p, v) _mm256_storeu_ps(p, v)
+#define VSET1(x) _mm256_set1_ps(x)
+#define VBCAST(p) _mm256_broadcast_ss(p)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VADD(a, b) _mm256_add_ps(a, b)
+#define VMUL(a, b) _mm256_mul_ps(a, b)
+#define VMAX(a, b) _mm256_max_ps(a, b)
+#define VMIN(a, b) _mm256_min_ps(a, b)
+""",
+    "aarch64-neon": """
+typedef float32x4_t vf;
+#define VZERO() vdupq_n_f32(0.0f)
+#define VLOAD(p) vld1q_f32(p)
+#define VSTORE(p, v) vst1q_f32(p, v)
+#define VSET1(x) vdupq_n_f32(x)
+#define VBCAST(p) vld1q_dup_f32(p)
+#define VFMA(a, b, c) vfmaq_f32(c, a, b)
+#define VADD(a, b) vaddq_f32(a, b)
+#define VMUL(a, b) vmulq_f32(a, b)
+#define VMAX(a, b) vmaxq_f32(a, b)
+#define VMIN(a, b) vminq_f32(a, b)
+""",
+    "scalar": """
+typedef float vf;
+#define VZERO() 0.0f
+#define VLOAD(p) (*(p))
+#define VSTORE(p, v) (*(p) = (v))
+#define VSET1(x) (x)
+#define VBCAST(p) (*(p))
+#define VFMA(a, b, c) ((a) * (b) + (c))
+#define VADD(a, b) ((a) + (b))
+#define VMUL(a, b) ((a) * (b))
+#define VMAX(a, b) fmaxf(a, b)
+#define VMIN(a, b) fminf(a, b)
+""",
+}
+
+PRELUDE = r"""
+#include <math.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+typedef ptrdiff_t idx;
+typedef struct { float alpha; idx brs, bcs; int clamp; float lo, hi; } epi_t;
+typedef void (*micro_fn)(idx, const float *, const float *, float *, idx, int, int, int, int, const epi_t *,
+                         const float *);
+typedef struct { int mr, nr; micro_fn fn; } kernel_t;
+enum { UK_OK = 0, UK_BAD_VARIANT = 1, UK_BAD_BLOCKS = 2, UK_NO_MEMORY = 3, UK_BAD_SHAPE = 4 };
+static idx imin(idx a, idx b) { return a < b ? a : b; }
+static idx imax(idx a, idx b) { return a > b ? a : b; }
+
+/* The generic epilogue of a partial tile t (m x n of an ldt-wide tile) into C. */
+static void tile_epilogue(const float *t, int ldt, float *c, idx rsc, int m, int n, int first, int last,
+                          const epi_t *e, const float *bias) {
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            float v = e->alpha * t[i * ldt + j];
+            if (!first) v += c[i * rsc + j];
+            if (last) {
+                if (bias) v += bias[i * e->brs + j * e->bcs];
+                if (e->clamp) v = fminf(fmaxf(v, e->lo), e->hi);
+            }
+            c[i * rsc + j] = v;
+        }
+}
+"""
+
+COMMON = r"""
+/* Pack an mc x kc block of A (strides rsa, csa) into MR-row panels, k-major, zero-padded to whole panels. */
+static void pack_a(int MR, idx mc, idx kc, const float *a, idx rsa, idx csa, float *ap) {
+    for (idx ir = 0; ir < mc; ir += MR, ap += MR * kc) {
+        int m = (int)imin(MR, mc - ir);
+        const float *ai = a + ir * rsa;
+        if (csa == 1) {
+            for (int i = 0; i < MR; i++)
+                for (idx p = 0; p < kc; p++) ap[p * MR + i] = i < m ? ai[i * rsa + p] : 0.0f;
+        } else {
+            for (idx p = 0; p < kc; p++)
+                for (int i = 0; i < MR; i++) ap[p * MR + i] = i < m ? ai[i * rsa + p * csa] : 0.0f;
+        }
+    }
+}
+
+/* Pack a kc x nc block of B (strides rsb, csb) into NR-column panels, zero-padded to whole panels. */
+static void pack_b(int NR, idx kc, idx nc, const float *b, idx rsb, idx csb, float *bp) {
+    for (idx jr = 0; jr < nc; jr += NR, bp += NR * kc) {
+        int n = (int)imin(NR, nc - jr);
+        const float *bj = b + jr * csb;
+        if (n == NR && csb == 1) {
+            for (idx p = 0; p < kc; p++) memcpy(bp + p * NR, bj + p * rsb, sizeof(float) * NR);
+        } else {
+            for (int j = 0; j < NR; j++)
+                for (idx p = 0; p < kc; p++) bp[p * NR + j] = j < n ? bj[p * rsb + j * csb] : 0.0f;
+        }
+    }
+}
+
+typedef struct { int mc, kc, nc; } blocks_t;
+typedef struct {
+    const kernel_t *k; blocks_t bl; idx M, N, K; const float *A; idx rsa, csa; const float *B; idx rsb, csb;
+    float *C; idx rsc; epi_t e; const float *bias; int split_n;
+} gemm_t;
+
+static float *alloc_floats(idx n) {
+    size_t bytes = ((size_t)(n > 0 ? n : 1) * sizeof(float) + 63) & ~(size_t)63;
+    return (float *)aligned_alloc(64, bytes);
+}
+
+/* C[M x N] = epilogue(alpha * A B), one thread, with caller's packing buffers. */
+static void gemm_serial(const gemm_t *g, idx m0, idx m1, idx n0, idx n1, float *ap, float *bp) {
+    const int MR = g->k->mr, NR = g->k->nr;
+    const idx K = g->K;
+    for (idx jc = n0; jc < n1; jc += g->bl.nc) {
+        idx nb = imin(g->bl.nc, n1 - jc);
+        for (idx pc = 0; pc < K || pc == 0; pc += g->bl.kc) {
+            idx kb = imin(g->bl.kc, K - pc);
+            int first = pc == 0, last = pc + kb >= K;
+            pack_b(NR, kb, nb, g->B + pc * g->rsb + jc * g->csb, g->rsb, g->csb, bp);
+            for (idx ic = m0; ic < m1; ic += g->bl.mc) {
+                idx mb = imin(g->bl.mc, m1 - ic);
+                pack_a(MR, mb, kb, g->A + ic * g->rsa + pc * g->csa, g->rsa, g->csa, ap);
+                for (idx jr = 0; jr < nb; jr += NR)
+                    for (idx ir = 0; ir < mb; ir += MR) {
+                        idx row = ic + ir, col = jc + jr;
+                        const float *bias = g->bias ? g->bias + row * g->e.brs + col * g->e.bcs : NULL;
+                        g->k->fn(kb, ap + ir * kb, bp + jr * kb, g->C + row * g->rsc + col, g->rsc,
+                                 (int)imin(MR, mb - ir), (int)imin(NR, nb - jr), first, last, &g->e, bias);
+                    }
+            }
+        }
+    }
+}
+
+/* Run fn over [0, items) split into `threads` contiguous ranges, one POSIX thread per range. */
+typedef void (*range_fn)(void *ctx, idx begin, idx end);
+typedef struct { range_fn fn; void *ctx; idx begin, end; } range_t;
+static void *range_main(void *arg) { range_t *r = (range_t *)arg; r->fn(r->ctx, r->begin, r->end); return NULL; }
+static void parallel_for(int threads, idx items, range_fn fn, void *ctx) {
+    enum { MAX_THREADS = 64 };
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads > items) threads = (int)items;
+    if (threads <= 1) { if (items > 0) fn(ctx, 0, items); return; }
+    pthread_t tid[MAX_THREADS];
+    range_t r[MAX_THREADS];
+    int started[MAX_THREADS];
+    for (int t = 0; t < threads; t++) {
+        r[t] = (range_t){fn, ctx, items * t / threads, items * (t + 1) / threads};
+        started[t] = t > 0 && pthread_create(&tid[t], NULL, range_main, &r[t]) == 0;
+    }
+    range_main(&r[0]);
+    for (int t = 1; t < threads; t++) {
+        if (started[t]) pthread_join(tid[t], NULL); else range_main(&r[t]);
+    }
+}
+
+static void gemm_range(void *ctx, idx begin, idx end) {
+    const gemm_t *g = (const gemm_t *)ctx;
+    int MR = g->k->mr, NR = g->k->nr;
+    float *ap = alloc_floats((idx)g->bl.mc * imin(g->bl.kc, imax(g->K, 1)));
+    float *bp = alloc_floats((idx)g->bl.nc * imin(g->bl.kc, imax(g->K, 1)));
+    if (ap && bp) {
+        if (g->split_n) gemm_serial(g, 0, g->M, imin(begin * NR, g->N), imin(end * NR, g->N), ap, bp);
+        else gemm_serial(g, imin(begin * MR, g->M), imin(end * MR, g->M), 0, g->N, ap, bp);
+    }
+    free(ap);
+    free(bp);
+}
+
+static int check_blocks(const kernel_t *k, blocks_t bl) {
+    return bl.mc >= k->mr && bl.mc % k->mr == 0 && bl.nc >= k->nr && bl.nc % k->nr == 0 && bl.kc >= 1;
+}
+
+static int gemm_run(gemm_t *g, int threads) {
+    idx nblocks = (g->N + g->k->nr - 1) / g->k->nr, mblocks = (g->M + g->k->mr - 1) / g->k->mr;
+    g->split_n = nblocks >= 2 * (idx)threads || nblocks >= mblocks;
+    parallel_for(threads, g->split_n ? nblocks : mblocks, gemm_range, g);
+    return UK_OK;
+}
+
+int uk_variants(void) { return (int)(sizeof(KERNELS) / sizeof(KERNELS[0])); }
+int uk_variant_mr(int v) { return v >= 0 && v < uk_variants() ? KERNELS[v].mr : 0; }
+int uk_variant_nr(int v) { return v >= 0 && v < uk_variants() ? KERNELS[v].nr : 0; }
+
+/* C = clamp(alpha * A B + bias, lo, hi); bias[i * brs + j * bcs] (strides 0 broadcast), C row stride rsc. */
+int uk_gemm(int variant, int threads, int mc, int kc, int nc, idx M, idx N, idx K,
+            const float *A, idx rsa, idx csa, const float *B, idx rsb, idx csb, float *C, idx rsc,
+            float alpha, const float *bias, idx brs, idx bcs, int clamp, float lo, float hi) {
+    if (variant < 0 || variant >= uk_variants()) return UK_BAD_VARIANT;
+    if (M < 0 || N < 0 || K < 0 || rsc < N) return UK_BAD_SHAPE;
+    gemm_t g = {&KERNELS[variant], {mc, kc, nc}, M, N, K, A, rsa, csa, B, rsb, csb, C, rsc,
+                {alpha, brs, bcs, clamp, lo, hi}, bias, 1};
+    if (!check_blocks(g.k, g.bl)) return UK_BAD_BLOCKS;
+    if (M == 0 || N == 0) return UK_OK;
+    return gemm_run(&g, threads);
+}
+
+typedef struct {
+    const kernel_t *k; blocks_t bl; idx N, C, H, W, OC, KH, KW, sh, sw, pt, pl, dh, dw, G, OH, OW;
+    const float *x, *w, *bias; float *y; int clamp; float lo, hi; int inner_threads;
+} conv_t;
+
+static void im2col(const conv_t *cv, const float *x, float *col) {
+    idx Cg = cv->C / cv->G, P = cv->OH * cv->OW;
+    for (idx c = 0; c < Cg; c++)
+        for (idx kh = 0; kh < cv->KH; kh++)
+            for (idx kw = 0; kw < cv->KW; kw++) {
+                float *row = col + ((c * cv->KH + kh) * cv->KW + kw) * P;
+                for (idx oh = 0; oh < cv->OH; oh++) {
+                    idx ih = oh * cv->sh - cv->pt + kh * cv->dh;
+                    float *r = row + oh * cv->OW;
+                    if (ih < 0 || ih >= cv->H) { memset(r, 0, sizeof(float) * cv->OW); continue; }
+                    const float *xr = x + (c * cv->H + ih) * cv->W;
+                    for (idx ow = 0; ow < cv->OW; ow++) {
+                        idx iw = ow * cv->sw - cv->pl + kw * cv->dw;
+                        r[ow] = iw >= 0 && iw < cv->W ? xr[iw] : 0.0f;
+                    }
+                }
+            }
+}
+
+static int is_pointwise(const conv_t *cv) {
+    return cv->KH == 1 && cv->KW == 1 && cv->sh == 1 && cv->sw == 1 && cv->pt == 0 && cv->pl == 0 &&
+           cv->OH == cv->H && cv->OW == cv->W;
+}
+
+/* One (image, group) of an im2col convolution: Y_g = W_g col + bias. */
+static void conv_gemm_item(const conv_t *cv, idx item, float *col, float *ap, float *bp, int threads) {
+    idx n = item / cv->G, gi = item % cv->G, Cg = cv->C / cv->G, OCg = cv->OC / cv->G;
+    idx Kg = Cg * cv->KH * cv->KW, P = cv->OH * cv->OW;
+    const float *x = cv->x + (n * cv->C + gi * Cg) * cv->H * cv->W;
+    if (!is_pointwise(cv)) { im2col(cv, x, col); x = col; }
+    gemm_t g = {cv->k, cv->bl, OCg, P, Kg, cv->w + gi * OCg * Kg, Kg, 1, x, P, 1,
+                cv->y + (n * cv->OC + gi * OCg) * P, P, {1.0f, 1, 0, cv->clamp, cv->lo, cv->hi},
+                cv->bias ? cv->bias + gi * OCg : NULL, 1};
+    if (threads > 1) gemm_run(&g, threads); else gemm_serial(&g, 0, g.M, 0, g.N, ap, bp);
+}
+
+static void conv_gemm_range(void *ctx, idx begin, idx end) {
+    const conv_t *cv = (const conv_t *)ctx;
+    idx Cg = cv->C / cv->G, Kg = Cg * cv->KH * cv->KW, P = cv->OH * cv->OW, kb = imin(cv->bl.kc, imax(Kg, 1));
+    float *col = alloc_floats(Kg * P), *ap = alloc_floats((idx)cv->bl.mc * kb), *bp = alloc_floats((idx)cv->bl.nc * kb);
+    if (col && ap && bp)
+        for (idx item = begin; item < end; item++) conv_gemm_item(cv, item, col, ap, bp, cv->inner_threads);
+    free(col);
+    free(ap);
+    free(bp);
+}
+
+/* One output plane (image n, channel oc) of a direct convolution, accumulated tap by tap. */
+static void conv_direct_plane(const conv_t *cv, idx n, idx oc) {
+    idx Cg = cv->C / cv->G, OCg = cv->OC / cv->G, gi = oc / OCg, P = cv->OH * cv->OW;
+    float *y = cv->y + (n * cv->OC + oc) * P;
+    float b = cv->bias ? cv->bias[oc] : 0.0f;
+    for (idx i = 0; i < P; i++) y[i] = b;
+    for (idx c = 0; c < Cg; c++) {
+        const float *x = cv->x + (n * cv->C + gi * Cg + c) * cv->H * cv->W;
+        for (idx kh = 0; kh < cv->KH; kh++)
+            for (idx kw = 0; kw < cv->KW; kw++) {
+                float wv = cv->w[((oc * Cg + c) * cv->KH + kh) * cv->KW + kw];
+                idx shift = kw * cv->dw - cv->pl;  /* iw = ow * sw + shift */
+                idx lo = shift >= 0 ? 0 : (-shift + cv->sw - 1) / cv->sw;
+                idx hi = cv->W - 1 - shift < 0 ? 0 : imin(cv->OW, (cv->W - 1 - shift) / cv->sw + 1);
+                for (idx oh = 0; oh < cv->OH; oh++) {
+                    idx ih = oh * cv->sh - cv->pt + kh * cv->dh;
+                    if (ih < 0 || ih >= cv->H) continue;
+                    const float *xr = x + ih * cv->W + shift;
+                    float *yr = y + oh * cv->OW;
+                    if (cv->sw == 1) for (idx ow = lo; ow < hi; ow++) yr[ow] += wv * xr[ow];
+                    else for (idx ow = lo; ow < hi; ow++) yr[ow] += wv * xr[ow * cv->sw];
+                }
+            }
+    }
+    if (cv->clamp)
+        for (idx i = 0; i < P; i++) y[i] = fminf(fmaxf(y[i], cv->lo), cv->hi);
+}
+
+static void conv_direct_range(void *ctx, idx begin, idx end) {
+    const conv_t *cv = (const conv_t *)ctx;
+    for (idx item = begin; item < end; item++) conv_direct_plane(cv, item / cv->OC, item % cv->OC);
+}
+
+/* NCHW convolution with OIHW weights, groups, strides, pads, dilations; algo 0 im2col+GEMM, 1 direct. */
+int uk_conv2d(int variant, int threads, int mc, int kc, int nc, int algo,
+              idx N, idx C, idx H, idx W, idx OC, idx KH, idx KW, idx sh, idx sw, idx pt, idx pl, idx pb, idx pr,
+              idx dh, idx dw, idx G, const float *x, const float *w, const float *bias, float *y,
+              int clamp, float lo, float hi) {
+    if (variant < 0 || variant >= uk_variants()) return UK_BAD_VARIANT;
+    if (N < 0 || C < 1 || H < 1 || W < 1 || OC < 1 || KH < 1 || KW < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 ||
+        pt < 0 || pl < 0 || pb < 0 || pr < 0 || G < 1 || C % G || OC % G)
+        return UK_BAD_SHAPE;
+    idx OH = (H + pt + pb - dh * (KH - 1) - 1) / sh + 1, OW = (W + pl + pr - dw * (KW - 1) - 1) / sw + 1;
+    if (H + pt + pb < dh * (KH - 1) + 1 || W + pl + pr < dw * (KW - 1) + 1) return UK_BAD_SHAPE;
+    conv_t cv = {&KERNELS[variant], {mc, kc, nc}, N, C, H, W, OC, KH, KW, sh, sw, pt, pl, dh, dw, G, OH, OW,
+                 x, w, bias, y, clamp, lo, hi, 1};
+    if (!check_blocks(cv.k, cv.bl)) return UK_BAD_BLOCKS;
+    if (algo == 1) {
+        parallel_for(threads, N * OC, conv_direct_range, &cv);
+    } else if (N * G >= threads) {
+        parallel_for(threads, N * G, conv_gemm_range, &cv);
+    } else {
+        cv.inner_threads = threads;
+        conv_gemm_range(&cv, 0, N * G);
+    }
+    return UK_OK;
+}
+
+/* y = clamp(x + bias[c], lo, hi) over an (outer, channels, inner) view; bias may be NULL. */
+int uk_bias_act(idx outer, idx channels, idx inner, const float *x, float *y, const float *bias,
+                int clamp, float lo, float hi) {
+    if (outer < 0 || channels < 0 || inner < 0) return UK_BAD_SHAPE;
+    for (idx o = 0; o < outer; o++)
+        for (idx c = 0; c < channels; c++) {
+            float b = bias ? bias[c] : 0.0f;
+            const float *xs = x + (o * channels + c) * inner;
+            float *ys = y + (o * channels + c) * inner;
+            if (clamp) for (idx i = 0; i < inner; i++) ys[i] = fminf(fmaxf(xs[i] + b, lo), hi);
+            else for (idx i = 0; i < inner; i++) ys[i] = xs[i] + b;
+        }
+    return UK_OK;
+}
+
+/* The textbook triple loop, for comparison in benchmarks. */
+int uk_gemm_naive(idx M, idx N, idx K, const float *A, const float *B, float *C) {
+    for (idx i = 0; i < M; i++)
+        for (idx j = 0; j < N; j++) {
+            float s = 0.0f;
+            for (idx p = 0; p < K; p++) s += A[i * K + p] * B[p * N + j];
+            C[i * N + j] = s;
+        }
+    return UK_OK;
+}
+"""
+
+
+def micro_kernel(mk: MicroKernel, target: Target, unroll: int) -> str:
+    """C for one `mr` x `nr` micro-kernel: accumulators c_i_j in named variables, a full-tile vector store with
+    the epilogue, and the generic epilogue for edge tiles and unusual bias strides."""
+    lanes, mr, nr = target.lanes, mk.mr, mk.nr
+    vecs = range(nr // lanes)
+    rows = range(mr)
+    acc = [[f"c_{i}_{j}" for j in vecs] for i in rows]
+    declare = "\n".join(f"    vf {', '.join(f'{name} = VZERO()' for name in row)};" for row in acc)
+    loads = "\n".join(f"        vf b_{j} = VLOAD(b + p * {nr} + {j * lanes});" for j in vecs)
+    fmas = "\n".join(
+        f"        a_ = VBCAST(a + p * {mr} + {i});\n"
+        + "\n".join(f"        {acc[i][j]} = VFMA(a_, b_{j}, {acc[i][j]});" for j in vecs)
+        for i in rows
+    )
+    full = "\n".join(
+        f"        {{ vf v = VMUL(va, {acc[i][j]}); float *cp = c + {i} * rsc + {j * lanes};\n"
+        f"          if (!first) v = VADD(v, VLOAD(cp));\n"
+        f"          if (last) {{ if (bias) v = VADD(v, e->bcs ? VLOAD(bias + {i} * e->brs + {j * lanes}) "
+        f": VSET1(bias[{i} * e->brs]));\n"
+        f"                      if (e->clamp) v = VMIN(VMAX(v, vlo), vhi); }}\n"
+        f"          VSTORE(cp, v); }}"
+        for i in rows for j in vecs
+    )
+    spill = "\n".join(f"        VSTORE(t + {i * nr + j * lanes}, {acc[i][j]});" for i in rows for j in vecs)
+    return f"""
+static void micro_{mk.name}(idx kc, const float *restrict a, const float *restrict b, float *restrict c, idx rsc,
+                           int m, int n, int first, int last, const epi_t *e, const float *bias) {{
+{declare}
+    vf a_;
+#pragma GCC unroll {unroll}
+    for (idx p = 0; p < kc; p++) {{
+{loads}
+{fmas}
+    }}
+    if (m == {mr} && n == {nr} && (!last || !bias || e->bcs == 0 || e->bcs == 1)) {{
+        vf va = VSET1(e->alpha), vlo = VSET1(e->lo), vhi = VSET1(e->hi);
+        (void)vlo; (void)vhi;
+{full}
+    }} else {{
+        float t[{mr * nr}];
+{spill}
+        tile_epilogue(t, {nr}, c, rsc, m, n, first, last, e, bias);
+    }}
+}}
+"""
+
+
+def generate(spec: LibrarySpec) -> str:
+    """The complete C source of the library `spec` describes, after checking the spec."""
+    target = check_library(spec)
+    kernels = "".join(micro_kernel(mk, target, spec.unroll) for mk in spec.micro)
+    table = ", ".join(f"{{{mk.mr}, {mk.nr}, micro_{mk.name}}}" for mk in spec.micro)
+    return "\n".join([
+        f"/* uhop-onnx kernels: target {target.name}, micro-kernels {', '.join(m.name for m in spec.micro)}, "
+        f"unroll {spec.unroll}. */",
+        target.header,
+        PRELUDE,
+        VECTOR_MACROS[target.name],
+        kernels,
+        f"static const kernel_t KERNELS[] = {{{table}}};",
+        COMMON,
+    ])

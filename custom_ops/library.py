@@ -1,0 +1,129 @@
+"""A built kernel library loaded through ctypes, called with numpy arrays.
+
+Strides are taken from the numpy views themselves (a transpose is a view, a broadcast bias has stride 0), so
+every pointer and extent the C code sees lies inside an array numpy owns. The C functions release no Python
+objects and ctypes drops the GIL around each call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+
+from .spec import Epilogue, KernelSpecError, LibrarySpec, Schedule, check_schedule
+
+_F32P = ctypes.POINTER(ctypes.c_float)
+_I = ctypes.c_ssize_t
+_INT = ctypes.c_int
+_F = ctypes.c_float
+_ERRORS = {1: "unknown micro-kernel variant", 2: "cache blocks do not hold whole micro-tiles", 3: "out of memory",
+           4: "inconsistent shapes"}
+
+
+def _ptr(array: np.ndarray | None):
+    return None if array is None else array.ctypes.data_as(_F32P)
+
+
+def _elements(strides: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(s // 4 for s in strides)
+
+
+def _f32(array) -> np.ndarray:
+    array = np.asarray(array)
+    if array.dtype != np.float32:
+        raise KernelSpecError(f"kernels take float32 arrays, got {array.dtype}")
+    if any(s % 4 for s in array.strides):
+        return np.ascontiguousarray(array)
+    return array
+
+
+class Library:
+    """The kernels of one built library: `gemm`, `conv2d`, `bias_act`, `gemm_naive`."""
+
+    def __init__(self, path: Path, spec: LibrarySpec):
+        self.path = Path(path)
+        self.spec = spec
+        self.cdll = ctypes.CDLL(str(self.path))
+        c = self.cdll
+        c.uk_gemm.argtypes = [_INT] * 5 + [_I] * 3 + [_F32P, _I, _I, _F32P, _I, _I, _F32P, _I, _F, _F32P, _I, _I,
+                                                      _INT, _F, _F]
+        c.uk_conv2d.argtypes = [_INT] * 6 + [_I] * 16 + [_F32P] * 4 + [_INT, _F, _F]
+        c.uk_bias_act.argtypes = [_I] * 3 + [_F32P] * 3 + [_INT, _F, _F]
+        c.uk_gemm_naive.argtypes = [_I] * 3 + [_F32P] * 3
+        if c.uk_variants() != len(spec.micro):
+            raise KernelSpecError(f"{self.path.name} has {c.uk_variants()} micro-kernels, the spec {len(spec.micro)}")
+
+    def _check(self, code: int, what: str) -> None:
+        if code:
+            raise KernelSpecError(f"{what}: {_ERRORS.get(code, f'error {code}')} ({self.path.name})")
+
+    def gemm(self, a: np.ndarray, b: np.ndarray, schedule: Schedule, *, alpha: float = 1.0,
+             bias: np.ndarray | None = None, epilogue: Epilogue = Epilogue(), out: np.ndarray | None = None
+             ) -> np.ndarray:
+        """`clamp(alpha * a @ b + bias)` for 2-D `a` (M, K) and `b` (K, N), any strides; `bias` broadcasts
+        to (M, N). `out` (M, N) must have unit column stride."""
+        check_schedule(self.spec, schedule)
+        a, b = _f32(a), _f32(b)
+        (m, k), (k2, n) = a.shape, b.shape
+        if k != k2:
+            raise KernelSpecError(f"gemm: a is {a.shape} and b is {b.shape}; inner dimensions differ")
+        out = np.empty((m, n), np.float32) if out is None else out
+        if out.shape != (m, n) or out.dtype != np.float32 or (n > 1 and out.strides[1] != 4):
+            raise KernelSpecError(f"gemm: out must be float32 ({m}, {n}) with unit column stride")
+        brs = bcs = 0
+        if bias is not None:
+            bias = np.broadcast_to(_f32(bias), (m, n))
+            brs, bcs = _elements(bias.strides)
+        self._check(self.cdll.uk_gemm(
+            schedule.micro, schedule.threads, schedule.mc, schedule.kc, schedule.nc, m, n, k,
+            _ptr(a), *_elements(a.strides), _ptr(b), *_elements(b.strides), _ptr(out), max(out.strides[0] // 4, n),
+            alpha, _ptr(bias), brs, bcs, int(epilogue.clamps), epilogue.lo, epilogue.hi), f"gemm {m}x{n}x{k}")
+        return out
+
+    def conv2d(self, x: np.ndarray, w: np.ndarray, schedule: Schedule, *, bias: np.ndarray | None = None,
+               strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group: int = 1,
+               epilogue: Epilogue = Epilogue()) -> np.ndarray:
+        """NCHW `x` convolved with OIHW `w`; `pads` is (top, left, bottom, right) as ONNX orders them."""
+        check_schedule(self.spec, schedule)
+        x, w = np.ascontiguousarray(_f32(x)), np.ascontiguousarray(_f32(w))
+        n, c, h, wd = x.shape
+        oc, cg, kh, kw = w.shape
+        if cg * group != c:
+            raise KernelSpecError(f"conv2d: weight {w.shape} with group={group} does not match {c} input channels")
+        oh = (h + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) // strides[0] + 1
+        ow = (wd + pads[1] + pads[3] - dilations[1] * (kw - 1) - 1) // strides[1] + 1
+        if bias is not None:
+            bias = np.ascontiguousarray(_f32(bias)).reshape(oc)
+        y = np.empty((n, oc, max(oh, 0), max(ow, 0)), np.float32)
+        self._check(self.cdll.uk_conv2d(
+            schedule.micro, schedule.threads, schedule.mc, schedule.kc, schedule.nc,
+            int(schedule.algo == "direct"), n, c, h, wd, oc, kh, kw, *strides, *pads, *dilations, group,
+            _ptr(x), _ptr(w), _ptr(bias), _ptr(y), int(epilogue.clamps), epilogue.lo, epilogue.hi),
+            f"conv2d x{x.shape} w{w.shape}")
+        return y
+
+    def bias_act(self, x: np.ndarray, *, bias: np.ndarray | None = None, axis: int = -1,
+                 epilogue: Epilogue = Epilogue()) -> np.ndarray:
+        """`clamp(x + bias)` where `bias` is a vector along `axis` (or None)."""
+        x = np.ascontiguousarray(_f32(x))
+        shape = x.shape or (1,)
+        axis = axis % len(shape)
+        outer, channels = int(np.prod(shape[:axis])), shape[axis]
+        inner = int(np.prod(shape[axis + 1:]))
+        if bias is not None:
+            bias = np.ascontiguousarray(_f32(bias)).reshape(-1)
+            if bias.size != channels:
+                raise KernelSpecError(f"bias_act: bias of {bias.size} values for axis {axis} of size {channels}")
+        y = np.empty_like(x)
+        self._check(self.cdll.uk_bias_act(outer, channels, inner, _ptr(x), _ptr(y), _ptr(bias),
+                                          int(epilogue.clamps), epilogue.lo, epilogue.hi), "bias_act")
+        return y
+
+    def gemm_naive(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        a, b = np.ascontiguousarray(_f32(a)), np.ascontiguousarray(_f32(b))
+        out = np.empty((a.shape[0], b.shape[1]), np.float32)
+        self._check(self.cdll.uk_gemm_naive(a.shape[0], b.shape[1], a.shape[1], _ptr(a), _ptr(b), _ptr(out)),
+                    "gemm_naive")
+        return out
