@@ -1,0 +1,6 @@
+"""Serving a plan over the Open Inference Protocol (KServe v2 REST): locally or on Ray Serve.
+
+Modules: `protocol` (the JSON and binary tensor codec), `pipeline` (stages as asynchronous calls),
+`app` (the Starlette app), `local` and `ray_engine` (the engines), `metrics` (Prometheus, OpenTelemetry),
+`cli` (`serve`, mounted as `uhop-onnx serve`). Needs the `serve` extra: `pip install uhop-onnx[serve]`.
+"""

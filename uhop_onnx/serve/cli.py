@@ -1,0 +1,101 @@
+"""`uhop-onnx serve`: the Open Inference Protocol over a model or a plan folder, on one process or on Ray."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import UhopError
+from ..plan import PLAN_FILE, Plan
+from .app import DEFAULT_MAX_REQUEST_BYTES
+
+log = logging.getLogger(__name__)
+
+
+class Engine(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
+def load_plan(model_or_dir: str | Path, providers: str | None = None, threads: int | None = None,
+              profile: bool = True) -> tuple[Plan, str]:
+    """The plan to serve and its default model name: a plan folder's model name, or the model file's stem."""
+    path = Path(model_or_dir)
+    if (path / PLAN_FILE).is_file():
+        plan = Plan.load(path)
+        return plan, plan.model_name
+    if not path.is_file():
+        raise UhopError(f"{path}: no such model file or plan folder; give an .onnx file or a folder from "
+                        "`uhop-onnx optimize`")
+    from ..optimizer import optimize
+
+    chosen = [p for p in providers.split(",") if p] if providers else None
+    return optimize(path, providers=chosen, profile=profile, threads=threads), path.stem
+
+
+def serve(
+    model_or_dir: Annotated[Path, typer.Argument(help="An ONNX model, or a plan folder written by optimize.")],
+    engine: Annotated[Engine, typer.Option(help="local: one process; ray: one Ray Serve deployment per stage.")]
+    = Engine.local,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    model_name: Annotated[str | None, typer.Option(help="Name in the URL; default: the model's name.")] = None,
+    replicas: Annotated[int, typer.Option(min=1, help="Replicas (runners) per stage.")] = 1,
+    providers: Annotated[str | None, typer.Option(help="For a model file: provider ids, comma-separated.")]
+    = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="Intra-op threads per stage runner.")] = None,
+    autoscaling: Annotated[str | None, typer.Option(
+        help='Ray only: Ray Serve autoscaling_config as JSON, e.g. {"min_replicas": 1, "max_replicas": 4}.')]
+    = None,
+    num_cpus: Annotated[float | None, typer.Option(help="Ray only: CPUs per replica; default: an equal share.")]
+    = None,
+    max_request_bytes: Annotated[int, typer.Option(min=1, help="Larger requests get HTTP 413.")]
+    = DEFAULT_MAX_REQUEST_BYTES,
+) -> None:
+    """Serve the Open Inference Protocol (KServe v2 REST) until interrupted."""
+    from .metrics import configure_tracing
+
+    engine = Engine(engine)
+    scaling = _autoscaling(autoscaling)
+    if engine is Engine.local and (scaling or num_cpus is not None):
+        raise UhopError("--autoscaling and --num-cpus apply to --engine ray only")
+    plan, default_name = load_plan(model_or_dir, providers, threads)
+    name = model_name or default_name
+    configure_tracing()
+    if engine is Engine.local:
+        from .local import local_app, run_local
+
+        log.info("serving %s on http://%s:%d/v2/models/%s", name, host, port, name)
+        run_local(local_app(plan, name, replicas, threads, max_request_bytes), host, port)
+        return
+    from ray import serve as ray_serve
+
+    from .ray_engine import deploy, ray_app, start_ray
+
+    start_ray(host, port)
+    deploy(ray_app(plan, name, replicas, scaling, num_cpus, threads=threads, max_request_bytes=max_request_bytes),
+           name)
+    log.info("serving %s on http://%s:%d/v2/models/%s with Ray Serve", name, host, port, name)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        ray_serve.delete(name)
+
+
+def _autoscaling(text: str | None) -> dict | None:
+    if not text:
+        return None
+    try:
+        config = json.loads(text)
+    except ValueError as error:
+        raise UhopError(f"--autoscaling is not JSON ({error}): {text!r}") from None
+    if not isinstance(config, dict):
+        raise UhopError(f"--autoscaling must be a JSON object such as {{\"max_replicas\": 4}}, got {text!r}")
+    return config
