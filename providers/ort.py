@@ -1,15 +1,33 @@
-"""ONNX Runtime providers: one class over ONNX Runtime's execution providers, configured by EP name."""
+"""ONNX Runtime providers: one class over ONNX Runtime's execution providers, configured by EP name.
+
+`ort-cpu` runs on the CPU EP. The GPU providers (`ort-cuda`, `ort-tensorrt`, `ort-rocm`) are present only
+when their EP is in this build *and* a tiny session runs on the device; their stages keep outputs on the
+device (IO binding), so consecutive stages on the same GPU hand tensors over without a host copy.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import os
+import time
 from collections.abc import Mapping
+from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from uhop_onnx.errors import ProviderError, first_line
 
 from .base import Absent, Provider, Runner
 from .capability import CapabilityTable, Support
 
 if TYPE_CHECKING:
     import onnx
+
+log = logging.getLogger(__name__)
 
 ORT_TABLE = CapabilityTable(
     provider="onnxruntime",
@@ -39,13 +57,18 @@ def session_options(threads: int | None, exclusive: bool, optimize: bool = True)
     return so
 
 
+def new_session(model_bytes: bytes, so, providers: list):
+    """An ONNX Runtime session on exactly `providers`: an EP that fails raises instead of retrying on CPU."""
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model_bytes, so, providers=providers, enable_fallback=0)
+
+
 class OrtRunner(Runner):
     """An ONNX Runtime session over one stage."""
 
     def __init__(self, model_bytes: bytes, providers: list, threads: int | None, exclusive: bool):
-        import onnxruntime as ort
-
-        self.session = ort.InferenceSession(model_bytes, session_options(threads, exclusive), providers=providers)
+        self.session = new_session(model_bytes, session_options(threads, exclusive), providers)
         self.outputs = [o.name for o in self.session.get_outputs()]
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
@@ -72,12 +95,10 @@ class OrtProvider(Provider):
 
     def query(self, model: onnx.ModelProto) -> dict[str, Support]:
         """Which nodes ONNX Runtime assigns to this EP, read from the session's assignment record."""
-        import onnxruntime as ort
-
         so = session_options(self.threads, exclusive=False, optimize=False)
         so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         providers = [self.ep_entry()] + (["CPUExecutionProvider"] if self.ep != "CPUExecutionProvider" else [])
-        session = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
+        session = new_session(model.SerializeToString(), so, providers)
         taken = {
             node.name: info.ep_name for info in session.get_provider_graph_assignment_info() for node in info.get_nodes()
         }
@@ -96,3 +117,220 @@ class OrtCpu(OrtProvider):
     id = "ort-cpu"
     ep = "CPUExecutionProvider"
     install = "pip install onnxruntime"
+
+
+def cache_root() -> Path:
+    """Where uhop-onnx keeps what it can rebuild: `$UHOP_CACHE_DIR`, else `~/.cache/uhop-onnx`."""
+    return Path(os.environ.get("UHOP_CACHE_DIR") or Path.home() / ".cache" / "uhop-onnx")
+
+
+class DeviceTensor:
+    """A tensor left on a GPU between stages: an `onnxruntime.OrtValue`, with numpy's `shape`."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.value.shape())
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        array = self.value.numpy()
+        return array if dtype is None else array.astype(dtype)
+
+
+class OrtGpuRunner(OrtRunner):
+    """A stage on a GPU EP. With `device_type`, inputs and outputs are bound on the device (IO binding):
+    a `DeviceTensor` from a stage on the same device goes in without a host copy."""
+
+    def __init__(self, model_bytes: bytes, providers: list, threads: int | None, exclusive: bool,
+                 device_type: str | None, device_id: int, label: str):
+        start = time.perf_counter()
+        super().__init__(model_bytes, providers, threads, exclusive)
+        self.build_seconds = time.perf_counter() - start  # session creation; TensorRT adds its warm-up
+        self.device_type = device_type
+        self.device_id = device_id
+        self.device = f"{device_type or label}:{device_id}"
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        if self.device_type is None:
+            return super().run({name: np.asarray(value) for name, value in feeds.items()})
+        binding = self.session.io_binding()
+        for name, value in feeds.items():
+            if isinstance(value, DeviceTensor):
+                binding.bind_ortvalue_input(name, value.value)
+            else:
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        for name in self.outputs:
+            binding.bind_output(name, self.device_type, self.device_id)
+        self.session.run_with_iobinding(binding)
+        return {name: DeviceTensor(v) for name, v in zip(self.outputs, binding.get_outputs(), strict=True)}
+
+    def warm_up(self) -> None:
+        """One run on zeros when every input shape is fixed, so an engine build is not part of any latency."""
+        feeds = {}
+        for arg in self.session.get_inputs():
+            if not all(isinstance(d, int) for d in arg.shape) or not arg.type.startswith("tensor("):
+                return
+            dtype = _NUMPY_OF.get(arg.type.removeprefix("tensor(").removesuffix(")"))
+            if dtype is None:
+                return
+            feeds[arg.name] = np.zeros(arg.shape, dtype)
+        start = time.perf_counter()
+        self.run(feeds)
+        self.build_seconds += time.perf_counter() - start
+
+
+_NUMPY_OF = {"float": np.float32, "float16": np.float16, "double": np.float64, "int8": np.int8, "uint8": np.uint8,
+             "int32": np.int32, "int64": np.int64, "bool": np.bool_}
+
+
+def _probe_model() -> bytes:
+    """Relu over four floats: the smallest session that proves a device computes."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="probe")], "probe", [x], [y])
+    return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+class OrtGpuProvider(OrtProvider):
+    """ONNX Runtime on a GPU execution provider (option `device_id`, default 0).
+
+    Present when the EP is in this onnxruntime build and a tiny session runs on the device with CPU
+    fallback disabled. Capability comes from ONNX Runtime's own assignment record, cached on disk per
+    model hash, EP, onnxruntime version and options.
+    """
+
+    eps: ClassVar[tuple[str, ...]]  # the EPs that implement this provider, preferred first
+    package: ClassVar[str]  # the wheel that brings the EP
+    device_type: ClassVar[str | None] = "cuda"  # OrtValue device for IO binding; None: hand over on the host
+    option_names = frozenset({"device_id"})
+
+    @cached_property
+    def ep(self) -> str:
+        import onnxruntime as ort
+
+        available = ort.get_available_providers()
+        return next((ep for ep in self.eps if ep in available), self.eps[0])
+
+    @property
+    def short(self) -> str:
+        return self.ep.removesuffix("ExecutionProvider")
+
+    def __init__(self, options: Mapping[str, Any] | None = None, threads: int | None = None):
+        super().__init__(options, threads)
+        value = self.options.get("device_id", 0)
+        if isinstance(value, bool) or not str(value).isdigit():
+            raise ProviderError(f"{self.id}: device_id must be a non-negative integer, got {value!r}")
+        self.device_id = int(value)
+
+    def ep_options(self) -> dict[str, Any]:
+        return {"device_id": self.device_id}
+
+    def ep_entry(self) -> Any:
+        return (self.ep, self.ep_options())
+
+    def probe(self) -> tuple[str, str]:
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise Absent(f"{self.package} not installed (onnxruntime cannot be imported)") from None
+        available = ort.get_available_providers()
+        if not any(ep in available for ep in self.eps):
+            raise Absent(f"{self.package} not installed: onnxruntime {ort.__version__} here offers only "
+                         f"{', '.join(available)}, not {' or '.join(self.eps)}")
+        if hasattr(ort, "preload_dlls") and self.device_type == "cuda":
+            ort.preload_dlls()  # CUDA and cuDNN libraries from their pip wheels, where installed
+        so = session_options(1, exclusive=False)
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        try:
+            session = new_session(_probe_model(), so, [self.ep_entry()])
+            y = session.run(None, {"x": np.array([-1, 0, 1, 2], np.float32)})[0]
+        except Exception as error:  # noqa: BLE001 - any EP failure means no usable device
+            raise Absent(f"{self.short} EP present but no device: {first_line(error)}") from None
+        if session.get_providers()[0] != self.ep or not np.array_equal(y, [0, 0, 1, 2]):
+            raise Absent(f"{self.short} EP present but no device: the probe ran on {session.get_providers()[0]}")
+        return ort.__version__, f"{self.short}:{self.device_id}"
+
+    def query(self, model: onnx.ModelProto) -> dict[str, Support]:
+        path = cache_root() / "capability" / f"{self.cache_key(model)}.json"
+        if path.is_file():
+            return {name: Support(False, reason, "runtime") for name, reason in json.loads(path.read_text()).items()}
+        verdicts = super().query(model)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps({name: v.reason for name, v in verdicts.items()}))
+        partial.replace(path)
+        return verdicts
+
+    def cache_key(self, model: onnx.ModelProto) -> str:
+        """`{id}-{onnxruntime version}-{hash of the model, the EP and its options}`."""
+        import onnxruntime as ort
+
+        digest = hashlib.sha256(model.SerializeToString(deterministic=True))
+        digest.update(json.dumps([self.ep, self.ep_options()], sort_keys=True, default=str).encode())
+        return f"{self.id}-{ort.__version__}-{digest.hexdigest()[:32]}"
+
+    def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
+        self.require()
+        return OrtGpuRunner(model.SerializeToString(), [self.ep_entry()], self.threads, exclusive,
+                            self.device_type, self.device_id, self.short.lower())
+
+
+class OrtCuda(OrtGpuProvider):
+    id = "ort-cuda"
+    eps = ("CUDAExecutionProvider",)
+    package = "onnxruntime-gpu"
+    install = "pip install onnxruntime-gpu"
+
+
+class OrtTensorRT(OrtGpuProvider):
+    """TensorRT through ONNX Runtime. Options: `device_id`, `fp16` (bool), `engine_cache` (folder; default
+    under the cache root). Engines are built when a stage is compiled and the time is reported as
+    `runner.build_seconds`, never inside a measured latency."""
+
+    id = "ort-tensorrt"
+    eps = ("TensorrtExecutionProvider",)
+    package = "onnxruntime-gpu"
+    install = "pip install onnxruntime-gpu tensorrt"
+    option_names = frozenset({"device_id", "fp16", "engine_cache"})
+
+    @property
+    def engine_cache(self) -> Path:
+        return Path(self.options.get("engine_cache") or cache_root() / "tensorrt").expanduser()
+
+    def __init__(self, options: Mapping[str, Any] | None = None, threads: int | None = None):
+        super().__init__(options, threads)
+        self.fp16 = self.options.get("fp16", False)
+        if not isinstance(self.fp16, bool):
+            raise ProviderError(f"{self.id}: fp16 must be true or false, got {self.fp16!r}")
+
+    def ep_options(self) -> dict[str, Any]:
+        return {
+            "device_id": self.device_id,
+            "trt_fp16_enable": self.fp16,
+            "trt_engine_cache_enable": True,
+            "trt_engine_cache_path": str(self.engine_cache),
+            "trt_timing_cache_enable": True,
+            "trt_timing_cache_path": str(self.engine_cache),
+        }
+
+    def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
+        self.engine_cache.mkdir(parents=True, exist_ok=True)
+        runner = super().compile(model, exclusive=exclusive)
+        runner.warm_up()
+        log.info("%s: engine ready in %.2f s (cache %s)", self.id, runner.build_seconds, self.engine_cache)
+        return runner
+
+
+class OrtRocm(OrtGpuProvider):
+    """AMD GPUs: ONNX Runtime's MIGraphX EP, or its ROCm EP in builds older than 1.23 that still have it.
+    Stages hand tensors over through host memory: ONNX Runtime's Python IO binding names no AMD device."""
+
+    id = "ort-rocm"
+    eps = ("MIGraphXExecutionProvider", "ROCMExecutionProvider")
+    package = "onnxruntime-migraphx"
+    install = "pip install onnxruntime-migraphx"
+    device_type = None

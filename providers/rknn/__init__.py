@@ -1,0 +1,161 @@
+"""Rockchip RKNN NPU: ONNX stages converted to `.rknn` by rknn-toolkit2 and run by rknn-toolkit-lite2.
+
+Presence, decided honestly:
+- On a Rockchip board (aarch64, `rknnlite` importable, `librknnrt.so` installed, a Rockchip SoC in the
+  device tree): present, and stages run on the NPU with `core_mask` cores. Converting a stage there
+  needs the toolkit environment too (rknn-toolkit2 has aarch64 wheels).
+- On any other host: absent for running. With the option `simulate=True` it is present when the
+  toolkit environment exists (`uhop-onnx setup rknn`): stages are converted for `target` and run in
+  Rockchip's simulator, for accuracy checks and planning, never for timing. `providers=None` never
+  picks the simulator; ask for it: `("rknn", {"simulate": True})`.
+
+Options: `target` (rk3588 default, rk3576, rk3568, rk3566, rk3562), `dtype` (fp16 default, or int8),
+`calibration` (int8: an `.npz` of the stage's inputs, samples stacked on a new first axis),
+`core_mask` (board: auto, 0, 1, 2, 0_1, 0_1_2, all), `simulate` (bool).
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Mapping
+from functools import cached_property
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from uhop_onnx.errors import ProviderError
+
+from ..base import Absent, Provider, Runner, output_dtypes
+from .runner import CORE_MASKS
+from .setup import TOOLKIT, is_ready, venv_path
+from .table import DTYPES, FP16_TOLERANCE, RKNN_TABLE, TARGETS, remarks
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
+    from ..capability import Support
+
+__all__ = ["Rknn"]
+
+RUNTIME_LIBRARY = Path("/usr/lib/librknnrt.so")
+DEVICE_TREE = Path("/proc/device-tree/compatible")
+
+
+class Rknn(Provider):
+    """The Rockchip NPU (or, with `simulate`, Rockchip's simulator of it on this host)."""
+
+    id = "rknn"
+    table = RKNN_TABLE
+    option_names = frozenset({"target", "dtype", "calibration", "core_mask", "simulate"})
+
+    def __init__(self, options: Mapping[str, Any] | None = None, threads: int | None = None):
+        super().__init__(options, threads)
+        self.target = _choice(self.options, "target", TARGETS)
+        self.dtype = _choice(self.options, "dtype", DTYPES)
+        self.core_mask = _choice(self.options, "core_mask", CORE_MASKS)
+        self.simulate = self.options.get("simulate", False)
+        if not isinstance(self.simulate, bool):
+            raise ProviderError(f"rknn: simulate must be true or false, got {self.simulate!r}")
+
+    @property
+    def install(self) -> str:
+        on_board = platform.machine() in ("aarch64", "arm64") and not self.simulate
+        return "pip install rknn-toolkit-lite2" if on_board else "uhop-onnx setup rknn"
+
+    @property
+    def tolerance(self) -> dict[str, float] | None:
+        """How far results may be from ONNX Runtime CPU: fp16 bounds; int8 has none (compare by similarity)."""
+        return FP16_TOLERANCE if self.dtype == "fp16" else None
+
+    @classmethod
+    def known_options(cls) -> list[dict[str, Any]]:
+        return [{}, {"simulate": True}]
+
+    def probe(self) -> tuple[str, str]:
+        if self.simulate:
+            if not is_ready():
+                raise Absent(f"rknn-toolkit2 environment not found at {venv_path()} (simulator)")
+            return TOOLKIT.split("==")[1], f"simulator ({self.target})"
+        machine = platform.machine()
+        if machine not in ("aarch64", "arm64"):
+            raise Absent(f"no Rockchip NPU on this {machine} host: its runtime runs on aarch64 boards; "
+                         "to convert and simulate here, use ('rknn', {'simulate': True}) after "
+                         "`uhop-onnx setup rknn`")
+        try:
+            lite = version("rknn-toolkit-lite2")
+        except PackageNotFoundError:
+            raise Absent("rknn-toolkit-lite2 not installed") from None
+        if not RUNTIME_LIBRARY.exists():
+            raise Absent(f"{RUNTIME_LIBRARY} not found: install Rockchip's NPU runtime (librknnrt) on this board")
+        soc = board_soc()
+        if soc != self.target:
+            raise Absent(f"target {self.target} but this board is {soc or 'not a Rockchip SoC'}")
+        return lite, f"NPU ({soc})"
+
+    def query(self, model: onnx.ModelProto) -> dict[str, Support]:
+        """The list's shape remarks, then the converter's word: a model the toolkit cannot build raises,
+        and the caller asks node by node."""
+        from uhop_onnx.graph import Graph
+
+        verdicts = remarks(Graph.from_model(model))
+        if is_ready():
+            self.toolkit.build(model, self.target, "fp16")
+        return verdicts
+
+    @cached_property
+    def toolkit(self):
+        from .converter import Toolkit
+
+        return Toolkit()
+
+    def samples(self) -> list[dict[str, np.ndarray]]:
+        """Calibration feeds from the `calibration` option's `.npz` (samples on the first axis)."""
+        path = self.options.get("calibration")
+        if not path:
+            return []
+        import numpy as np
+
+        with np.load(Path(path).expanduser()) as stacked:
+            arrays = {name: stacked[name] for name in stacked.files}
+        count = min(len(a) for a in arrays.values())
+        return [{name: a[k] for name, a in arrays.items()} for k in range(count)]
+
+    def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
+        self.require()
+        from .converter import SimulatorRunner, Toolkit, model_inputs
+
+        if self.simulate:
+            return SimulatorRunner(model, self.target, self.dtype, self.samples())
+        import tempfile
+
+        from .runner import RknnLiteRunner
+
+        path = Path(tempfile.mkdtemp(prefix="uhop-rknn-")) / "stage.rknn"
+        toolkit = Toolkit()
+        try:
+            toolkit.build(model, self.target, self.dtype, self.samples(), rknn=path)
+        finally:
+            toolkit.close()
+        return RknnLiteRunner(path, model_inputs(model), [o.name for o in model.graph.output],
+                              output_dtypes(model), self.core_mask)
+
+
+def board_soc() -> str | None:
+    """The Rockchip SoC named in the device tree (`rockchip,rk3588` -> `rk3588`), if any."""
+    try:
+        entries = DEVICE_TREE.read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for entry in entries:
+        vendor, _, chip = entry.decode(errors="replace").partition(",")
+        if vendor == "rockchip" and chip in TARGETS:
+            return chip
+    return None
+
+
+def _choice(options: Mapping[str, Any], name: str, valid: tuple[str, ...]) -> str:
+    value = options.get(name, valid[0])
+    if value not in valid:
+        raise ProviderError(f"rknn: unknown {name} {value!r}; valid: {', '.join(valid)}")
+    return value

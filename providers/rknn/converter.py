@@ -1,0 +1,185 @@
+"""ONNX stages to `.rknn`, and the simulator, through rknn-toolkit2 running in its own virtual environment.
+
+`Toolkit` starts `worker.py` under the toolkit's Python on first use and keeps it for later requests
+(the toolkit takes seconds to import). Each `Toolkit` holds at most one model in the simulator;
+`SimulatorRunner` runs a stage there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import select
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from uhop_onnx.errors import ProviderError
+
+from ..base import Runner, output_dtypes
+from .runner import named_outputs
+from .setup import is_ready, venv_path, venv_python
+from .table import DTYPES, TARGETS
+
+if TYPE_CHECKING:
+    import onnx
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = 1
+WORKER = Path(__file__).with_name("worker.py")
+TIMEOUT = 600.0  # seconds for one request
+IR_VERSION = 10  # the newest IR version the toolkit's onnx reads
+
+
+class Toolkit:
+    """A worker process of rknn-toolkit2 in the venv at `venv` (default: `setup.venv_path()`)."""
+
+    def __init__(self, venv: Path | None = None):
+        self.venv = Path(venv) if venv else venv_path()
+        self.folder = tempfile.TemporaryDirectory(prefix="uhop-rknn-")
+        self._process: subprocess.Popen | None = None
+        self._log = None
+
+    def require(self) -> None:
+        if not is_ready(self.venv):
+            raise ProviderError(f"rknn-toolkit2 environment not found at {self.venv}; create it with: "
+                                "uhop-onnx setup rknn")
+
+    def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Send one request and return the reply; a failure raises `ProviderError` with the toolkit's reason."""
+        process = self._started()
+        process.stdin.write(json.dumps({"protocol": PROTOCOL, "op": op, **fields}) + "\n")
+        process.stdin.flush()
+        ready, _, _ = select.select([process.stdout], [], [], TIMEOUT)
+        line = process.stdout.readline() if ready else ""
+        if not line:
+            self.close()
+            raise ProviderError(f"rknn-toolkit2 worker gave no answer to {op!r}: {self._log_tail()}")
+        reply = json.loads(line)
+        if not reply.pop("ok"):
+            raise ProviderError(f"rknn-toolkit2 {op} failed: {reply['error']}; {self._log_tail()}")
+        return reply
+
+    def build(self, model: onnx.ModelProto, target: str = "rk3588", dtype: str = "fp16",
+              samples: Sequence[Mapping[str, np.ndarray]] = (), rknn: Path | None = None,
+              simulate: bool = False) -> float:
+        """Convert `model` for `target`; int8 calibrates on `samples` (feeds of the model's inputs).
+        Returns the build time in seconds."""
+        if target not in TARGETS:
+            raise ProviderError(f"rknn: unknown target {target!r}; valid targets: {', '.join(TARGETS)}")
+        if dtype not in DTYPES:
+            raise ProviderError(f"rknn: unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+        folder = Path(tempfile.mkdtemp(dir=self.folder.name))
+        path = folder / "stage.onnx"
+        path.write_bytes(_for_toolkit(model).SerializeToString())
+        dataset = self._dataset(model, samples, folder) if dtype == "int8" else None
+        reply = self.request("build", onnx=str(path), target=target, dtype=dtype, dataset=dataset,
+                             rknn=str(rknn) if rknn else None, simulate=simulate)
+        return reply["seconds"]
+
+    def run(self, order: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """Run the model last built with `simulate=True` on the simulator; outputs in the model's order."""
+        inputs, outputs = Path(self.folder.name) / "inputs.npz", Path(self.folder.name) / "outputs.npz"
+        np.savez(inputs, **{name: np.ascontiguousarray(feeds[name]) for name in order})
+        self.request("run", inputs=str(inputs), order=list(order), outputs=str(outputs))
+        with np.load(outputs) as results:
+            return [results[f"arr_{i}"] for i in range(len(results.files))]
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.stdin.close()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+            self._process = None
+
+    def _started(self) -> subprocess.Popen:
+        if self._process is None or self._process.poll() is not None:
+            self.require()
+            self._log = open(Path(self.folder.name) / "toolkit.log", "w+")  # noqa: SIM115 - lives with the worker
+            self._process = subprocess.Popen([str(venv_python(self.venv)), str(WORKER)], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=self._log, text=True)
+        return self._process
+
+    def _log_tail(self, lines: int = 5) -> str:
+        if self._log is None:
+            return "no log"
+        self._log.flush()
+        self._log.seek(0)
+        tail = [line.strip() for line in self._log.read().splitlines() if line.strip()][-lines:]
+        return "toolkit log: " + " | ".join(tail) if tail else "the toolkit logged nothing"
+
+    @staticmethod
+    def _dataset(model: onnx.ModelProto, samples: Sequence[Mapping[str, np.ndarray]], folder: Path) -> str:
+        """The toolkit's calibration list: one line per sample, the `.npy` of each input in input order."""
+        names = model_inputs(model)
+        if not samples:
+            raise ProviderError("rknn: int8 needs calibration samples (feeds of the stage's inputs "
+                                f"{', '.join(names)}); give them, or use dtype fp16")
+        lines = []
+        for k, sample in enumerate(samples):
+            missing = [n for n in names if n not in sample]
+            if missing:
+                raise ProviderError(f"rknn: calibration sample {k} lacks input(s) {', '.join(missing)}")
+            files = []
+            for i, name in enumerate(names):
+                files.append(folder / f"sample{k}_{i}.npy")
+                np.save(files[-1], np.asarray(sample[name]))
+            lines.append(" ".join(map(str, files)))
+        listing = folder / "dataset.txt"
+        listing.write_text("\n".join(lines) + "\n")
+        return str(listing)
+
+
+def _for_toolkit(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with an IR version the toolkit's onnx (<= 1.18) reads; its opsets stop at 19 anyway."""
+    if model.ir_version <= IR_VERSION:
+        return model
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    copy.ir_version = IR_VERSION
+    return copy
+
+
+def model_inputs(model: onnx.ModelProto) -> list[str]:
+    """The graph inputs that are not initializers, in order."""
+    initializers = {i.name for i in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in initializers]
+
+
+def convert(model: onnx.ModelProto, out: Path, target: str = "rk3588", dtype: str = "fp16",
+            samples: Sequence[Mapping[str, np.ndarray]] = (), venv: Path | None = None) -> float:
+    """Write `model` as an `.rknn` file for `target`; returns the build time in seconds."""
+    toolkit = Toolkit(venv)
+    try:
+        return toolkit.build(model, target, dtype, samples, rknn=Path(out).resolve())
+    finally:
+        toolkit.close()
+
+
+class SimulatorRunner(Runner):
+    """A stage converted for `target` and run in the toolkit's simulator on this host: for accuracy
+    checks, not for timing. The simulator runs only a model built in the same toolkit session, so each
+    runner keeps its own worker process."""
+
+    def __init__(self, model: onnx.ModelProto, target: str, dtype: str,
+                 samples: Sequence[Mapping[str, np.ndarray]] = (), venv: Path | None = None):
+        self.inputs = model_inputs(model)
+        self.outputs = [o.name for o in model.graph.output]
+        self.dtypes = output_dtypes(model)
+        self.toolkit = Toolkit(venv)
+        self.build_seconds = self.toolkit.build(model, target, dtype, samples, simulate=True)
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        return named_outputs(self.toolkit.run(self.inputs, feeds), self.outputs, self.dtypes)
+
+    def close(self) -> None:
+        self.toolkit.close()
