@@ -73,9 +73,9 @@ class LibrarySpec:
 
 @dataclass(frozen=True)
 class Epilogue:
-    """What is applied to each output element after the product: `clamp(alpha*acc + beta*bias, lo, hi)`."""
+    """The clamp applied to each output element after the product and its bias: Relu is `lo=0`, Relu6
+    `lo=0, hi=6`, none leaves both infinite."""
 
-    bias: str = "none"  # none | row (per output row / channel) | col (per output column) | full | scalar
     lo: float = float("-inf")
     hi: float = float("inf")
 

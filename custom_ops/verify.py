@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +63,7 @@ def _cases(lib: Library, rng: np.random.Generator) -> Iterator[tuple[str, np.nda
         for threads in (1, 2):
             for form, bias in biases.items():
                 epi = RELU6 if form == "row" else Epilogue()
-                got = lib.gemm(a, b, Schedule(**{**small.to_json(), "threads": threads}), alpha=0.5, bias=bias,
+                got = lib.gemm(a, b, replace(small, threads=threads), alpha=0.5, bias=bias,
                                epilogue=epi)
                 want = 0.5 * (a.astype(np.float64) @ b) + (0 if bias is None else bias)
                 yield f"gemm {mk.name} {m}x{n}x{k} bias={form} threads={threads}", got, clamp(want, epi)
@@ -77,12 +78,15 @@ def _cases(lib: Library, rng: np.random.Generator) -> Iterator[tuple[str, np.nda
         ((1, 8, 6, 5), (7, 8, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),
         ((1, 3, 13, 10), (9, 3, 5, 3), (3, 2), (2, 1, 0, 1), (2, 1), 1),
     ]
+    mk = lib.spec.micro[0]
+    blocks = Schedule(0, mk.mr * 2, 24, mk.nr * 2)
     for xs, ws, strides, pads, dilations, group in convs:
         x, w, bias = rand(*xs), rand(*ws), rand(ws[0])
         want = clamp(conv_reference(x, w, bias, strides, pads, dilations, group), Epilogue(lo=0.0))
         for algo in ALGORITHMS:
             for threads in (1, 2):
-                got = lib.conv2d(x, w, Schedule(algo=algo, threads=threads), bias=bias, strides=strides, pads=pads,
+                schedule = replace(blocks, algo=algo, threads=threads)
+                got = lib.conv2d(x, w, schedule, bias=bias, strides=strides, pads=pads,
                                  dilations=dilations, group=group, epilogue=Epilogue(lo=0.0))
                 yield f"conv2d {algo} x{xs} w{ws} group={group} threads={threads}", got, want
     x, bias = rand(2, 3, 4, 5), rand(3)

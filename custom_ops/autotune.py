@@ -1,0 +1,154 @@
+"""Search the schedule space of one operation by measuring it, and remember the winner per device.
+
+The search is coordinate descent from the default schedule: the convolution algorithm, then the micro-kernel,
+then each cache block in turn, keeping whatever lowers the median time. Winners are stored as JSON under
+`<cache dir>/autotune/<device fingerprint>.json`, keyed by op, shape, dtype and threads; the fingerprint covers
+the CPU model and flags, the core count and the library build, so a new machine or compiler tunes afresh.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from dataclasses import replace
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from .build import cache_dir
+from .library import Library
+from .spec import ALGORITHMS, OpSpec, Schedule, default_schedule
+
+log = logging.getLogger(__name__)
+
+
+@cache
+def _cpu() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags", "Features", "CPU part"))]
+    except OSError:
+        lines = []
+    return "".join(sorted(set(lines))) or platform.processor()
+
+
+def fingerprint(lib: Library) -> str:
+    """A short hash of what makes timings comparable: CPU, cores, machine and the exact library build."""
+    text = "\0".join([_cpu(), str(os.cpu_count()), platform.machine(), lib.path.name])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cache_file(lib: Library) -> Path:
+    return cache_dir() / "autotune" / f"{fingerprint(lib)}.json"
+
+
+def _key(op: OpSpec, threads: int) -> str:
+    return f"{op.key}|threads={threads}"
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def cached(lib: Library, op: OpSpec, threads: int) -> Schedule | None:
+    entry = _read(cache_file(lib)).get(_key(op, threads))
+    return Schedule(**entry["schedule"]) if entry else None
+
+
+def store(lib: Library, op: OpSpec, schedule: Schedule, seconds: float) -> None:
+    """Add one winner to the device's cache file (rewritten atomically)."""
+    path = cache_file(lib)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = _read(path)
+    table[_key(op, schedule.threads)] = {"schedule": schedule.to_json(), "seconds": seconds,
+                                         "gflops": op.flops / seconds / 1e9}
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def schedule_for(lib: Library, op: OpSpec, threads: int, tune: bool = False) -> Schedule:
+    """The cached winner for `op`; else a tuned one when `tune`, else the default schedule."""
+    found = cached(lib, op, threads)
+    if found is not None:
+        return found
+    return tune_op(lib, op, threads) if tune else default_schedule(lib.spec, op, threads)
+
+
+def operands(op: OpSpec, rng: np.random.Generator | None = None) -> tuple[np.ndarray, ...]:
+    """Random inputs of the shapes `op` names (a transposed operand as a transposed view)."""
+    rng = rng or np.random.default_rng(0)
+
+    def rand(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    if op.op == "gemm":
+        m, n, k, trans_a, trans_b = op.dims
+        return rand(k, m).T if trans_a else rand(m, k), rand(n, k).T if trans_b else rand(k, n)
+    n, c, h, w, oc, kh, kw, *_rest, group = op.dims
+    return rand(n, c, h, w), rand(oc, c // group, kh, kw), rand(oc)
+
+
+def run(lib: Library, op: OpSpec, schedule: Schedule, args: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Execute `op` once with `schedule` on `args` from `operands`."""
+    if op.op == "gemm":
+        return lib.gemm(*args, schedule, epilogue=op.epilogue)
+    *_, sh, sw, pt, pl, pb, pr, dh, dw, group = op.dims
+    return lib.conv2d(args[0], args[1], schedule, bias=args[2], strides=(sh, sw), pads=(pt, pl, pb, pr),
+                      dilations=(dh, dw), group=group, epilogue=op.epilogue)
+
+
+def measure(lib: Library, op: OpSpec, schedule: Schedule, args: tuple[np.ndarray, ...],
+            budget: float = 0.05) -> float:
+    """Median seconds of one call, over enough calls to fill about `budget` seconds (at least 3)."""
+    start = time.perf_counter()
+    run(lib, op, schedule, args)
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(max(3, min(50, int(budget / max(first, 1e-6))))):
+        start = time.perf_counter()
+        run(lib, op, schedule, args)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def _neighbours(lib: Library, op: OpSpec, s: Schedule, axis: str) -> list[Schedule]:
+    mk = lib.spec.micro[s.micro]
+    if axis == "algo":
+        return [replace(s, algo=a) for a in ALGORITHMS] if op.op == "conv2d" else []
+    if axis == "micro":
+        return [replace(s, micro=i, mc=m.mr * max(1, s.mc // m.mr), nc=m.nr * max(1, s.nc // m.nr))
+                for i, m in enumerate(lib.spec.micro)]
+    if axis == "kc":
+        return [replace(s, kc=kc) for kc in (128, 192, 256, 384, 512)]
+    if axis == "mc":
+        return [replace(s, mc=mk.mr * r) for r in (4, 8, 12, 16, 24, 32)]
+    return [replace(s, nc=mk.nr * r) for r in (32, 64, 128, 256)]
+
+
+def tune_op(lib: Library, op: OpSpec, threads: int, budget: float = 0.05) -> Schedule:
+    """The fastest schedule found for `op` on `threads` threads; stored in the device's cache."""
+    args = operands(op)
+    best = default_schedule(lib.spec, op, threads)
+    best_time = measure(lib, op, best, args, budget)
+    axes = ("algo", "micro", "kc", "mc", "nc")
+    for axis in axes:
+        if axis != "algo" and op.op == "conv2d" and best.algo == "direct":
+            break  # the direct convolution has no GEMM blocking to tune
+        for candidate in _neighbours(lib, op, best, axis):
+            if candidate == best:
+                continue
+            seconds = measure(lib, op, candidate, args, budget)
+            if seconds < best_time:
+                best, best_time = candidate, seconds
+    log.info("tuned %s on %d threads: %s (%.1f GFLOP/s)", op.key, threads, best, op.flops / best_time / 1e9)
+    store(lib, op, best, best_time)
+    return best

@@ -1,0 +1,314 @@
+"""`kernels`: our own generated, verified and autotuned C kernels for Conv, Gemm, MatMul and their epilogues.
+
+A stage holds Conv, Gemm and MatMul nodes, and Relu, Clip and bias Adds (a constant vector along the last or
+the channel axis). At compile time each Relu, Clip or bias Add that alone reads a product is fused into that
+product's epilogue; the rest run as a bias+clamp kernel. Schedules come from the autotuner's cache for this
+device (or are tuned on first sight with the option `tune`), else from the default.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from uhop_onnx.errors import ProviderError
+
+from .base import Absent, Provider, Runner
+from .capability import CapabilityTable, OpRule, Support
+
+if TYPE_CHECKING:
+    import onnx
+
+    from uhop_onnx.custom_ops.library import Library
+    from uhop_onnx.custom_ops.spec import Epilogue
+
+PADS = (b"NOTSET", b"VALID")
+KERNELS_TABLE = CapabilityTable(
+    provider="kernels",
+    rules=(
+        OpRule("Conv", ranks=(4,), attributes={"auto_pad": PADS}, defaults={"auto_pad": b"NOTSET"}),
+        OpRule("Gemm"),
+        OpRule("MatMul"),
+        OpRule("Relu"),
+        OpRule("Clip", opsets=(11, 10_000)),
+        OpRule("Add"),
+    ),
+    dtypes=frozenset({"float"}),
+    domains={"": (7, 28)},
+)
+PRODUCTS = ("Conv", "Gemm", "MatMul")
+
+
+def bias_axis(bias_shape: tuple[int, ...], rank: int) -> int | None:
+    """The axis a constant Add operand of `bias_shape` runs along on a rank-`rank` tensor: -1 for a vector
+    along the last axis (or a scalar), 1 for a channel vector of a 4-D tensor; None when it is no bias."""
+    dims = list(bias_shape)
+    if len(dims) > rank:
+        return None
+    while dims and dims[0] == 1:
+        dims.pop(0)
+    if len(dims) <= 1:
+        return -1
+    if rank == 4 and len(dims) == 3 and dims[1:] == [1, 1]:
+        return 1
+    return None
+
+
+def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    from onnx import numpy_helper
+
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+class KernelsProvider(Provider):
+    """Kernels generated for this host's ISA, built with its C compiler, verified against numpy."""
+
+    id = "kernels"
+    install = "apt-get install -y gcc  (any C11 compiler reachable as `cc`)"
+    table = KERNELS_TABLE
+    option_names = frozenset({"tune"})
+
+    def probe(self) -> tuple[str, str]:
+        from uhop_onnx.custom_ops.build import BuildError, compiler_version
+        from uhop_onnx.custom_ops.spec import host_target
+
+        if shutil.which("cc") is None:
+            raise Absent("no C compiler: `cc` is not on PATH")
+        try:
+            version = compiler_version("cc")
+        except BuildError as error:
+            raise Absent(str(error)) from None
+        return version, host_target()
+
+    def query(self, model: onnx.ModelProto) -> dict[str, Support]:
+        """Refuse Adds that are not a bias, Clips without constant bounds and MatMuls of vectors."""
+        from uhop_onnx.graph import Graph
+
+        graph = Graph.from_model(model)
+        constants = _constants(model)
+        verdicts = {}
+        for node in graph.nodes:
+            reason = _refusal(node, graph, constants)
+            if reason:
+                verdicts[node.name] = Support(False, reason, "runtime")
+        return verdicts
+
+    def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
+        from uhop_onnx.custom_ops.verify import VerificationError, host_library
+
+        self.require()
+        try:
+            lib = host_library()
+        except VerificationError as error:
+            raise ProviderError(f"kernels: no library passed verification on this host: {error}") from None
+        threads = self.threads or len(os.sched_getaffinity(0))
+        return KernelsRunner(model, lib, threads, bool(self.options.get("tune", False)))
+
+
+def _rank(graph, name: str) -> int | None:
+    info = graph.tensors.get(name)
+    return None if info is None or info.shape is None else len(info.shape)
+
+
+def _refusal(node, graph, constants: Mapping[str, np.ndarray]) -> str:
+    """Why this provider cannot run `node`, or "" when it can."""
+    if node.op_type == "Add":
+        const = [name for name in node.inputs if name in constants]
+        other = [name for name in node.inputs if name not in constants]
+        if len(const) != 1 or len(other) != 1:
+            return "Add runs on kernels only as a bias: one operand must be a constant, the other computed"
+        rank, shape = _rank(graph, other[0]), constants[const[0]].shape
+        if rank is None or bias_axis(shape, rank) is None:
+            return (f"Add of a constant of shape {list(shape)} to a rank-{rank} tensor is no bias; kernels take "
+                    "a vector along the last axis or a channel vector [C,1,1]")
+    if node.op_type == "Clip":
+        for name in node.inputs[1:]:
+            if name and (name not in constants or constants[name].size != 1):
+                return f"Clip bound {name!r} must be a constant scalar"
+    if node.op_type == "MatMul":
+        ranks = [_rank(graph, name) for name in node.inputs]
+        if any(r is None or r < 2 for r in ranks):
+            return f"MatMul operands of ranks {ranks}; kernels need known ranks of at least 2"
+    return ""
+
+
+@dataclass
+class Step:
+    """One kernel call: computes `output` from `values`, with a fused epilogue and bias."""
+
+    kind: str  # the op type that produces the value: Conv, Gemm, MatMul, or Relu/Clip/Add on their own
+    output: str
+    fn: Callable[[dict[str, Any], Epilogue, np.ndarray | None], np.ndarray]
+    epilogue: Epilogue
+    bias: np.ndarray | None = None  # a fused bias Add's constant
+
+    def __call__(self, values: dict[str, Any]) -> np.ndarray:
+        return self.fn(values, self.epilogue, self.bias)
+
+
+class KernelsRunner(Runner):
+    """Runs a stage's nodes as a list of fused kernel calls."""
+
+    def __init__(self, model: onnx.ModelProto, lib: Library, threads: int, tune: bool):
+        from onnx import helper
+
+        from uhop_onnx.custom_ops.spec import Epilogue
+
+        unknown = sorted({n.op_type for n in model.graph.node} - {r.op for r in KERNELS_TABLE.rules})
+        if unknown:
+            raise ProviderError(f"kernels cannot run {', '.join(unknown)}; "
+                                f"it runs {', '.join(r.op for r in KERNELS_TABLE.rules)}")
+        self.lib, self.threads, self.tune = lib, threads, tune
+        self.constants = _constants(model)
+        self.outputs = [o.name for o in model.graph.output]
+        readers: dict[str, int] = {}
+        for n in model.graph.node:
+            for name in n.input:
+                readers[name] = readers.get(name, 0) + 1
+        self.steps: list[Step] = []
+        self._schedules: dict[Any, Any] = {}
+        by_output: dict[str, Step] = {}
+        for n in model.graph.node:
+            attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+            source = next((name for name in n.input if name not in self.constants), n.input[0])
+            producer = by_output.get(source)
+            if n.op_type in PRODUCTS:
+                step = Step(n.op_type, n.output[0], getattr(self, f"_{n.op_type.lower()}")(n, attrs), Epilogue())
+            elif producer and readers.get(source) == 1 and source not in self.outputs and self._fuse(producer, n):
+                del by_output[source]
+                producer.output = n.output[0]
+                by_output[producer.output] = producer
+                continue
+            else:
+                step = Step(n.op_type, n.output[0], self._elementwise(n, source), Epilogue())
+            self.steps.append(step)
+            by_output[step.output] = step
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        values = {**self.constants, **{k: np.asarray(v) for k, v in feeds.items()}}
+        for step in self.steps:
+            values[step.output] = step(values)
+        return {name: values[name] for name in self.outputs}
+
+    # -- fusion --------------------------------------------------------------------------------------------
+
+    def _fuse(self, step: Step, node) -> bool:
+        """Fold a Relu, Clip or bias Add into a product's epilogue (a bias only before any clamp)."""
+        if step.kind not in PRODUCTS or step.epilogue.clamps:
+            return False
+        if node.op_type in ("Relu", "Clip"):
+            lo, hi = self._bounds(node)
+            step.epilogue = replace(step.epilogue, lo=lo, hi=hi)
+            return True
+        bias = self._bias_constant(node)
+        axis = bias_axis(bias.shape, 4 if step.kind == "Conv" else bias.ndim)
+        if step.bias is not None or bias.size != 1 and axis != (1 if step.kind == "Conv" else -1):
+            return False
+        step.bias = bias
+        return True
+
+    def _bounds(self, node) -> tuple[float, float]:
+        if node.op_type == "Relu":
+            return 0.0, float("inf")
+        names = [*node.input[1:], "", ""]
+        lo = float(self.constants[names[0]]) if names[0] else float("-inf")
+        hi = float(self.constants[names[1]]) if names[1] else float("inf")
+        return lo, hi
+
+    def _bias_constant(self, node) -> np.ndarray:
+        return next(self.constants[name] for name in node.input if name in self.constants).astype(np.float32)
+
+    # -- kernels -------------------------------------------------------------------------------------------
+
+    def _schedule(self, op):
+        key = (op.key, self.threads)
+        if key not in self._schedules:
+            from uhop_onnx.custom_ops.autotune import schedule_for
+
+            self._schedules[key] = schedule_for(self.lib, op, self.threads, self.tune)
+        return self._schedules[key]
+
+    def _conv(self, node, attrs):
+        from uhop_onnx.custom_ops.spec import OpSpec
+
+        x_name, w_name, *rest = node.input
+        b_name = rest[0] if rest else ""
+        strides = tuple(attrs.get("strides", (1, 1)))
+        dilations = tuple(attrs.get("dilations", (1, 1)))
+        pads = tuple(attrs.get("pads", (0, 0, 0, 0))) if attrs.get("auto_pad", b"NOTSET") == b"NOTSET" else (0,) * 4
+        group = int(attrs.get("group", 1))
+
+        def conv(values, epilogue, fused):
+            x, w = values[x_name], values[w_name]
+            bias = _sum_bias(values[b_name] if b_name else None, fused, w.shape[0])
+            op = OpSpec("conv2d", (*x.shape, w.shape[0], *w.shape[2:], *strides, *pads, *dilations, group), epilogue)
+            return self.lib.conv2d(x, w, self._schedule(op), bias=bias, strides=strides, pads=pads,
+                                   dilations=dilations, group=group, epilogue=epilogue)
+        return conv
+
+    def _gemm(self, node, attrs):
+        from uhop_onnx.custom_ops.spec import OpSpec
+
+        a_name, b_name, *rest = node.input
+        c_name = rest[0] if rest else ""
+        trans_a, trans_b = int(attrs.get("transA", 0)), int(attrs.get("transB", 0))
+        alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+
+        def gemm(values, epilogue, fused):
+            a, b = values[a_name], values[b_name]
+            a, b = (a.T if trans_a else a), (b.T if trans_b else b)
+            bias = None if not c_name or beta == 0.0 else np.float32(beta) * values[c_name]
+            bias = fused if bias is None else (bias if fused is None else bias + fused)
+            op = OpSpec("gemm", (a.shape[0], b.shape[1], a.shape[1], trans_a, trans_b), epilogue)
+            return self.lib.gemm(a, b, self._schedule(op), alpha=alpha, bias=bias, epilogue=epilogue)
+        return gemm
+
+    def _matmul(self, node, attrs):
+        from uhop_onnx.custom_ops.spec import OpSpec
+
+        a_name, b_name = node.input
+
+        def matmul(values, epilogue, fused):
+            a, b = values[a_name], values[b_name]
+            m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+            bias = None if fused is None else np.broadcast_to(fused.reshape(-1), (n,))
+            if b.ndim == 2:  # fold a's batch into its rows
+                op = OpSpec("gemm", (int(np.prod(a.shape[:-1])), n, k, 0, 0), epilogue)
+                out = self.lib.gemm(a.reshape(-1, k), b, self._schedule(op), bias=bias, epilogue=epilogue)
+                return out.reshape(*a.shape[:-1], n)
+            batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+            a, b = np.broadcast_to(a, (*batch, m, k)), np.broadcast_to(b, (*batch, k, n))
+            out = np.empty((*batch, m, n), np.float32)
+            schedule = self._schedule(OpSpec("gemm", (m, n, k, 0, 0), epilogue))
+            for index in np.ndindex(*batch):
+                self.lib.gemm(a[index], b[index], schedule, bias=bias, epilogue=epilogue, out=out[index])
+            return out
+        return matmul
+
+    def _elementwise(self, node, x_name: str):
+        """A Relu, Clip or bias Add on its own, as one bias+clamp pass."""
+        from uhop_onnx.custom_ops.spec import Epilogue
+
+        bias = self._bias_constant(node) if node.op_type == "Add" else None
+        lo, hi = (float("-inf"), float("inf")) if node.op_type == "Add" else self._bounds(node)
+        epilogue = Epilogue(lo=lo, hi=hi)
+
+        def elementwise(values, _epilogue, _fused):
+            x = values[x_name]
+            if bias is None:
+                return self.lib.bias_act(x, epilogue=epilogue)
+            axis = bias_axis(bias.shape, x.ndim)
+            vector = np.full(x.shape[-1], bias.item(), np.float32) if bias.size == 1 else bias.reshape(-1)
+            return self.lib.bias_act(x, bias=vector, axis=axis, epilogue=epilogue)
+        return elementwise
+
+
+def _sum_bias(own: np.ndarray | None, fused: np.ndarray | None, channels: int) -> np.ndarray | None:
+    """A Conv's bias plus a fused channel-bias Add, as one vector of `channels` values."""
+    parts = [np.broadcast_to(np.asarray(p, np.float32).reshape(-1), (channels,)) for p in (own, fused) if p is not None]
+    return None if not parts else parts[0] if len(parts) == 1 else parts[0] + parts[1]
