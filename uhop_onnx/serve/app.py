@@ -21,11 +21,10 @@ from .. import __version__
 from ..errors import StageError
 from .metrics import Metrics, span
 from .pipeline import Pipeline, StageCall
-from .protocol import HEADER_LENGTH, ProtocolError, decode_request, encode_response, error_body, tensor_metadata
+from .protocol import DEFAULT_MAX_REQUEST_BYTES, HEADER_LENGTH, ProtocolError, decode_request, encode_response, error_body, tensor_metadata
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 VERSION = "1"  # the one version of the model served
 EXTENSIONS = ["binary_tensor_data"]
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}

@@ -12,8 +12,8 @@ from typing import Annotated
 import typer
 
 from ..errors import UhopError
-from ..plan import PLAN_FILE, Plan
-from .app import DEFAULT_MAX_REQUEST_BYTES
+from .protocol import DEFAULT_MAX_REQUEST_BYTES
+from .source import load_plan
 
 log = logging.getLogger(__name__)
 
@@ -21,22 +21,6 @@ log = logging.getLogger(__name__)
 class Engine(str, Enum):
     local = "local"
     ray = "ray"
-
-
-def load_plan(model_or_dir: str | Path, providers: str | None = None, threads: int | None = None,
-              profile: bool = True) -> tuple[Plan, str]:
-    """The plan to serve and its default model name: a plan folder's model name, or the model file's stem."""
-    path = Path(model_or_dir)
-    if (path / PLAN_FILE).is_file():
-        plan = Plan.load(path)
-        return plan, plan.model_name
-    if not path.is_file():
-        raise UhopError(f"{path}: no such model file or plan folder; give an .onnx file or a folder from "
-                        "`uhop-onnx optimize`")
-    from ..optimizer import optimize
-
-    chosen = [p for p in providers.split(",") if p] if providers else None
-    return optimize(path, providers=chosen, profile=profile, threads=threads), path.stem
 
 
 def serve(

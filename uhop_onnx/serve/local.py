@@ -5,8 +5,9 @@ from __future__ import annotations
 from starlette.applications import Starlette
 
 from ..plan import Plan
-from .app import DEFAULT_MAX_REQUEST_BYTES, create_app
+from .app import create_app
 from .pipeline import Pipeline, StageWorker, compile_stage
+from .protocol import DEFAULT_MAX_REQUEST_BYTES
 
 
 def local_app(plan: Plan, name: str, replicas: int = 1, threads: int | None = None,

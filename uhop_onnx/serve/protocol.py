@@ -20,6 +20,7 @@ from ..errors import InputError
 from ..plan import TensorSig
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
 # Protocol datatype -> numpy dtype. BYTES holds length-prefixed byte strings (numpy object arrays).
 DATATYPES: dict[str, np.dtype] = {name: np.dtype(t) for name, t in {

@@ -18,9 +18,10 @@ from ray import serve
 
 from ..errors import UhopError
 from ..plan import Plan, Stage
-from .app import DEFAULT_MAX_REQUEST_BYTES, create_app
+from .app import create_app
 from .metrics import configure_tracing
 from .pipeline import Pipeline, StageWorker, compile_stage
+from .protocol import DEFAULT_MAX_REQUEST_BYTES
 
 log = logging.getLogger(__name__)
 

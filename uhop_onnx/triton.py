@@ -1,0 +1,188 @@
+"""A plan as a Triton Inference Server model repository: one model per stage and an ensemble wiring them.
+
+ONNX Runtime stages become `onnxruntime_onnx` models on the instance kind and execution accelerator of
+their provider; OpenVINO stages become `openvino` backend models holding OpenVINO IR. The ensemble,
+named after the model, takes the plan's inputs and gives its outputs. Every `config.pbtxt` is built from
+Triton's own model-config protobuf and parsed back before the repository is renamed into place.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import PlanError
+from .plan import Plan, Stage
+
+CONFIG = "config.pbtxt"
+# Provider id -> (platform or backend, instance kind, GPU execution accelerator).
+TARGETS: dict[str, tuple[str, str, str | None]] = {
+    "ort-cpu": ("onnxruntime_onnx", "KIND_CPU", None),
+    "ort-cuda": ("onnxruntime_onnx", "KIND_GPU", None),
+    "ort-tensorrt": ("onnxruntime_onnx", "KIND_GPU", "tensorrt"),
+    "openvino": ("openvino", "KIND_CPU", None),
+}
+_TYPES = {
+    "float": "TYPE_FP32", "float16": "TYPE_FP16", "double": "TYPE_FP64", "bfloat16": "TYPE_BF16",
+    "bool": "TYPE_BOOL", "string": "TYPE_STRING", "int8": "TYPE_INT8", "int16": "TYPE_INT16",
+    "int32": "TYPE_INT32", "int64": "TYPE_INT64", "uint8": "TYPE_UINT8", "uint16": "TYPE_UINT16",
+    "uint32": "TYPE_UINT32", "uint64": "TYPE_UINT64",
+}
+
+
+def export_triton(model_or_plan: Any, repo_dir: str | os.PathLike, model_name: str | None = None,
+                  providers=None, threads: int | None = None, instances: int = 1) -> Path:
+    """Write a Triton model repository for a model, a plan or a plan folder into `repo_dir`.
+
+    `repo_dir` must be absent or empty; it is written to a temporary folder beside it and renamed into
+    place. The ensemble is called `model_name` (default: the model's name), stage `k` `{model_name}_stage_{k}`.
+    """
+    from google.protobuf import text_format
+
+    from .serve.source import load_plan
+
+    plan, default_name = load_plan(model_or_plan, providers, threads)
+    name = model_name or default_name
+    target = Path(repo_dir)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise PlanError(f"{target}: exists and is not an empty folder; choose a new repository folder")
+    if plan.constants:
+        raise PlanError(f"outputs {', '.join(sorted(plan.constants))} are constants no stage computes; a Triton "
+                        "ensemble cannot give them")
+    for k, stage in enumerate(plan.stages):
+        _target(k, stage)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        configs = [_write_stage(plan, k, stage, f"{name}_stage_{k}", staging, instances)
+                   for k, stage in enumerate(plan.stages)]
+        configs.append(_ensemble(plan, name, configs))
+        (staging / name / "1").mkdir(parents=True)
+        for config in configs:
+            (staging / config.name / CONFIG).write_text(text_format.MessageToString(config))
+        validate_repository(staging)
+        if target.exists():
+            target.rmdir()
+        staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def validate_repository(repo_dir: str | os.PathLike) -> dict[str, Any]:
+    """Parse every `config.pbtxt` against Triton's model-config schema and check the ensembles' wiring.
+
+    Returns the parsed `ModelConfig`s by model name; raises `PlanError` naming the first bad one.
+    """
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    configs = {}
+    for path in sorted(Path(repo_dir).glob(f"*/{CONFIG}")):
+        try:
+            config = text_format.Parse(path.read_text(), pb.ModelConfig())
+        except text_format.ParseError as error:
+            raise PlanError(f"{path}: not a valid Triton model config ({error})") from None
+        if config.name != path.parent.name:
+            raise PlanError(f"{path}: name {config.name!r} differs from its folder {path.parent.name!r}")
+        configs[config.name] = config
+    for config in configs.values():
+        if config.platform == "ensemble":
+            _check_ensemble(config, configs)
+    return configs
+
+
+def _target(k: int, stage: Stage) -> tuple[str, str, str | None]:
+    if stage.provider not in TARGETS:
+        raise PlanError(f"stage {k} runs on {stage.provider}, which Triton has no backend for; providers Triton "
+                        f"can run: {', '.join(TARGETS)} (optimize with --providers among them)")
+    device = str(stage.options.get("device", "CPU")).upper()
+    if stage.provider == "openvino" and device != "CPU":
+        raise PlanError(f"stage {k} runs on openvino:{device}; Triton's openvino backend runs on CPU only")
+    return TARGETS[stage.provider]
+
+
+def _write_stage(plan: Plan, k: int, stage: Stage, name: str, repo: Path, instances: int):
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    engine, kind, accelerator = _target(k, stage)
+    model = plan.stage_model(stage)
+    version = repo / name / "1"
+    version.mkdir(parents=True)
+    config = pb.ModelConfig(name=name, max_batch_size=0)
+    if engine == "openvino":
+        import openvino as ov
+
+        from .providers.openvino import read_model
+
+        ov.save_model(read_model(model.SerializeToString()), version / "model.xml", compress_to_fp16=False)
+        config.backend = "openvino"
+    else:
+        (version / "model.onnx").write_bytes(model.SerializeToString())
+        config.platform = engine
+    if accelerator:
+        config.optimization.execution_accelerators.gpu_execution_accelerator.add(name=accelerator)
+    group = config.instance_group.add(kind=pb.ModelInstanceGroup.Kind.Value(kind), count=instances)
+    if kind == "KIND_GPU" and "device_id" in stage.options:
+        group.gpus.append(int(stage.options["device_id"]))
+    for value in model.graph.input:
+        config.input.add(name=value.name, **_tensor(value, name))
+    for value in model.graph.output:
+        config.output.add(name=value.name, **_tensor(value, name))
+    return config
+
+
+def _ensemble(plan: Plan, name: str, stages: list):
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    config = pb.ModelConfig(name=name, platform="ensemble", max_batch_size=0)
+    declared = {t.name: t for stage in stages for t in (*stage.input, *stage.output)}
+    for sig in plan.inputs:
+        config.input.add(name=sig.name, data_type=declared[sig.name].data_type, dims=declared[sig.name].dims)
+    for sig in plan.outputs:
+        config.output.add(name=sig.name, data_type=declared[sig.name].data_type, dims=declared[sig.name].dims)
+    for stage in stages:
+        step = config.ensemble_scheduling.step.add(model_name=stage.name, model_version=-1)
+        step.input_map.update({t.name: t.name for t in stage.input})
+        step.output_map.update({t.name: t.name for t in stage.output})
+    return config
+
+
+def _tensor(value, model: str) -> dict[str, Any]:
+    from onnx import helper
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    tensor = value.type.tensor_type
+    element = helper.tensor_dtype_to_string(tensor.elem_type).removeprefix("TensorProto.").lower()
+    if element not in _TYPES:
+        raise PlanError(f"{model}: tensor {value.name!r} has type {element}, which Triton cannot carry; "
+                        f"types: {', '.join(_TYPES)}")
+    if not tensor.HasField("shape"):
+        raise PlanError(f"{model}: tensor {value.name!r} has no known rank; Triton needs one")
+    dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
+    return {"data_type": pb.DataType.Value(_TYPES[element]), "dims": dims}
+
+
+def _check_ensemble(config, configs: dict[str, Any]) -> None:
+    """Every step's model exists and has the mapped tensors; every tensor is made before it is used."""
+    available = {t.name for t in config.input}
+    for step in config.ensemble_scheduling.step:
+        where = f"ensemble {config.name!r} step {step.model_name!r}"
+        model = configs.get(step.model_name)
+        if model is None:
+            raise PlanError(f"{where}: no such model in the repository; models: {', '.join(configs)}")
+        unknown = set(step.input_map) - {t.name for t in model.input}
+        unknown |= set(step.output_map) - {t.name for t in model.output}
+        if unknown:
+            raise PlanError(f"{where}: the model has no tensor(s) {', '.join(sorted(unknown))}")
+        missing = set(step.input_map.values()) - available
+        if missing:
+            raise PlanError(f"{where}: uses {', '.join(sorted(missing))} before any step makes it")
+        available |= set(step.output_map.values())
+    unmade = {t.name for t in config.output} - available
+    if unmade:
+        raise PlanError(f"ensemble {config.name!r}: no step makes output(s) {', '.join(sorted(unmade))}")
