@@ -38,7 +38,12 @@ class Availability:
 
 
 class Absent(Exception):
-    """Raised by `Provider.probe` with the reason a provider cannot run here."""
+    """Raised by `Provider.probe` with the reason a provider cannot run here, and what would fix it
+    when that is not the provider's own `install` command."""
+
+    def __init__(self, reason: str, install: str | None = None):
+        super().__init__(reason)
+        self.install = install
 
 
 class Runner(ABC):
@@ -79,6 +84,12 @@ class Provider(ABC):
         self.options = options
         self.threads = threads
 
+    @property
+    def label(self) -> str:
+        """The id, with the device when one is set: `openvino:GPU`."""
+        device = self.options.get("device")
+        return f"{self.id}:{device}" if device else self.id
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(options={self.options!r}, threads={self.threads!r})"
 
@@ -87,7 +98,7 @@ class Provider(ABC):
         try:
             version, device = self.probe()
         except Absent as absent:
-            return Availability(self.id, False, reason=str(absent), install=self.install,
+            return Availability(self.id, False, reason=str(absent), install=absent.install or self.install,
                                 device=self.options.get("device"))
         return Availability(self.id, True, version=version, device=device)
 

@@ -40,6 +40,12 @@ OPENVINO_TABLE = CapabilityTable(
 )
 
 
+DEVICE_SETUP = {
+    "GPU": "install Intel's GPU compute runtime (Debian/Ubuntu: apt install intel-opencl-icd) and check with clinfo",
+    "NPU": "install Intel's NPU driver (linux-npu-driver) on a Core Ultra host",
+}
+
+
 def read_model(model_bytes: bytes):
     import openvino as ov
 
@@ -94,7 +100,8 @@ class OpenVino(Provider):
         devices = ov.Core().available_devices
         family = {d.split(".")[0] for d in devices}
         if self.device not in devices and self.device not in family:
-            raise Absent(f"OpenVINO device {self.device!r} not found; devices here: {', '.join(devices) or 'none'}")
+            raise Absent(f"OpenVINO device {self.device!r} not found; devices here: {', '.join(devices) or 'none'}",
+                         install=DEVICE_SETUP.get(self.device, "see OpenVINO's device configuration guide"))
         return ov.get_version().split("-")[0], self.device
 
     def config(self) -> dict[str, Any]:

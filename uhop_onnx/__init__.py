@@ -12,7 +12,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "load": "uhop_onnx.loader",
-    "optimize": "uhop_onnx.optimize",
+    "optimize": "uhop_onnx.optimizer",
+    "analyze": "uhop_onnx.optimizer",
     "InferenceSession": "uhop_onnx.session",
     "Plan": "uhop_onnx.plan",
     "Stage": "uhop_onnx.plan",

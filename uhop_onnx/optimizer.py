@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import onnx
 from onnx import numpy_helper
@@ -17,30 +19,63 @@ from .partitioner.extract import extract
 from .partitioner.partition import partition
 from .partitioner.placement import first_supported
 from .plan import Plan, Stage, TensorSig
-from .providers import LAST_RESORT, Provider, ProviderSpec, create, parse_spec, resolve
+from .providers import LAST_RESORT, Provider, ProviderSpec, Support, create, parse_spec, resolve
 from .simplify import simplify
 
 
+@dataclass
+class Analysis:
+    """A model as placement sees it: loaded, simplified, and what each provider can run of it."""
+
+    source: Any
+    loaded: onnx.ModelProto
+    simplified: onnx.ModelProto
+    graph: Graph
+    providers: list[Provider]  # in preference order
+    support: list[dict[str, Support]]  # per provider: node name -> Support
+    pinned: dict[str, int]  # node name -> index into providers
+
+
+def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[ProviderSpec] | None = None,
+            assign: Mapping[str, str] | None = None, threads: int | None = None,
+            progress: Callable[[str], None] = lambda step: None) -> Analysis:
+    """Load, check and simplify `model`, and ask every provider which of its nodes it can run."""
+    progress("loading and checking the model")
+    loaded = load(model)
+    progress("simplifying the graph")
+    simplified = simplify(loaded)
+    graph = Graph.from_model(simplified)
+    chosen = resolve(providers, threads)
+    pinned = _pins(assign or {}, loaded, graph, chosen, threads)
+    support = []
+    for provider in chosen:
+        progress(f"asking {provider.label} what it can run")
+        support.append(capabilities(simplified, graph, provider))
+    return Analysis(model, loaded, simplified, graph, chosen, support, pinned)
+
+
 def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[ProviderSpec] | None = None,
-             assign: Mapping[str, str] | None = None, profile: bool = True, threads: int | None = None) -> Plan:
+             assign: Mapping[str, str] | None = None, profile: bool = True, threads: int | None = None, *,
+             progress: Callable[[str], None] = lambda step: None) -> Plan:
     """Place every node of `model` on a provider and split it into stages.
 
     `providers` lists provider ids (or `(id, options)`) in preference order; None means every provider
     present. `assign` pins nodes (by name in the loaded model) to provider ids. Placement today takes, for
     each node, the first provider that supports it; `profile` is accepted for the measured placement.
     """
-    loaded = load(model)
-    simplified = simplify(loaded)
-    graph = Graph.from_model(simplified)
-    chosen = resolve(providers, threads)
-    pinned = _pins(assign or {}, loaded, graph, chosen, threads)
-    names = [_label(p) for p in chosen]
-    support = [capabilities(simplified, graph, p) for p in chosen]
-    placement = first_supported(graph, support, pinned, names)
+    a = analyze(model, providers, assign, threads, progress)
+    progress("placing nodes and cutting stages")
+    placement = first_supported(a.graph, a.support, a.pinned, [p.label for p in a.providers])
+    return build_plan(a, placement, threads)
+
+
+def build_plan(a: Analysis, placement: Sequence[int], threads: int | None) -> Plan:
+    """The plan of a placement: convex stages, each extracted as its own model."""
+    graph = a.graph
     stages = []
     for k, spec in enumerate(partition(graph, placement)):
-        provider = chosen[spec.provider]
-        stage_model = extract(simplified, graph, spec.nodes, name=f"stage_{k}")
+        provider = a.providers[spec.provider]
+        stage_model = extract(a.simplified, graph, spec.nodes, name=f"stage_{k}")
         stages.append(Stage(
             provider=provider.id,
             options=dict(provider.options),
@@ -51,13 +86,13 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
             model=stage_model,
         ))
     return Plan(
-        model_name=_model_name(model, loaded),
-        model_hash=hashlib.sha256(loaded.SerializeToString(deterministic=True)).hexdigest(),
+        model_name=_model_name(a.source, a.loaded),
+        model_hash=hashlib.sha256(a.loaded.SerializeToString(deterministic=True)).hexdigest(),
         inputs=[_signature(graph, name) for name in graph.inputs],
         outputs=[_signature(graph, name) for name in graph.outputs],
-        providers=[{"id": p.id, "options": dict(p.options), "version": p.availability.version} for p in chosen],
+        providers=[{"id": p.id, "options": dict(p.options), "version": p.availability.version} for p in a.providers],
         stages=stages,
-        constants={t.name: numpy_helper.to_array(t) for t in simplified.graph.initializer if t.name in graph.outputs},
+        constants={t.name: numpy_helper.to_array(t) for t in a.simplified.graph.initializer if t.name in graph.outputs},
         threads=threads,
     )
 
@@ -81,11 +116,6 @@ def _pins(assign: Mapping[str, str], loaded: onnx.ModelProto, graph: Graph, chos
 def _find(chosen: list[Provider], spec: ProviderSpec) -> int | None:
     ident, options = parse_spec(spec)
     return next((i for i, p in enumerate(chosen) if p.id == ident and (not options or p.options == options)), None)
-
-
-def _label(provider: Provider) -> str:
-    device = provider.options.get("device")
-    return f"{provider.id}:{device}" if device else provider.id
 
 
 def _signature(graph: Graph, name: str) -> TensorSig:

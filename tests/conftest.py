@@ -1,0 +1,45 @@
+"""Shared fixtures: reference models, random feeds, and ONNX Runtime's answer to compare with."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from uhop_onnx.models import BUILDERS
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    """One standard-normal float32 array per graph input (dynamic dimensions set to 1)."""
+    rng = np.random.default_rng(seed)
+    initializers = {i.name for i in model.graph.initializer}
+    feeds = {}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        dims = [d.dim_value or 1 for d in value.type.tensor_type.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        feeds[value.name] = rng.standard_normal(dims).astype(dtype)
+    return feeds
+
+
+def reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """ONNX Runtime CPU's outputs, in graph output order."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def assert_matches(actual: list[np.ndarray], expected: list[np.ndarray]) -> None:
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        assert a.dtype == e.dtype and a.shape == e.shape
+        np.testing.assert_allclose(a, e, rtol=RTOL, atol=ATOL)
+
+
+@pytest.fixture(params=sorted(BUILDERS), scope="session")
+def reference_model(request) -> tuple[str, onnx.ModelProto]:
+    return request.param, BUILDERS[request.param]()

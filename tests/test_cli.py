@@ -1,0 +1,78 @@
+"""The `uhop-onnx` command, run as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+from uhop_onnx.models import EXAMPLE, cnn
+
+from .conftest import assert_matches, reference
+
+
+def uhop(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "uhop_onnx.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("models") / "cnn.onnx"
+    onnx.save(cnn(), path)
+    return path
+
+
+def test_devices_json_lists_every_known_provider():
+    result = uhop("devices", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert {"id", "present", "version", "device", "reason", "install"} <= set(rows[0])
+    by_id = {(r["id"], r["device"]): r for r in rows}
+    assert by_id[("ort-cpu", "CPU")]["present"] is True
+    absent = [r for r in rows if not r["present"]]
+    assert all(r["reason"] and r["install"] for r in absent)
+
+
+def test_inspect_reports_ops_and_capabilities(model_path):
+    result = uhop("inspect", str(model_path), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["ops"]["Conv"] == 3
+    assert all(node["support"]["ort-cpu"]["ok"] for node in report["nodes"])
+
+
+def test_optimize_run_explain(model_path, tmp_path):
+    plan_dir = tmp_path / "plan"
+    result = uhop("optimize", str(model_path), "-o", str(plan_dir), "--no-profile", "--providers", "openvino,ort-cpu")
+    assert result.returncode == 0, result.stderr
+    assert (plan_dir / "plan.json").is_file()
+    feeds = {"input": np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)}
+    np.savez(tmp_path / "in.npz", **feeds)
+    result = uhop("run", str(plan_dir), "--inputs", str(tmp_path / "in.npz"), "--output", str(tmp_path / "out.npz"))
+    assert result.returncode == 0, result.stderr
+    with np.load(tmp_path / "out.npz") as got:
+        assert_matches([got["output"]], reference(cnn(), feeds))
+    result = uhop("explain", str(plan_dir), "--json")
+    assert result.returncode == 0 and json.loads(result.stdout)["stages"][0]["provider"] == "openvino"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["optimize", "absent.onnx", "-o", "out"], "no such file"),
+    (["inspect", "{model}", "--providers", "warp-drive"], "unknown provider 'warp-drive'"),
+    (["run", "{model}", "--inputs", "absent.npz"], "cannot read inputs"),
+    (["explain", "."], "not a plan folder"),
+])
+def test_bad_input_exits_2_with_one_line(model_path, tmp_path, args, message):
+    result = uhop(*(a.format(model=model_path) for a in args), cwd=tmp_path)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_bundled_example_is_a_valid_model():
+    onnx.checker.check_model(onnx.load(EXAMPLE))

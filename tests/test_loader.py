@@ -1,0 +1,127 @@
+"""`uhop_onnx.load`: names, checks, and a clear `ModelError` for each kind of broken model."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import uhop_onnx
+from uhop_onnx import ModelError
+from uhop_onnx.models import cnn
+
+
+def _value(name, shape=(2,)):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+
+
+def _model(nodes, inputs=("x",), outputs=("y",), initializers=(), opset=17):
+    graph = helper.make_graph(nodes, "g", [_value(i) for i in inputs], [_value(o) for o in outputs], list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def test_unnamed_nodes_get_op_type_and_index_and_clashes_a_suffix():
+    model = _model([
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Neg", ["a"], ["b"], name="Relu_0"),
+        helper.make_node("Neg", ["b"], ["c"], name="same"),
+        helper.make_node("Neg", ["c"], ["y"], name="same"),
+    ])
+    assert [n.name for n in uhop_onnx.load(model).graph.node] == ["Relu_0", "Relu_0_1", "same", "same_1"]
+
+
+def test_loads_from_a_path_and_infers_shapes(tmp_path):
+    path = tmp_path / "cnn.onnx"
+    onnx.save(cnn(), path)
+    loaded = uhop_onnx.load(path)
+    assert loaded.graph.value_info, "shape inference added intermediate types"
+    assert [n.name for n in loaded.graph.node] == [n.name for n in cnn().graph.node]
+
+
+def test_an_unsorted_graph_is_sorted():
+    model = _model([helper.make_node("Neg", ["a"], ["y"], name="second"), helper.make_node("Relu", ["x"], ["a"], name="first")])
+    assert [n.name for n in uhop_onnx.load(model).graph.node] == ["first", "second"]
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"", "empty"),
+    (b"\x08\x07garbage that is not protobuf \xff\xff\xff", "not an ONNX model"),
+    (cnn().SerializeToString()[:300], "not an ONNX model"),
+])
+def test_unreadable_files(tmp_path, data, message):
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(data)
+    with pytest.raises(ModelError, match=message):
+        uhop_onnx.load(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ModelError, match="no such file"):
+        uhop_onnx.load(tmp_path / "absent.onnx")
+
+
+def test_cycle_is_named():
+    model = _model([helper.make_node("Add", ["x", "b"], ["a"], name="n1"), helper.make_node("Relu", ["a"], ["b"], name="n2"),
+                    helper.make_node("Neg", ["a"], ["y"], name="n3")])
+    with pytest.raises(ModelError, match="cycle through nodes n1 -> n2 -> n1"):
+        uhop_onnx.load(model)
+
+
+def test_dangling_input_is_named():
+    model = _model([helper.make_node("Add", ["x", "ghost"], ["y"], name="adder")])
+    with pytest.raises(ModelError, match="node 'adder' reads 'ghost'"):
+        uhop_onnx.load(model)
+
+
+def test_tensor_written_twice():
+    model = _model([helper.make_node("Relu", ["x"], ["y"], name="a"), helper.make_node("Neg", ["x"], ["y"], name="b")])
+    with pytest.raises(ModelError, match="written by both node 'a' and node 'b'"):
+        uhop_onnx.load(model)
+
+
+@pytest.mark.parametrize("opset", [3, 99])
+def test_unsupported_opset(opset):
+    with pytest.raises(ModelError, match=f"opset {opset} of ai.onnx is outside"):
+        uhop_onnx.load(_model([helper.make_node("Relu", ["x"], ["y"])], opset=opset))
+
+
+def test_shape_inference_errors_are_model_errors():
+    model = _model([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+                   initializers=[numpy_helper.from_array(np.ones((3, 3), np.float32), "w")])
+    with pytest.raises(ModelError, match="mm|MatMul|dimension"):
+        uhop_onnx.load(model)
+
+
+def _external_model(tmp_path, location: str):
+    weight = numpy_helper.from_array(np.ones((2,), np.float32), "w")
+    weight.data_location = TensorProto.EXTERNAL
+    weight.ClearField("raw_data")
+    for key, value in (("location", location), ("offset", "0"), ("length", "8")):
+        weight.external_data.add(key=key, value=value)
+    model = _model([helper.make_node("Add", ["x", "w"], ["y"], name="add")], initializers=[weight])
+    path = tmp_path / "model" / "m.onnx"
+    path.parent.mkdir()
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize("location", ["/etc/passwd", "../secret.bin", "sub/../../secret.bin"])
+def test_external_data_cannot_escape_the_model_folder(tmp_path, location):
+    (tmp_path / "secret.bin").write_bytes(b"\0" * 8)
+    with pytest.raises(ModelError, match="outside the model's folder"):
+        uhop_onnx.load(_external_model(tmp_path, location))
+
+
+def test_external_data_inside_the_folder_loads(tmp_path):
+    path = _external_model(tmp_path, "weights.bin")
+    (path.parent / "weights.bin").write_bytes(np.full(2, 3, np.float32).tobytes())
+    loaded = uhop_onnx.load(path)
+    np.testing.assert_array_equal(numpy_helper.to_array(loaded.graph.initializer[0]), [3, 3])
+
+
+def test_external_data_shorter_than_declared(tmp_path):
+    path = _external_model(tmp_path, "weights.bin")
+    (path.parent / "weights.bin").write_bytes(b"\0" * 4)
+    with pytest.raises(ModelError, match="runs past the end"):
+        uhop_onnx.load(path)

@@ -1,0 +1,111 @@
+"""`InferenceSession` and `Plan`: feeds are checked, outputs chosen, plan folders written whole or not at all."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import uhop_onnx
+from uhop_onnx import InputError, PlanError, ProviderError
+from uhop_onnx.models import mlp, resnet
+
+from .conftest import assert_matches, random_feeds, reference
+
+
+@pytest.fixture(scope="module")
+def session():
+    return uhop_onnx.InferenceSession(resnet(), providers=["ort-cpu"], profile=False)
+
+
+def test_signatures_look_like_onnxruntime(session):
+    [x] = session.get_inputs()
+    assert (x.name, x.type, x.shape) == ("input", "tensor(float)", [1, 3, 32, 32])
+    [y] = session.get_outputs()
+    assert (y.name, y.type, y.shape) == ("output", "tensor(float)", [1, 10])
+    assert session.get_providers() == ["ort-cpu"]
+
+
+@pytest.mark.parametrize("feeds, message", [
+    ({}, "missing input\\(s\\) 'input'"),
+    ({"input": np.zeros((1, 3, 32, 32), np.float32), "extra": np.zeros(1)}, "unknown input\\(s\\) 'extra'"),
+    ({"input": np.zeros((1, 3, 32, 32), np.float64)}, "has dtype float64.*expects float32"),
+    ({"input": np.zeros((3, 32, 32), np.float32)}, "rank 3.*expects rank 4"),
+    ({"input": np.zeros((1, 3, 32, 31), np.float32)}, "dimension 3 must be 32"),
+    ({"input": [[1.0]]}, "pass a numpy array"),
+])
+def test_bad_feeds_are_named(session, feeds, message):
+    with pytest.raises(InputError, match=message):
+        session.run(None, feeds)
+
+
+def test_unknown_output_name(session):
+    with pytest.raises(InputError, match="unknown output\\(s\\) 'nope'; the model's outputs: output"):
+        session.run(["nope"], {"input": np.zeros((1, 3, 32, 32), np.float32)})
+
+
+def test_intermediate_tensors_are_freed_and_results_match():
+    model = mlp()
+    names = [n.name for n in model.graph.node]
+    assign = {name: ("openvino", "ort-cpu")[i % 2] for i, name in enumerate(names)}
+    session = uhop_onnx.InferenceSession(model, providers=["openvino", "ort-cpu"], assign=assign, profile=False)
+    feeds = random_feeds(model)
+    assert_matches(session.run(["output"], feeds), reference(model, feeds))
+    assert len(session.plan.stages) == len(names)
+
+
+def test_outputs_that_no_stage_computes():
+    """A graph output that is a constant, and one that is a graph input passed through."""
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Constant", [], ["c"], value=onnx.numpy_helper.from_array(np.arange(2, dtype=np.float32))),
+         onnx.helper.make_node("Relu", ["x"], ["r"], name="relu")],
+        "g", [x], [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [2]) for n in ("c", "x", "r")])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+    feeds = {"x": np.array([-1, 2], np.float32)}
+    session = uhop_onnx.InferenceSession(model, profile=False)
+    assert_matches(session.run(None, feeds), reference(model, feeds))
+
+
+def test_assign_errors_name_the_problem():
+    model = mlp()
+    with pytest.raises(PlanError, match="no node named 'ghost'"):
+        uhop_onnx.optimize(model, assign={"ghost": "ort-cpu"}, profile=False)
+    with pytest.raises(ProviderError, match="unknown provider 'warp-drive'; valid providers: "):
+        uhop_onnx.optimize(model, assign={model.graph.node[0].name: "warp-drive"}, profile=False)
+    with pytest.raises(ProviderError, match="unknown provider"):
+        uhop_onnx.optimize(model, providers=["cuda"], profile=False)
+
+
+def test_assign_to_a_provider_that_cannot_run_the_node():
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.STRING, [2])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.STRING, [2])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"], name="copy")], "g", [x], [y])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+    with pytest.raises(PlanError, match="node 'copy' is assigned to openvino, which cannot run it: tensor 'x' is string"):
+        uhop_onnx.optimize(model, assign={"copy": "openvino"}, profile=False)
+
+
+def test_save_refuses_a_non_empty_folder_and_leaves_nothing_half_written(tmp_path, monkeypatch):
+    plan = uhop_onnx.optimize(mlp(), providers=["ort-cpu"], profile=False)
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "keep.txt").write_text("mine")
+    with pytest.raises(PlanError, match="not an empty folder"):
+        plan.save(tmp_path / "busy")
+    assert (tmp_path / "busy" / "keep.txt").read_text() == "mine"
+
+    def failing_save(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(onnx, "save", failing_save)
+    with pytest.raises(OSError, match="disk full"):
+        plan.save(tmp_path / "fresh")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["busy"]
+
+
+def test_loading_a_folder_that_is_not_a_plan(tmp_path):
+    with pytest.raises(PlanError, match="not a plan folder"):
+        uhop_onnx.Plan.load(tmp_path)
+    (tmp_path / "plan.json").write_text("{not json")
+    with pytest.raises(PlanError, match="not a valid plan"):
+        uhop_onnx.Plan.load(tmp_path)

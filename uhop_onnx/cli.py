@@ -1,0 +1,216 @@
+"""The `uhop-onnx` command: a thin shell over the Python API.
+
+Exit codes: 0 success, 1 a failed check (a stage that failed, a mismatch), 2 bad usage or input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .errors import InputError, UhopError
+
+app = typer.Typer(name="uhop-onnx", help="Place ONNX models on the fastest mix of providers, and run them.",
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+out = Console()
+err = Console(stderr=True)
+
+ProvidersOption = Annotated[str | None, typer.Option("--providers", "-p", help="Comma-separated provider ids, in "
+                            "preference order (openvino:GPU picks a device). Default: every provider present.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+ThreadsOption = Annotated[int | None, typer.Option("--threads", min=1, help="Intra-op threads for every provider.")]
+
+
+def main() -> None:
+    try:
+        app()
+    except UhopError as error:
+        err.print(f"[bold red]error:[/] {error}", highlight=False)
+        sys.exit(error.exit_code)
+
+
+def _providers(text: str | None) -> list[str] | None:
+    return [p.strip() for p in text.split(",") if p.strip()] if text else None
+
+
+def _print_json(data: Any) -> None:
+    out.print_json(json.dumps(data))
+
+
+@contextmanager
+def _steps(title: str, enabled: bool = True) -> Iterator[Any]:
+    """A transient spinner with the current step, on stderr; yields the step callback."""
+    if not enabled:
+        yield lambda step: None
+        return
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=err, transient=True) as progress:
+        task = progress.add_task(title)
+        yield lambda step: progress.update(task, description=f"{title}: {step}")
+
+
+@app.command()
+def devices(as_json: JsonOption = False) -> None:
+    """List every provider uhop-onnx knows, present or not, with the reason and install command when absent."""
+    from .providers import devices as known
+
+    rows = [a.to_json() for a in known()]
+    if as_json:
+        return _print_json(rows)
+    table = Table("provider", "present", "version", "device", "reason / install")
+    for r in rows:
+        note = "" if r["present"] else f"{r['reason']}\n[dim]{r['install']}[/]"
+        table.add_row(r["id"], "[green]yes[/]" if r["present"] else "[red]no[/]", r["version"] or "",
+                      r["device"] or "", note)
+    out.print(table)
+
+
+@app.command()
+def inspect(model: Path, providers: ProvidersOption = None, threads: ThreadsOption = None,
+            as_json: JsonOption = False) -> None:
+    """Show a model's ops and which provider can run each node, with the reason for every "no"."""
+    from .optimizer import analyze
+
+    with _steps("inspecting", not as_json) as step:
+        a = analyze(model, _providers(providers), threads=threads, progress=step)
+    labels = [p.label for p in a.providers]
+    nodes = []
+    for node in a.loaded.graph.node:
+        kept = node.name in a.graph.index_of
+        nodes.append({
+            "name": node.name,
+            "op": node.op_type if not node.domain else f"{node.domain}.{node.op_type}",
+            "support": {label: ({"ok": s[node.name].ok, "reason": s[node.name].reason, "source": s[node.name].source}
+                                if kept else {"ok": None, "reason": "removed by simplification", "source": "simplify"})
+                        for label, s in zip(labels, a.support)},
+        })
+    report = {
+        "model": str(model),
+        "ir_version": a.loaded.ir_version,
+        "opsets": {o.domain or "ai.onnx": o.version for o in a.loaded.opset_import},
+        "ops": dict(Counter(n["op"] for n in nodes).most_common()),
+        "providers": labels,
+        "nodes": nodes,
+    }
+    if as_json:
+        return _print_json(report)
+    ops = Table("op", "count", title=f"{model.name}: {len(nodes)} nodes")
+    for op, count in report["ops"].items():
+        ops.add_row(op, str(count))
+    out.print(ops)
+    matrix = Table("node", "op", *labels, title="who can run what")
+    for n in nodes:
+        cells = [("[dim]folded[/]" if s["ok"] is None else "[green]yes[/]" if s["ok"] else f"[red]no[/] {s['reason']}")
+                 for s in n["support"].values()]
+        matrix.add_row(n["name"], n["op"], *cells)
+    out.print(matrix)
+
+
+@app.command()
+def optimize(model: Path, output: Annotated[Path, typer.Option("--output", "-o", help="Plan folder to write.")],
+             providers: ProvidersOption = None,
+             no_profile: Annotated[bool, typer.Option("--no-profile", help="Place without timing.")] = False,
+             threads: ThreadsOption = None, as_json: JsonOption = False) -> None:
+    """Place a model's nodes on providers and write the plan folder."""
+    from .optimizer import optimize as run_optimize
+
+    with _steps("optimizing", not as_json) as step:
+        plan = run_optimize(model, _providers(providers), profile=not no_profile, threads=threads, progress=step)
+        step("writing the plan")
+        plan.save(output)
+    if as_json:
+        return _print_json(plan.to_json())
+    _print_stages(plan, title=f"{model.name} -> {output}")
+
+
+def _print_stages(plan, title: str) -> None:
+    table = Table("stage", "provider", "nodes", "first node .. last node", "inputs", "outputs", "ms", title=title)
+    for k, s in enumerate(plan.stages):
+        span = s.nodes[0] if len(s.nodes) == 1 else f"{s.nodes[0]} .. {s.nodes[-1]}"
+        provider = s.label + (f" [yellow](fell back to {s.fallback})[/]" if s.fallback else "")
+        cost = "" if s.cost_ms is None else f"{s.cost_ms:.3f}"
+        table.add_row(str(k), provider, str(len(s.nodes)), span, ", ".join(s.inputs), ", ".join(s.outputs), cost)
+    out.print(table)
+
+
+@app.command()
+def run(model: Annotated[Path, typer.Argument(help="A plan folder or an .onnx model.")],
+        inputs: Annotated[Path, typer.Option("--inputs", "-i", help="An .npz file with one array per model input.")],
+        output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the outputs to this .npz.")] = None,
+        providers: ProvidersOption = None, threads: ThreadsOption = None, as_json: JsonOption = False) -> None:
+    """Run a plan folder or a model on the inputs of an .npz file."""
+    import numpy as np
+
+    from .session import InferenceSession
+
+    feeds = _read_npz(inputs)
+    with _steps("running", not as_json) as step:
+        step("compiling stages")
+        session = InferenceSession(str(model), providers=_providers(providers), profile=False, threads=threads)
+        step("running")
+        results = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+    if output is not None:
+        _write_npz(output, results)
+    summary = [{"name": k, "dtype": str(v.dtype), "shape": list(v.shape),
+                "mean": float(np.mean(v)) if v.size and v.dtype.kind in "fiub" else None} for k, v in results.items()]
+    if as_json:
+        return _print_json({"providers": session.get_providers(), "outputs": summary})
+    table = Table("output", "dtype", "shape", "mean", title=f"ran on {', '.join(session.get_providers())}")
+    for s in summary:
+        table.add_row(s["name"], s["dtype"], str(s["shape"]), "" if s["mean"] is None else f"{s['mean']:.6g}")
+    out.print(table)
+
+
+def _read_npz(path: Path) -> dict:
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError) as error:
+        raise InputError(f"{path}: cannot read inputs ({error}); give an .npz written by numpy.savez") from None
+
+
+def _write_npz(path: Path, arrays: dict) -> None:
+    import os
+    import tempfile
+
+    import numpy as np
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.savez(handle, **arrays)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+@app.command()
+def explain(plan_dir: Annotated[Path, typer.Argument(help="A plan folder written by optimize.")],
+            as_json: JsonOption = False) -> None:
+    """Show a plan: its stages, providers, and the tensors that cross between them."""
+    from .plan import Plan
+
+    plan = Plan.load(plan_dir)
+    if as_json:
+        return _print_json(plan.to_json())
+    out.print(f"[bold]{plan.model_name}[/] ({plan.model_hash[:12]}), placement: {plan.placement}, "
+              f"providers: {', '.join(p['id'] for p in plan.providers)}")
+    _print_stages(plan, title=str(plan_dir))
+
+
+if __name__ == "__main__":
+    main()
