@@ -198,8 +198,8 @@ def _probe_model() -> bytes:
 class OrtGpuProvider(OrtProvider):
     """ONNX Runtime on a GPU execution provider (option `device_id`, default 0).
 
-    Present when the EP is in this onnxruntime build and a tiny session runs on the device with CPU
-    fallback disabled. Capability comes from ONNX Runtime's own assignment record, cached on disk per
+    Present when the EP is in this onnxruntime build and a tiny session runs on the device (ONNX
+    Runtime's assignment record shows the EP took its node, and the result is right). Capability comes from ONNX Runtime's own assignment record, cached on disk per
     model hash, EP, onnxruntime version and options.
     """
 
@@ -244,14 +244,15 @@ class OrtGpuProvider(OrtProvider):
         if hasattr(ort, "preload_dlls") and self.device_type == "cuda":
             ort.preload_dlls()  # CUDA and cuDNN libraries from their pip wheels, where installed
         so = session_options(1, exclusive=False)
-        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         try:
             session = new_session(_probe_model(), so, [self.ep_entry()])
             y = session.run(None, {"x": np.array([-1, 0, 1, 2], np.float32)})[0]
         except Exception as error:  # noqa: BLE001 - any EP failure means no usable device
             raise Absent(f"{self.short} EP present but no device: {first_line(error)}") from None
-        if session.get_providers()[0] != self.ep or not np.array_equal(y, [0, 0, 1, 2]):
-            raise Absent(f"{self.short} EP present but no device: the probe ran on {session.get_providers()[0]}")
+        ran_on = {info.ep_name for info in session.get_provider_graph_assignment_info()}
+        if ran_on != {self.ep} or not np.array_equal(y, [0, 0, 1, 2]):
+            raise Absent(f"{self.short} EP present but no device: the probe ran on {', '.join(sorted(ran_on))}")
         return ort.__version__, f"{self.short}:{self.device_id}"
 
     def query(self, model: onnx.ModelProto) -> dict[str, Support]:
@@ -284,6 +285,9 @@ class OrtCuda(OrtGpuProvider):
     eps = ("CUDAExecutionProvider",)
     package = "onnxruntime-gpu"
     install = "pip install onnxruntime-gpu"
+
+    def ep_options(self) -> dict[str, Any]:
+        return {"device_id": self.device_id, "use_tf32": 0}  # exact fp32, as ONNX Runtime CPU computes
 
 
 class OrtTensorRT(OrtGpuProvider):

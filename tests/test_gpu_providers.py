@@ -1,0 +1,144 @@
+"""ONNX Runtime's GPU providers: configuration, detection and absent reasons, the device hand-over and the
+capability cache (run for real through the CPU EP), and real GPU runs wherever a device is present."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from uhop_onnx import InferenceSession
+from uhop_onnx.errors import ProviderError
+from uhop_onnx.graph import Graph
+from uhop_onnx.models import BUILDERS
+from uhop_onnx.partitioner.extract import extract
+from uhop_onnx.providers import REGISTRY, create, devices
+from uhop_onnx.providers.capability import Support
+from uhop_onnx.providers.ort import DeviceTensor, OrtCpu, OrtCuda, OrtGpuProvider, OrtRocm, OrtTensorRT
+from uhop_onnx.session import _handoff
+
+from .conftest import assert_matches, random_feeds, reference
+
+GPU = (OrtTensorRT, OrtCuda, OrtRocm)
+AVAILABLE = ort.get_available_providers()
+
+
+class GpuPathOnCpu(OrtGpuProvider):
+    """The GPU provider's own code (probe, IO binding, hand-over, cache) on the CPU EP, which runs here."""
+
+    id = "gpu-path-on-cpu"
+    eps = ("CPUExecutionProvider",)
+    package = "onnxruntime"
+    install = "pip install onnxruntime"
+    device_type = "cpu"
+
+
+class AzureAsGpu(OrtGpuProvider):
+    """An EP this build lists that cannot run a Relu: the 'present but no device' branch, for real."""
+
+    id = "azure-as-gpu"
+    eps = ("AzureExecutionProvider",)
+    package = "onnxruntime"
+    install = "pip install onnxruntime"
+
+
+def test_registry_puts_accelerators_first_and_ort_cpu_last():
+    assert list(REGISTRY)[:4] == ["ort-tensorrt", "ort-cuda", "ort-rocm", "rknn"]
+    assert list(REGISTRY)[-1] == "ort-cpu"
+
+
+@pytest.mark.parametrize("cls", GPU, ids=lambda c: c.id)
+def test_absent_gpu_provider_names_the_wheel_and_the_install_command(cls):
+    if any(ep in AVAILABLE for ep in cls.eps):
+        pytest.skip(f"{' or '.join(cls.eps)} is in this onnxruntime build")
+    availability = cls().availability
+    assert not availability.present
+    assert availability.reason.startswith(f"{cls.package} not installed")
+    assert ", ".join(AVAILABLE) in availability.reason
+    assert availability.install == cls.install
+    assert availability in devices()
+    with pytest.raises(ProviderError, match=re.escape(f"to install: {cls.install}")):
+        cls().compile(BUILDERS["mlp"]())
+
+
+def test_ep_in_the_build_without_a_device_says_so():
+    if "AzureExecutionProvider" not in AVAILABLE:
+        pytest.skip("this onnxruntime build has no Azure EP to stand for a GPU EP without a device")
+    availability = AzureAsGpu().availability
+    assert not availability.present
+    assert availability.reason.startswith("Azure EP present but no device: ")
+
+
+def test_options_are_checked():
+    with pytest.raises(ProviderError, match="valid options: device_id"):
+        OrtCuda({"device": "GPU"})
+    for bad in ("x", -1, True, 1.5):
+        with pytest.raises(ProviderError, match="device_id must be a non-negative integer"):
+            OrtCuda({"device_id": bad})
+    with pytest.raises(ProviderError, match="fp16 must be true or false"):
+        OrtTensorRT({"fp16": "yes"})
+    assert OrtCuda({"device_id": "1"}).ep_entry() == ("CUDAExecutionProvider", {"device_id": 1, "use_tf32": 0})
+
+
+def test_tensorrt_options_set_fp16_and_the_engine_cache(tmp_path):
+    ep, options = OrtTensorRT({"fp16": True, "engine_cache": str(tmp_path), "device_id": 2}).ep_entry()
+    assert ep == "TensorrtExecutionProvider"
+    assert options["device_id"] == 2 and options["trt_fp16_enable"] is True
+    assert options["trt_engine_cache_enable"] is True
+    assert options["trt_engine_cache_path"] == options["trt_timing_cache_path"] == str(tmp_path)
+    assert OrtTensorRT().ep_entry()[1]["trt_fp16_enable"] is False
+
+
+def test_rocm_goes_through_migraphx_and_hands_over_on_the_host():
+    assert OrtRocm.eps == ("MIGraphXExecutionProvider", "ROCMExecutionProvider")
+    assert OrtRocm().ep in OrtRocm.eps and OrtRocm.device_type is None
+
+
+def test_consecutive_gpu_stages_hand_tensors_over_on_the_device():
+    provider = GpuPathOnCpu()
+    assert provider.availability.present and provider.availability.device == "CPU:0"
+    model = BUILDERS["mlp"]()
+    graph = Graph.from_model(model)
+    half = len(graph.nodes) // 2
+    first, second = (provider.compile(extract(model, graph, part))
+                     for part in (range(half), range(half, len(graph.nodes))))
+    feeds = random_feeds(model)
+    middle = first.run(feeds)
+    assert all(isinstance(v, DeviceTensor) for v in middle.values())
+    handed = {name: _handoff(value, first, second) for name, value in middle.items()}
+    assert all(handed[name] is middle[name] for name in middle)  # same device: no copy to the host
+    on_host = OrtCpu().compile(extract(model, graph, range(half, len(graph.nodes))))
+    assert all(isinstance(_handoff(v, first, on_host), np.ndarray) for v in middle.values())
+    results = second.run(handed)
+    assert_matches([_handoff(results[o.name], second, None) for o in model.graph.output], reference(model, feeds))
+
+
+def test_assignment_record_is_cached_per_model_ep_version_and_options(tmp_path, monkeypatch):
+    monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path))
+    provider, model = GpuPathOnCpu(), BUILDERS["cnn"]()
+    assert provider.query(model) == {}
+    (path,) = (tmp_path / "capability").glob("*.json")
+    assert path.name.startswith(f"gpu-path-on-cpu-{ort.__version__}-")
+    path.write_text(json.dumps({"/block0/conv/Conv": "recorded earlier"}))
+    assert provider.query(model) == {"/block0/conv/Conv": Support(False, "recorded earlier", "runtime")}
+    assert GpuPathOnCpu({"device_id": 1}).cache_key(model) != provider.cache_key(model)
+    assert provider.cache_key(BUILDERS["mlp"]()) != provider.cache_key(model)
+
+
+@pytest.mark.parametrize("spec", ["ort-cuda", "ort-tensorrt", "ort-rocm"])
+def test_real_gpu_run_matches_onnxruntime_cpu(spec):
+    provider = create(spec)
+    if not provider.present:
+        pytest.skip(f"{spec}: {provider.availability.reason}")
+    model = BUILDERS["cnn"]()
+    session = InferenceSession(model, providers=[spec], profile=False)
+    assert session.get_providers()[0] == spec
+    feeds = random_feeds(model)
+    actual, expected = session.run(None, feeds), reference(model, feeds)
+    if spec == "ort-tensorrt":  # TensorRT may pick TF32 kernels for fp32 layers
+        np.testing.assert_allclose(actual[0], expected[0], rtol=1e-3, atol=1e-3)
+    else:
+        assert_matches(actual, expected)
