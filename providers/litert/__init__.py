@@ -1,0 +1,121 @@
+"""LiteRT (TFLite): ONNX stages converted to `.tflite` and run by the LiteRT interpreter with XNNPACK or an
+external delegate. Every converted stage is checked against ONNX Runtime when it is compiled."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from uhop_onnx.errors import ProviderError
+
+from ..base import Absent, Provider, Runner
+from ..capability import Support
+from .runner import LiteRtRunner, interpreter_module
+from .table import LITERT_TABLE
+
+if TYPE_CHECKING:
+    import onnx
+
+log = logging.getLogger(__name__)
+
+FP32_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+FP16_TOLERANCE = {"rtol": 1e-2, "atol": 1e-3}
+
+
+class LiteRt(Provider):
+    """LiteRT on the CPU (XNNPACK), or through an external delegate.
+
+    Options: `delegate` (path of a delegate library, loaded with `load_delegate`), `delegate_options`
+    (a dict of strings it takes), `allow_fallback` (run on XNNPACK, with a warning, when the delegate does
+    not load), `fp16` (weights stored as float16; verified within `FP16_TOLERANCE`).
+    """
+
+    id = "litert"
+    install = "pip install 'uhop-onnx[litert]'  (ai-edge-litert and tflite)"
+    table = LITERT_TABLE
+    option_names = frozenset({"delegate", "delegate_options", "allow_fallback", "fp16"})
+
+    @property
+    def tolerance(self) -> dict[str, float]:
+        return FP16_TOLERANCE if self.options.get("fp16") else FP32_TOLERANCE
+
+    def probe(self) -> tuple[str, str]:
+        try:
+            interpreter_module()
+        except ImportError as error:
+            raise Absent(f"neither ai-edge-litert nor tflite-runtime is installed ({error})") from None
+        try:
+            import tflite  # noqa: F401  - the flatbuffer schema the converter writes with
+        except ImportError as error:
+            raise Absent(f"the tflite package (the converter's schema) is not installed ({error})") from None
+        delegate = self.options.get("delegate")
+        return _version(), f"delegate:{delegate}" if delegate else "CPU"
+
+    def query(self, model: onnx.ModelProto) -> dict[str, Support]:
+        """The converter's own answer: nodes it cannot express exactly, and why."""
+        from .converter import unconvertible
+
+        return {name: Support(False, reason, "runtime") for name, reason in unconvertible(model).items()}
+
+    def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
+        """Convert, load and check the stage against ONNX Runtime on random inputs."""
+        from .converter import convert
+
+        self.require()
+        start = time.perf_counter()
+        blob = convert(model, fp16=bool(self.options.get("fp16")))
+        converted = time.perf_counter()
+        runner = LiteRtRunner(blob, self.threads, self.options.get("delegate"), self.options.get("delegate_options"),
+                              bool(self.options.get("allow_fallback")))
+        runner.error = verify(model, runner, self.tolerance)
+        log.info("litert: %s converted in %.2f s (%d bytes), verified in %.2f s; max abs error %.3g",
+                 model.graph.name, converted - start, len(blob), time.perf_counter() - converted, runner.error)
+        return runner
+
+
+def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], seed: int = 0) -> float:
+    """Run `runner` and ONNX Runtime on the same random inputs; the largest absolute difference, or a
+    `ProviderError` naming the first output outside `tolerance`."""
+    import onnxruntime as ort
+    from onnx import helper
+
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in model.graph.input:
+        if value.name in {t.name for t in model.graph.initializer}:
+            continue
+        dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
+        dtype = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        feeds[value.name] = rng.standard_normal(dims).astype(dtype)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+    got = runner.run(feeds)
+    worst = 0.0
+    for name, reference in expected.items():
+        value = np.asarray(got[name])
+        if value.shape != reference.shape or not np.allclose(value, reference, equal_nan=True, **tolerance):
+            error = np.abs(value - reference).max() if value.shape == reference.shape else float("inf")
+            raise ProviderError(
+                f"litert: the converted stage {model.graph.name!r} differs from ONNX Runtime on output {name!r}: "
+                f"max abs error {error:.3g}, shape {list(value.shape)} vs {list(reference.shape)} "
+                f"(tolerance rtol={tolerance['rtol']}, atol={tolerance['atol']})")
+        finite = np.isfinite(reference)
+        worst = max(worst, float(np.abs(value[finite] - reference[finite]).max(initial=0.0)))
+    return worst
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("ai-edge-litert", "tflite-runtime"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+__all__ = ["LiteRt", "verify"]

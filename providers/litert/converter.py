@@ -1,0 +1,124 @@
+"""ONNX stage -> `.tflite` bytes, written directly with the `tflite` flatbuffer builders.
+
+`convert` lowers every node (see `ops`) or raises a `ProviderError` naming the node it cannot express;
+`unconvertible` answers, node by node, which ones it cannot express and why.
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx
+
+from uhop_onnx.errors import ProviderError
+
+from .lowering import Lowering, Node, Unsupported, identity
+from .ops import LOWERINGS
+
+
+def convert(model: onnx.ModelProto, fp16: bool = False) -> bytes:
+    """The stage as a `.tflite` model whose inputs and outputs are the stage's, by name, in ONNX layout."""
+    cx, _ = _lower(model, fp16, strict=True)
+    try:
+        return _finish(cx)
+    except Unsupported as why:
+        raise ProviderError(f"litert cannot convert {model.graph.name or 'the stage'}: {why}") from None
+
+
+def unconvertible(model: onnx.ModelProto) -> dict[str, str]:
+    """Node name -> why the converter cannot express it, for every node it cannot."""
+    return _lower(model, fp16=False, strict=False)[1]
+
+
+def _lower(model: onnx.ModelProto, fp16: bool, strict: bool) -> tuple[Lowering, dict[str, str]]:
+    model = onnx.shape_inference.infer_shapes(model)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    cx = Lowering(model, fp16)
+    for value in model.graph.input:
+        if value.name not in cx.consts:
+            try:
+                cx.writer.inputs.append(cx.write(value.name))
+            except Unsupported as why:
+                if strict:
+                    raise ProviderError(f"litert cannot take stage input {value.name!r}: {why}") from None
+    failures: dict[str, str] = {}
+    nodes, members = fuse_gelu([(Node.from_proto(n, opset), n.domain) for n in model.graph.node], cx)
+    for node, proto_domain in nodes:
+        try:
+            if proto_domain not in ("", "ai.onnx"):
+                raise Unsupported(f"domain {proto_domain!r}; the converter handles ai.onnx")
+            if node.op not in LOWERINGS:
+                raise Unsupported(f"no LiteRT lowering for {node.op}; lowered ops: {', '.join(sorted(LOWERINGS))}")
+            LOWERINGS[node.op](cx, node)
+        except Unsupported as why:
+            if strict:
+                raise ProviderError(f"litert cannot convert node {node.name!r} ({node.op}): {why}") from None
+            failures.update(dict.fromkeys(members.get(node.name, [node.name]), str(why)))
+            for name in node.outputs:  # stand-ins, so that the nodes after it are judged on their own
+                try:
+                    cx.write(name)
+                except Unsupported:
+                    pass
+    return cx, failures
+
+
+def _finish(cx: Lowering) -> bytes:
+    """Declare the graph outputs, in ONNX layout and under their ONNX names, and serialize."""
+    for name in cx.outputs:
+        if name in cx.consts:
+            raise Unsupported(f"output {name!r} is a constant")
+        shape = cx.shape(name)
+        index = cx.read(name, identity(len(shape)))
+        if index in cx.writer.inputs or index in cx.writer.outputs:
+            copy = cx.temp(shape)
+            cx.op("RESHAPE", [index, cx.int32(shape)], [copy])
+            index = copy
+        cx.writer.tensors[index].name = name
+        cx.writer.outputs.append(index)
+    return cx.writer.serialize()
+
+
+def fuse_gelu(nodes: list[tuple[Node, str]], cx: Lowering) -> tuple[list[tuple[Node, str]], dict[str, list[str]]]:
+    """x * 0.5 * (1 + erf(x / sqrt(2))), as exporters write Gelu, becomes one GELU node (named after its
+    last node). Returns the nodes with their domains, and the names of each fused node's members."""
+    produced = {o: n for n, _ in nodes for o in n.outputs}
+    readers: dict[str, list[Node]] = {}
+    for n, _ in nodes:
+        for name in n.inputs:
+            readers.setdefault(name, []).append(n)
+
+    def sole(name: str, op: str) -> Node | None:
+        found = readers.get(name, [])
+        ok = len(found) == 1 and found[0].op == op and cx.readers[name] == 1 and name not in cx.outputs
+        return found[0] if ok else None
+
+    def other(node: Node, name: str) -> str:
+        return node.inputs[1] if node.inputs[0] == name else node.inputs[0]
+
+    def constant(name: str, value: float) -> bool:
+        array = cx.consts.get(name)
+        return array is not None and array.size == 1 and math.isclose(float(array.reshape(())), value, rel_tol=1e-6)
+
+    members: dict[str, list[str]] = {}
+    replaced: dict[str, Node | None] = {}  # member -> the fused node (last member) or None (dropped)
+    for erf in (n for n, _ in nodes if n.op == "Erf"):
+        scale = produced.get(erf.inputs[0])
+        if scale is None or scale.op not in ("Div", "Mul") or sole(scale.outputs[0], "Erf") is None:
+            continue
+        x = scale.inputs[0] if scale.op == "Div" or scale.inputs[0] not in cx.consts else scale.inputs[1]
+        if not constant(other(scale, x), math.sqrt(2) if scale.op == "Div" else 1 / math.sqrt(2)):
+            continue
+        add = sole(erf.outputs[0], "Add")
+        first = add and constant(other(add, erf.outputs[0]), 1.0) and sole(add.outputs[0], "Mul")
+        second = first and sole(first.outputs[0], "Mul")
+        if not second:
+            continue
+        pair = {other(first, add.outputs[0]), other(second, first.outputs[0])}
+        if x not in pair or not any(constant(p, 0.5) for p in pair):
+            continue
+        chain = [scale, erf, add, first, second]
+        members[second.name] = [n.name for n in chain]
+        replaced.update(dict.fromkeys((n.name for n in chain[:-1]), None))
+        replaced[second.name] = Node(second.name, "Gelu", (x,), second.outputs, {}, second.opset)
+    kept = [(replaced.get(n.name, n), domain) for n, domain in nodes]
+    return [(n, domain) for n, domain in kept if n is not None], members

@@ -1,0 +1,67 @@
+"""A `.tflite` stage run by the LiteRT interpreter (`ai_edge_litert`, or `tflite_runtime` on boards that
+have only that), with XNNPACK on CPU or an external delegate."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from uhop_onnx.errors import ProviderError
+
+from ..base import Runner
+
+log = logging.getLogger(__name__)
+
+
+def interpreter_module():
+    """`ai_edge_litert.interpreter`, else `tflite_runtime.interpreter`."""
+    try:
+        from ai_edge_litert import interpreter
+    except ImportError:
+        from tflite_runtime import interpreter
+    return interpreter
+
+
+class LiteRtRunner(Runner):
+    """A LiteRT interpreter over one stage. Tensors are fed and read by their ONNX names, which the
+    `.tflite` model carries on its inputs and outputs."""
+
+    error: float | None = None  # largest difference from ONNX Runtime found when the stage was checked
+
+    def __init__(self, model: bytes, threads: int | None = None, delegate: str | None = None,
+                 delegate_options: Mapping[str, Any] | None = None, allow_fallback: bool = False):
+        lite = interpreter_module()
+        self.model = model
+        loaded = load_delegate(lite, delegate, delegate_options, allow_fallback) if delegate else None
+        self.delegates = [loaded] if loaded is not None else []
+        self.interpreter = lite.Interpreter(model_content=model, num_threads=threads,
+                                            experimental_delegates=self.delegates or None)
+        self.interpreter.allocate_tensors()
+        self.inputs = [(d["name"], d["index"]) for d in self.interpreter.get_input_details()]
+        self.outputs = [(d["name"], d["index"]) for d in self.interpreter.get_output_details()]
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        for name, index in self.inputs:
+            self.interpreter.set_tensor(index, np.ascontiguousarray(feeds[name], np.float32))
+        self.interpreter.invoke()
+        return {name: self.interpreter.get_tensor(index) for name, index in self.outputs}
+
+    def close(self) -> None:
+        self.interpreter = None
+        self.delegates = []
+
+
+def load_delegate(lite, library: str, options: Mapping[str, Any] | None, allow_fallback: bool):
+    """The external delegate in `library`; when it fails to load, an error naming it, or None (XNNPACK)
+    with a warning when fallback is allowed."""
+    try:
+        return lite.load_delegate(library, {k: str(v) for k, v in (options or {}).items()})
+    except (ValueError, OSError, RuntimeError) as error:
+        message = f"LiteRT delegate {library!r} failed to load: {str(error).strip().splitlines()[0]}"
+        if not allow_fallback:
+            raise ProviderError(f"{message}; pass allow_fallback=True to run on XNNPACK instead") from None
+        log.warning("%s; running on XNNPACK instead", message)
+        return None

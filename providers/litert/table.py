@@ -1,0 +1,50 @@
+"""What the LiteRT converter can express, as a declarative capability table.
+
+The converter (`ops`) refines these answers per node through `LiteRt.query`: static shapes, padding that
+LiteRT can match, resize modes it computes the same way.
+"""
+
+from __future__ import annotations
+
+from uhop_onnx.providers.capability import CapabilityTable, OpRule
+
+FLOAT = frozenset({"float"})
+INDEX = frozenset({"float", "int64", "int32"})  # float data with integer shapes, axes or indices
+FOUR_D = (4,)  # 2-D windows on NCHW tensors: LiteRT's convolutions and pools are 2-D, NHWC
+
+
+def _rules() -> tuple[OpRule, ...]:
+    elementwise = "Add Sub Mul Div Pow Max Min Relu Sigmoid Tanh HardSwish LeakyRelu Erf Sqrt Exp Abs Neg Log"
+    plain = [OpRule(op, dtypes=FLOAT) for op in elementwise.split()]
+    plain += [OpRule(op, dtypes=FLOAT) for op in "Identity Concat Transpose GlobalAveragePool GlobalMaxPool".split()]
+    return (
+        *plain,
+        OpRule("Gelu", opsets=(20, 10_000), dtypes=FLOAT, attributes={"approximate": (b"none", b"tanh")},
+               defaults={"approximate": b"none"}),
+        OpRule("Dropout", dtypes=frozenset({"float", "bool"})),
+        OpRule("Clip", dtypes=FLOAT, constant_inputs=(1, 2)),
+        OpRule("Conv", dtypes=FLOAT, ranks=FOUR_D, constant_inputs=(1, 2)),
+        OpRule("ConvTranspose", dtypes=FLOAT, ranks=FOUR_D, constant_inputs=(1, 2), attributes={"group": (1,)},
+               defaults={"group": 1}),
+        OpRule("MaxPool", dtypes=frozenset({"float", "int64"}), ranks=FOUR_D, attributes={"storage_order": (0,)},
+               defaults={"storage_order": 0}),
+        OpRule("AveragePool", dtypes=FLOAT, ranks=FOUR_D),
+        OpRule("BatchNormalization", dtypes=FLOAT, constant_inputs=(1, 2, 3, 4), attributes={"training_mode": (0,)},
+               defaults={"training_mode": 0}),
+        OpRule("Gemm", dtypes=FLOAT, ranks=(2,)),
+        OpRule("MatMul", dtypes=FLOAT, ranks=(2, 3, 4, 5)),
+        OpRule("Softmax", dtypes=FLOAT),
+        OpRule("LayerNormalization", dtypes=FLOAT, constant_inputs=(1, 2)),
+        *(OpRule(op, dtypes=INDEX, constant_inputs=(1,)) for op in "ReduceMean ReduceSum ReduceMax ReduceMin".split()),
+        *(OpRule(op, dtypes=INDEX, constant_inputs=(1,)) for op in "Reshape Squeeze Unsqueeze Split Gather".split()),
+        OpRule("Flatten", dtypes=FLOAT),
+        OpRule("Slice", dtypes=INDEX, constant_inputs=(1, 2, 3, 4)),
+        OpRule("Resize", opsets=(11, 10_000), dtypes=INDEX, ranks=FOUR_D, constant_inputs=(1, 2, 3),
+               attributes={"mode": (b"nearest", b"linear"), "antialias": (0,)},
+               defaults={"mode": b"nearest", "antialias": 0}),
+        OpRule("Pad", dtypes=INDEX, constant_inputs=(1, 2, 3), attributes={"mode": (b"constant", b"reflect")},
+               defaults={"mode": b"constant"}),
+    )
+
+
+LITERT_TABLE = CapabilityTable(provider="litert", rules=_rules(), dtypes=FLOAT, domains={"": (7, 28)})
