@@ -10,12 +10,13 @@ from uhop_onnx.errors import ProviderError
 from .base import Availability, Provider, Runner
 from .capability import CapabilityTable, OpRule, Support
 from .kernels import KernelsProvider
+from .litert import LiteRt
 from .openvino import OpenVino
 from .ort import OrtCpu, OrtCuda, OrtRocm, OrtTensorRT
 from .rknn import Rknn
 
 # Accelerators first; ort-cpu, the last resort, last.
-REGISTRY: dict[str, type[Provider]] = {cls.id: cls for cls in (OrtTensorRT, OrtCuda, OrtRocm, Rknn, OpenVino, KernelsProvider, OrtCpu)}
+REGISTRY: dict[str, type[Provider]] = {cls.id: cls for cls in (OrtTensorRT, OrtCuda, OrtRocm, Rknn, OpenVino, LiteRt, KernelsProvider, OrtCpu)}
 LAST_RESORT = "ort-cpu"
 
 ProviderSpec = str | tuple[str, dict[str, Any]]
