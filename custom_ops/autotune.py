@@ -152,3 +152,25 @@ def tune_op(lib: Library, op: OpSpec, threads: int, budget: float = 0.05) -> Sch
     log.info("tuned %s on %d threads: %s (%.1f GFLOP/s)", op.key, threads, best, op.flops / best_time / 1e9)
     store(lib, op, best, best_time)
     return best
+
+
+def tune_model(model, threads: int | None = None) -> list[dict]:
+    """Run `model` once with random inputs, its Conv/Gemm/MatMul nodes on `kernels` with tuning on, so every
+    schedule it needs is searched and cached; returns the newly cached entries (op, schedule, GFLOP/s)."""
+    from uhop_onnx.session import InferenceSession
+
+    from .verify import host_library
+
+    path = cache_file(host_library())
+    before = set(_read(path))
+    session = InferenceSession(model, providers=[("kernels", {"tune": True}), "ort-cpu"], profile=False,
+                               threads=threads)
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for sig in session.get_inputs():
+        shape = [d if isinstance(d, int) else 1 for d in sig.shape or []]
+        dtype = sig.dtype or np.float32
+        feeds[sig.name] = (rng.standard_normal(shape) if np.issubdtype(dtype, np.floating)
+                           else np.zeros(shape)).astype(dtype)
+    session.run(None, feeds)
+    return [{"op": key, **entry} for key, entry in sorted(_read(path).items()) if key not in before]

@@ -1,0 +1,253 @@
+"""Our generated kernels: each against numpy over shapes, strides, pads, groups, dilations and transposes;
+verification rejecting bad builds; the `kernels` provider inside plans, matching ONNX Runtime."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import uhop_onnx
+from uhop_onnx.custom_ops import autotune, build, codegen, verify
+from uhop_onnx.custom_ops.spec import (Epilogue, KernelSpecError, LibrarySpec, MicroKernel, OpSpec, Schedule,
+                                       check_library, host_target)
+from uhop_onnx.models import BUILDERS
+from uhop_onnx.providers import create
+
+from .conftest import assert_matches, random_feeds, reference
+
+HYPOTHESIS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache(tmp_path_factory):
+    """A private cache dir (builds, schedules) for this module."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("UHOP_CACHE_DIR", str(tmp_path_factory.mktemp("uhop-cache")))
+    mp.setattr(verify, "_VERIFIED", {})
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def lib(cache):
+    return verify.host_library()
+
+
+def _rand(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@HYPOTHESIS
+@given(m=st.integers(1, 40), n=st.integers(1, 70), k=st.integers(0, 90), trans_a=st.booleans(),
+       trans_b=st.booleans(), bias=st.sampled_from(["none", "col", "row", "full", "scalar"]),
+       act=st.sampled_from([Epilogue(), Epilogue(lo=0.0), Epilogue(lo=0.0, hi=6.0)]), alpha=st.sampled_from([1.0, -0.5]),
+       variant=st.integers(0, 3), threads=st.integers(1, 2), seed=st.integers(0, 2**16))
+def test_gemm_matches_numpy(lib, m, n, k, trans_a, trans_b, bias, act, alpha, variant, threads, seed):
+    rng = np.random.default_rng(seed)
+    a = _rand(rng, k, m).T if trans_a else _rand(rng, m, k)
+    b = _rand(rng, n, k).T if trans_b else _rand(rng, k, n)
+    c = {"none": None, "col": _rand(rng, n), "row": _rand(rng, m, 1), "full": _rand(rng, m, n),
+         "scalar": _rand(rng, 1)}[bias]
+    mk = lib.spec.micro[variant % len(lib.spec.micro)]
+    schedule = Schedule(variant % len(lib.spec.micro), mk.mr * 2, 16, mk.nr * 2, threads=threads)
+    got = lib.gemm(a, b, schedule, alpha=alpha, bias=c, epilogue=act)
+    want = alpha * (a.astype(np.float64) @ b) + (0 if c is None else c)
+    np.testing.assert_allclose(got, verify.clamp(want, act), rtol=1e-4, atol=1e-4)
+
+
+@HYPOTHESIS
+@given(n=st.integers(1, 2), groups=st.sampled_from([1, 2, 3]), cg=st.integers(1, 3), ocg=st.integers(1, 3),
+       h=st.integers(1, 12), w=st.integers(1, 12), kh=st.integers(1, 4), kw=st.integers(1, 3),
+       stride=st.tuples(st.integers(1, 3), st.integers(1, 3)), pads=st.tuples(*[st.integers(0, 2)] * 4),
+       dil=st.tuples(st.integers(1, 2), st.integers(1, 2)), algo=st.sampled_from(["im2col", "direct"]),
+       threads=st.integers(1, 2), relu=st.booleans(), seed=st.integers(0, 2**16))
+def test_conv2d_matches_numpy(lib, n, groups, cg, ocg, h, w, kh, kw, stride, pads, dil, algo, threads, relu, seed):
+    if h + pads[0] + pads[2] < dil[0] * (kh - 1) + 1 or w + pads[1] + pads[3] < dil[1] * (kw - 1) + 1:
+        return  # no output position: ONNX rejects such a Conv
+    rng = np.random.default_rng(seed)
+    x, wt, bias = _rand(rng, n, cg * groups, h, w), _rand(rng, ocg * groups, cg, kh, kw), _rand(rng, ocg * groups)
+    act = Epilogue(lo=0.0) if relu else Epilogue()
+    mk = lib.spec.micro[0]
+    schedule = Schedule(0, mk.mr, 8, mk.nr, algo=algo, threads=threads)
+    got = lib.conv2d(x, wt, schedule, bias=bias, strides=stride, pads=pads, dilations=dil, group=groups, epilogue=act)
+    want = verify.conv_reference(x, wt, bias, stride, pads, dil, groups)
+    np.testing.assert_allclose(got, verify.clamp(want, act), rtol=1e-4, atol=1e-4)
+
+
+def test_conv_reference_is_onnx_runtime_conv():
+    """The numpy reference every kernel is checked against agrees with ONNX Runtime's Conv."""
+    rng = np.random.default_rng(1)
+    x, w, b = _rand(rng, 2, 6, 9, 8), _rand(rng, 4, 3, 3, 2), _rand(rng, 4)
+    attrs = dict(strides=[2, 1], pads=[1, 0, 2, 1], dilations=[1, 2], group=2)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)
+    graph = helper.make_graph([node], "c", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    want = reference(model, {"x": x})[0]
+    got = verify.conv_reference(x, w, b, (2, 1), (1, 0, 2, 1), (1, 2), 2)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_bias_act_along_any_axis(lib):
+    rng = np.random.default_rng(2)
+    x = _rand(rng, 2, 3, 4, 5)
+    for axis in range(4):
+        bias = _rand(rng, x.shape[axis])
+        shape = [1] * 4
+        shape[axis] = -1
+        got = lib.bias_act(x, bias=bias, axis=axis, epilogue=Epilogue(lo=-0.5, hi=0.5))
+        np.testing.assert_allclose(got, np.clip(x + bias.reshape(shape), -0.5, 0.5), rtol=1e-6)
+
+
+def test_spec_checks_refuse_what_the_target_cannot_do(lib):
+    with pytest.raises(KernelSpecError, match="needs 22 vector registers; x86-64-avx2 has 16"):
+        check_library(LibrarySpec("x86-64-avx2", (MicroKernel(6, 24),)))
+    with pytest.raises(KernelSpecError, match="multiple of 8"):
+        check_library(LibrarySpec("x86-64-avx2", (MicroKernel(4, 12),)))
+    with pytest.raises(KernelSpecError, match="valid targets: x86-64-avx2, aarch64-neon, scalar"):
+        codegen.generate(LibrarySpec("riscv"))
+    a = np.ones((4, 4), np.float32)
+    mr = lib.spec.micro[0].mr
+    with pytest.raises(KernelSpecError, match=f"mc={mr + 1} must be a positive multiple of mr={mr}"):
+        lib.gemm(a, a, replace(Schedule(), mc=mr + 1))
+    with pytest.raises(KernelSpecError, match="valid: 0 "):
+        lib.gemm(a, a, replace(Schedule(), micro=99))
+
+
+def _broken(spec: LibrarySpec, generate=codegen.generate) -> str:
+    """Generated source with one wrong accumulation in the first micro-kernel (as a bad lowering would make)."""
+    source = generate(spec)
+    assert "c_0_0 = VFMA(a_, b_0, c_0_0);" in source
+    return source.replace("c_0_0 = VFMA(a_, b_0, c_0_0);", "c_0_0 = VADD(b_0, c_0_0);", 1)
+
+
+def test_a_wrong_build_is_rejected_and_evicted(lib):
+    spec = LibrarySpec(host_target())
+    source = _broken(spec)
+    path = build.build(source, spec.target)
+    with pytest.raises(verify.VerificationError, match=r"gemm 6x16 .* max error"):
+        verify.load(spec, source)
+    assert not path.exists() and path not in verify._VERIFIED
+
+
+def test_a_corrupted_cached_library_is_rebuilt(lib):
+    spec = LibrarySpec("scalar")
+    path = build.build(codegen.generate(spec), spec.target)
+    verify._VERIFIED.pop(path, None)
+    path.unlink()  # a new file, not a write into one that may be mapped
+    path.write_bytes(b"\x7fELF garbage")
+    loaded = verify.load(spec)
+    assert loaded.path == path and path.stat().st_size > 1000
+    np.testing.assert_allclose(loaded.gemm_naive(np.eye(3, dtype=np.float32), np.eye(3, dtype=np.float32)), np.eye(3))
+
+
+def test_the_provider_never_uses_a_library_that_failed(lib, monkeypatch):
+    """With the native lowering broken, the provider runs on the verified portable C and stays correct."""
+    native = host_target()
+    real = codegen.generate
+    monkeypatch.setattr(codegen, "generate", lambda spec: _broken(spec, real) if spec.target == native else real(spec))
+    monkeypatch.setattr(verify, "_VERIFIED", {})
+    model = BUILDERS["mlp"]()
+    runner = create("kernels", threads=1).compile(_only(model, ["/fc0/Gemm", "/fc0/relu/Relu"]))
+    assert runner.lib.spec.target == "scalar"
+    x = random_feeds(model)["input"]
+    w, b = (numpy_helper.to_array(t) for t in model.graph.initializer[:2])
+    np.testing.assert_allclose(list(runner.run({"input": x}).values())[0], np.maximum(x @ w.T + b, 0), rtol=1e-5,
+                               atol=1e-5)
+
+
+def _only(model: onnx.ModelProto, nodes: list[str]) -> onnx.ModelProto:
+    from uhop_onnx.graph import Graph
+    from uhop_onnx.partitioner.extract import extract
+
+    graph = Graph.from_model(model)
+    return extract(model, graph, [graph.index_of[n] for n in nodes])
+
+
+@pytest.mark.parametrize("name", ["cnn", "resnet", "mobilenet", "mlp"])
+def test_models_on_kernels_match_onnx_runtime(lib, name):
+    model = BUILDERS[name]()
+    session = uhop_onnx.InferenceSession(model, providers=["kernels", "ort-cpu"], profile=False, threads=2)
+    placed = {node: stage.provider for stage in session.plan.stages for node in stage.nodes}
+    products = [n.name for n in model.graph.node if n.op_type in ("Conv", "Gemm", "MatMul")]
+    assert products and all(placed[n] == "kernels" for n in products)
+    feeds = random_feeds(model)
+    assert_matches(session.run(None, feeds), reference(model, feeds))
+
+
+def test_query_says_why_a_node_stays_off_kernels(lib):
+    model = BUILDERS["resnet"]()
+    session = uhop_onnx.InferenceSession(model, providers=["kernels", "ort-cpu"], profile=False)
+    placed = {node: stage.provider for stage in session.plan.stages for node in stage.nodes}
+    assert placed["/layer0/add/Add"] == "ort-cpu"  # a residual sum is not a bias
+    from uhop_onnx.graph import Graph
+    from uhop_onnx.partitioner.capabilities import capabilities
+
+    verdicts = capabilities(model, Graph.from_model(model), create("kernels"))
+    assert "one operand must be a constant" in verdicts["/layer0/add/Add"].reason
+    assert "GlobalAveragePool is not in kernels's table" in verdicts["/head/pool/GlobalAveragePool"].reason
+
+
+def test_fusion_and_threads_in_the_runner(lib):
+    model = BUILDERS["mobilenet"]()
+    stage = _only(model, ["/stem/conv/Conv", "/stem/relu6/Clip", "/dw0/conv/Conv", "/dw0/relu6/Clip"])
+    runner = create("kernels", threads=2).compile(stage)
+    assert [(s.kind, s.epilogue.hi) for s in runner.steps] == [("Conv", 6.0), ("Conv", 6.0)]
+    feeds = random_feeds(stage)
+    got = runner.run(feeds)
+    assert_matches(list(got.values()), reference(stage, feeds))
+    assert {schedule.threads for schedule in runner._schedules.values()} == {2}
+
+
+def test_autotune_caches_the_winner_per_device(lib):
+    op = OpSpec("gemm", (37, 45, 29, 0, 1))
+    assert autotune.cached(lib, op, 1) is None
+    best = autotune.tune_op(lib, op, 1, budget=0.002)
+    assert autotune.cached(lib, op, 1) == best == autotune.schedule_for(lib, op, 1)
+    path = autotune.cache_file(lib)
+    assert path.parent.parent == build.cache_dir() and path.stem == autotune.fingerprint(lib)
+    a, b = autotune.operands(op)
+    np.testing.assert_allclose(autotune.run(lib, op, best, (a, b)), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_kernels_tune_cli_tunes_a_model(lib, tmp_path):
+    from typer.testing import CliRunner
+
+    from uhop_onnx.custom_ops.cli import app
+
+    path = tmp_path / "mlp.onnx"
+    onnx.save(BUILDERS["mlp"](batch=3, sizes=(24, 40, 12)), path)
+    result = CliRunner().invoke(app, ["tune", str(path), "--threads", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    assert {entry["op"].split("|")[0] for entry in json.loads(result.output)} == {"gemm"}
+
+
+def test_aarch64_build_runs_under_qemu():
+    from uhop_onnx.custom_ops import cross
+
+    missing = cross.missing_tools()
+    if missing:
+        pytest.skip(f"aarch64 cross tools absent ({', '.join(missing)}); install: {cross.INSTALL}")
+    spec = LibrarySpec("aarch64-neon")
+    program = cross.build_driver(spec)
+    rng = np.random.default_rng(3)
+    a, b, bias = _rand(rng, 19, 37), _rand(rng, 37, 29), _rand(rng, 29)
+    for v, mk in enumerate(spec.micro):
+        got = cross.gemm(program, a, b, Schedule(v, mk.mr, 16, mk.nr, threads=2), alpha=0.5, bias=bias,
+                         epilogue=Epilogue(lo=0.0))
+        np.testing.assert_allclose(got, np.maximum(0.5 * (a.astype(np.float64) @ b) + bias, 0), rtol=1e-4, atol=1e-4)
+    x, w = _rand(rng, 1, 4, 9, 8), _rand(rng, 6, 2, 3, 3)
+    for algo in ("im2col", "direct"):
+        got = cross.conv2d(program, x, w, Schedule(0, 8, 8, 12, algo=algo), bias=bias[:6], strides=(2, 1),
+                           pads=(1, 1, 1, 0), dilations=(1, 2), group=2)
+        want = verify.conv_reference(x, w, bias[:6], (2, 1), (1, 1, 1, 0), (1, 2), 2)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert cross.build_library(spec).read_bytes()[18] == 183  # ELF e_machine EM_AARCH64
