@@ -1,0 +1,301 @@
+"""`uhop-onnx serve`: the Open Inference Protocol on loopback, driven by tritonclient, checked against
+ONNX Runtime, on the local engine and on Ray Serve."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import onnx
+import pytest
+
+from uhop_onnx.models import mlp
+from uhop_onnx.optimizer import optimize
+
+from .conftest import assert_matches, reference
+
+httpclient = pytest.importorskip("tritonclient.http")
+pytest.importorskip("uvicorn")
+pytest.importorskip("starlette")
+
+HOST = "127.0.0.1"
+LIMIT = 64 * 1024  # the request size limit the test servers get
+SPLIT = {"/fc1/MatMul": "ort-cpu", "/fc1/Add": "ort-cpu"}  # three stages: openvino, ort-cpu, openvino
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, seconds: float, process: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"server exited with {process.returncode}: {process.stderr.read().decode()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"server at {url} not ready within {seconds} s")
+
+
+def infer(client, x: np.ndarray, binary: bool = True, name: str = "mlp") -> np.ndarray:
+    tensor = httpclient.InferInput("input", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x, binary_data=binary)
+    outputs = [httpclient.InferRequestedOutput("output", binary_data=binary)]
+    return client.infer(name, [tensor], outputs=outputs).as_numpy("output")
+
+
+def burst(url: str, model: onnx.ModelProto, count: int = 200, threads: int = 16, seconds: float = 90) -> None:
+    """`count` requests from `threads` threads, distinct inputs each, every answer checked."""
+    inputs = np.random.default_rng(7).standard_normal((count, 4, 64)).astype(np.float32)
+    local = threading.local()
+
+    def one(k: int) -> np.ndarray:
+        if not hasattr(local, "client"):
+            local.client = httpclient.InferenceServerClient(url, network_timeout=30)
+        return infer(local.client, inputs[k], binary=k % 4 != 0)
+
+    with ThreadPoolExecutor(threads) as pool:
+        futures = [pool.submit(one, k) for k in range(count)]
+        deadline = time.monotonic() + seconds
+        answers = [f.result(timeout=max(0.1, deadline - time.monotonic())) for f in futures]
+    expected = reference_batch(model, inputs)
+    for got, want in zip(answers, expected):
+        assert_matches([got], [want])
+
+
+def reference_batch(model: onnx.ModelProto, inputs: np.ndarray) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return [session.run(None, {"input": x})[0] for x in inputs]
+
+
+def post(url: str, path: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(f"http://{url}{path}", data=body, headers=headers or {}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def json_request(x: np.ndarray, name: str = "input", datatype: str = "FP32", shape=None) -> bytes:
+    return json.dumps({"inputs": [{"name": name, "datatype": datatype, "shape": shape or list(x.shape),
+                                   "data": x.reshape(-1).tolist()}]}).encode()
+
+
+def binary_request(declared: int, size: int) -> tuple[bytes, dict]:
+    """An input claiming `declared` bytes of binary data, followed by `size` bytes."""
+    header = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [4, 64],
+                                     "parameters": {"binary_data_size": declared}}]}).encode()
+    return header + bytes(size), {"Inference-Header-Content-Length": str(len(header))}
+
+
+def metric(url: str, name: str, **labels) -> float:
+    with urllib.request.urlopen(f"http://{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@pytest.fixture(scope="module")
+def model() -> onnx.ModelProto:
+    return mlp()
+
+
+@pytest.fixture(scope="module")
+def plan(model):
+    return optimize(model, providers=["openvino", "ort-cpu"], assign=SPLIT, profile=False)
+
+
+@pytest.fixture(scope="module")
+def spans():
+    """Spans the servers in this process record, in memory."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter
+
+
+@pytest.fixture(scope="module")
+def local_url(plan, spans):
+    import uvicorn
+
+    from uhop_onnx.serve.local import local_app
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(local_app(plan, "mlp", replicas=2, max_request_bytes=LIMIT),
+                                           host=HOST, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"{HOST}:{port}"
+    try:
+        wait_ready(url, 30)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_health_and_metadata_through_tritonclient(local_url):
+    client = httpclient.InferenceServerClient(local_url)
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("mlp")
+    assert not client.is_model_ready("other")
+    assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
+    metadata = client.get_model_metadata("mlp")
+    assert metadata["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [4, 64]}]
+    assert metadata["outputs"] == [{"name": "output", "datatype": "FP32", "shape": [4, 10]}]
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_infer_matches_onnx_runtime(local_url, model, binary):
+    client = httpclient.InferenceServerClient(local_url)
+    x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+    assert_matches([infer(client, x, binary)], reference(model, {"input": x}))
+
+
+def test_default_request_and_compressed_body(local_url, model):
+    client = httpclient.InferenceServerClient(local_url)
+    x = np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32)
+    tensor = httpclient.InferInput("input", [4, 64], "FP32")
+    tensor.set_data_from_numpy(x)
+    expected = reference(model, {"input": x})
+    assert_matches([client.infer("mlp", [tensor], request_id="r1").as_numpy("output")], expected)
+    zipped = client.infer("mlp", [tensor], request_compression_algorithm="gzip")
+    assert_matches([zipped.as_numpy("output")], expected)
+
+
+def test_burst_of_concurrent_requests_all_answered_correctly(local_url, model, spans):
+    before = metric(local_url, "uhop_requests_total", code="200")
+    burst(local_url, model)
+    assert metric(local_url, "uhop_requests_total", code="200") - before == 200
+    for k, provider in enumerate(["openvino", "ort-cpu", "openvino"]):
+        assert metric(local_url, "uhop_stage_seconds_count", stage=k, provider=provider) >= 200
+    stage_spans = [s for s in spans.get_finished_spans() if s.name.startswith("stage ")]
+    assert {(s.attributes["stage"], s.attributes["provider"]) for s in stage_spans} == {
+        (0, "openvino"), (1, "ort-cpu"), (2, "openvino")}
+
+
+@pytest.mark.parametrize(("path", "body", "headers", "status", "message"), [
+    ("/v2/models/nope/infer", json_request(np.zeros((4, 64))), {}, 404, "unknown model 'nope'; this server serves: mlp"),
+    ("/v2/models/mlp/versions/2/infer", json_request(np.zeros((4, 64))), {}, 404, "no version '2'"),
+    ("/v2/models/mlp/infer", json_request(np.zeros((4, 64)), name="x"), {}, 400, "unknown input 'x'; the model's inputs: input (FP32 [4, 64])"),
+    ("/v2/models/mlp/infer", json_request(np.zeros((4, 64)), datatype="FP64"), {}, 400, "datatype 'FP64'; the model expects FP32"),
+    ("/v2/models/mlp/infer", json_request(np.zeros((2, 64))), {}, 400, "shape [2, 64]; the model expects [4, 64]"),
+    ("/v2/models/mlp/infer", json_request(np.zeros((4, 64)), shape=[4, 32]), {}, 400, "shape [4, 32]"),
+    ("/v2/models/mlp/infer", json_request(np.zeros((4, 32)), shape=[4, 64]), {}, 400, "128 values for shape [4, 64]"),
+    ("/v2/models/mlp/infer", b'{"inputs": [', {}, 400, "malformed JSON"),
+    ("/v2/models/mlp/infer", b'{"inputs": []}', {}, 400, "missing input(s) 'input'"),
+    ("/v2/models/mlp/infer", b"x" * (LIMIT + 1), {}, 413, f"limit of {LIMIT} bytes"),
+    ("/v2/models/mlp/infer", gzip.compress(b" " * (LIMIT + 1)), {"Content-Encoding": "gzip"}, 413, "limit"),
+    ("/v2/models/mlp/infer", b"{}", {"Content-Encoding": "br"}, 415, "'br' is not supported"),
+    ("/v2/models/mlp/infer", *binary_request(1024, 1000), 400, "binary_data_size 1024 exceeds the 1000 bytes"),
+    ("/v2/models/mlp/infer", *binary_request(1024, 1030), 400, "6 bytes of binary data that no input claims"),
+    ("/v2/models/mlp/infer", *binary_request(1020, 1020), 400, "1020 bytes of binary data for shape [4, 64]"),
+    ("/v2/models/mlp/infer", json.dumps({"inputs": json.loads(json_request(np.zeros((4, 64))))["inputs"],
+                                         "outputs": [{"name": "logits"}]}).encode(), {}, 400,
+     "unknown output 'logits'; the model's outputs: output"),
+], ids=["model", "version", "input-name", "dtype", "shape", "declared-shape", "count", "json", "missing",
+        "oversized", "gzip-bomb", "encoding", "binary-short", "binary-extra", "binary-count", "output-name"])
+def test_bad_requests_get_protocol_errors_and_the_server_keeps_serving(local_url, model, path, body, headers,
+                                                                       status, message):
+    before = metric(local_url, "uhop_requests_total", code=status)
+    got, answer = post(local_url, path, body, headers)
+    assert got == status and message in answer["error"], answer
+    assert metric(local_url, "uhop_requests_total", code=status) == before + 1
+    x = np.ones((4, 64), np.float32)
+    assert_matches([infer(httpclient.InferenceServerClient(local_url), x)], reference(model, {"input": x}))
+
+
+def test_wrong_dtype_from_tritonclient_is_an_inference_server_exception(local_url):
+    from tritonclient.utils import InferenceServerException
+
+    tensor = httpclient.InferInput("input", [4, 64], "FP64")
+    tensor.set_data_from_numpy(np.zeros((4, 64)))
+    with pytest.raises(InferenceServerException, match="the model expects FP32") as caught:
+        httpclient.InferenceServerClient(local_url).infer("mlp", [tensor])
+    assert caught.value.status() == "400"
+
+
+def test_wrong_method_and_path_are_json_errors(local_url):
+    for path, status in (("/v2/models/mlp/infer", 405), ("/v3", 404)):
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(f"http://{local_url}{path}", timeout=10)
+        assert caught.value.code == status and "error" in json.loads(caught.value.read())
+
+
+def test_serve_command_on_a_model_file_names_the_model_after_its_stem(tmp_path, model):
+    path = tmp_path / "tiny_mlp.onnx"
+    onnx.save(model, path)
+    port = free_port()
+    code = f"from uhop_onnx.serve.cli import serve; serve({str(path)!r}, host={HOST!r}, port={port}, threads=1)"
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               env={**os.environ, "OTEL_TRACES_EXPORTER": "none"})
+    try:
+        wait_ready(f"{HOST}:{port}", 60, process)
+        client = httpclient.InferenceServerClient(f"{HOST}:{port}")
+        assert client.get_model_metadata("tiny_mlp")["name"] == "tiny_mlp"
+        x = np.random.default_rng(3).standard_normal((4, 64)).astype(np.float32)
+        assert_matches([infer(client, x, name="tiny_mlp")], reference(model, {"input": x}))
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+def test_ray_engine_one_deployment_per_stage(plan, model):
+    ray = pytest.importorskip("ray")
+    from ray import serve
+
+    from uhop_onnx.serve.ray_engine import deploy, ray_app
+
+    ray.init(address="local", num_cpus=2, _node_ip_address=HOST, include_dashboard=False, log_to_driver=False)
+    try:
+        port = free_port()
+        serve.start(http_options={"host": HOST, "port": port})
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(deploy, ray_app(plan, "mlp", replicas=2, max_request_bytes=LIMIT), "mlp").result(timeout=180)
+        url = f"{HOST}:{port}"
+        status = serve.status().applications["mlp"].deployments
+        assert sorted(status) == ["ingress", "stage_0_openvino", "stage_1_ort-cpu", "stage_2_openvino"]
+        assert all(status[f"stage_{k}_{p}"].replica_states == {"RUNNING": 2}
+                   for k, p in enumerate(["openvino", "ort-cpu", "openvino"]))
+        client = httpclient.InferenceServerClient(url)
+        assert client.is_server_ready() and client.get_model_metadata("mlp")["outputs"][0]["shape"] == [4, 10]
+        burst(url, model, count=200, threads=16, seconds=120)
+        got, answer = post(url, "/v2/models/mlp/infer", json_request(np.zeros((4, 64)), datatype="INT64"))
+        assert got == 400 and "the model expects FP32" in answer["error"]
+        got, answer = post(url, "/v2/models/mlp/infer", b"x" * (LIMIT + 1))
+        assert got == 413
+        x = np.ones((4, 64), np.float32)
+        assert_matches([infer(client, x)], reference(model, {"input": x}))
+        assert metric(url, "uhop_stage_seconds_count", stage=1, provider="ort-cpu") >= 201
+    finally:
+        serve.shutdown()
+        ray.shutdown()
