@@ -442,8 +442,13 @@ def gather(cx: Lowering, node: Node) -> None:
     if ((positions < -shape[axis]) | (positions >= shape[axis])).any():
         raise Unsupported(f"Gather indices outside 0..{shape[axis] - 1}")
     positions = np.where(positions < 0, positions + shape[axis], positions).astype(np.int32)
-    cx.op("GATHER", [cx.read(data, identity(len(shape))), cx.constant(positions, indices)], [cx.write(y)],
-          "GatherOptions", Axis=axis)
+    inputs = [cx.read(data, identity(len(shape))), cx.constant(positions.reshape(-1) if positions.ndim == 0 else positions, indices)]
+    if positions.ndim:
+        cx.op("GATHER", inputs, [cx.write(y)], "GatherOptions", Axis=axis)
+        return
+    # LiteRT keeps a unit axis for a scalar index: gather one, then drop that axis
+    picked = emit(cx, "GATHER", inputs, [*shape[:axis], 1, *shape[axis + 1:]], "GatherOptions", Axis=axis)
+    cx.op("RESHAPE", [picked, cx.int32(cx.shape(y))], [cx.write(y)])
 
 
 RESIZE_NEAREST = {  # (coordinate transform, nearest mode) -> (align_corners, half_pixel_centers)

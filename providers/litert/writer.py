@@ -140,7 +140,7 @@ def _buffer(b: flatbuffers.Builder, data: bytes) -> int:
 def _tensor(b: flatbuffers.Builder, tensor: Tensor, buffer: int) -> int:
     name = b.CreateString(tensor.name)
     shape = _vector(b, "Tensor", "Shape", list(tensor.shape))
-    return _table(b, "Tensor", Shape=shape, Type=TENSOR_TYPES[tensor.dtype], Buffer=buffer, Name=name)
+    return _table(b, "Tensor", Shape=shape, Type=TENSOR_TYPES[tensor.dtype], Buffer=buffer, Name=name, HasRank=True)
 
 
 def _operator(b: flatbuffers.Builder, op: Operator, code: int, renumber: dict[int, int]) -> int:
