@@ -41,6 +41,7 @@ def _lower(model: onnx.ModelProto, fp16: bool, strict: bool) -> tuple[Lowering, 
             except Unsupported as why:
                 if strict:
                     raise ProviderError(f"litert cannot take stage input {value.name!r}: {why}") from None
+                cx.unavailable[value.name] = str(why)
     failures: dict[str, str] = {}
     nodes, members = fuse_gelu([(Node.from_proto(n, opset), n.domain) for n in model.graph.node], cx)
     for node, proto_domain in nodes:
@@ -57,8 +58,8 @@ def _lower(model: onnx.ModelProto, fp16: bool, strict: bool) -> tuple[Lowering, 
             for name in node.outputs:  # stand-ins, so that the nodes after it are judged on their own
                 try:
                     cx.write(name)
-                except Unsupported:
-                    pass
+                except Unsupported as missing:
+                    cx.unavailable[name] = str(missing)
     return cx, failures
 
 

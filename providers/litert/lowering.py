@@ -75,6 +75,7 @@ class Lowering:
         self.outputs = [o.name for o in graph.output]
         self.readers = Counter(name for n in graph.node for name in n.input if name) + Counter(self.outputs)
         self.values: dict[str, Value] = {}
+        self.unavailable: dict[str, str] = {}  # tensor -> why it has no LiteRT tensor
         self.fusable: dict[str, Operator] = {}  # value -> the op writing it, which can take a fused activation
         self._layouts: dict[tuple[str, tuple[int, ...] | None], int] = {}
 
@@ -100,7 +101,7 @@ class Lowering:
 
     def value(self, name: str) -> Value:
         if name not in self.values:
-            raise Unsupported(f"tensor {name!r} is not available as a float32 LiteRT tensor")
+            raise Unsupported(self.unavailable.get(name, f"tensor {name!r} is not available as a float32 LiteRT tensor"))
         return self.values[name]
 
     # ---- LiteRT tensors

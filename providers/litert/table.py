@@ -39,7 +39,8 @@ def _rules() -> tuple[OpRule, ...]:
         *(OpRule(op, dtypes=INDEX, constant_inputs=(1,)) for op in "Reshape Squeeze Unsqueeze Split Gather".split()),
         OpRule("Flatten", dtypes=FLOAT),
         OpRule("Slice", dtypes=INDEX, constant_inputs=(1, 2, 3, 4)),
-        OpRule("Resize", opsets=(11, 10_000), dtypes=INDEX, ranks=FOUR_D, constant_inputs=(1, 2, 3),
+        # Resize's roi, scales and sizes only fix the output shape, which the converter needs static.
+        OpRule("Resize", opsets=(11, 10_000), dtypes=INDEX, ranks=FOUR_D,
                attributes={"mode": (b"nearest", b"linear"), "antialias": (0,)},
                defaults={"mode": b"nearest", "antialias": 0}),
         OpRule("Pad", dtypes=INDEX, constant_inputs=(1, 2, 3), attributes={"mode": (b"constant", b"reflect")},
