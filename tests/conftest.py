@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import numpy as np
 import onnx
 import pytest
@@ -9,6 +12,9 @@ import pytest
 from uhop_onnx.models import BUILDERS
 
 RTOL, ATOL = 1e-4, 1e-5
+
+# Profiles and built kernels go to a cache of this run, not the user's.
+os.environ.setdefault("UHOP_CACHE_DIR", tempfile.mkdtemp(prefix="uhop-test-cache-"))
 
 
 def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:

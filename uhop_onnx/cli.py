@@ -120,27 +120,48 @@ def inspect(model: Path, providers: ProvidersOption = None, threads: ThreadsOpti
 def optimize(model: Path, output: Annotated[Path, typer.Option("--output", "-o", help="Plan folder to write.")],
              providers: ProvidersOption = None,
              no_profile: Annotated[bool, typer.Option("--no-profile", help="Place without timing.")] = False,
-             threads: ThreadsOption = None, as_json: JsonOption = False) -> None:
+             threads: ThreadsOption = None,
+             budget: Annotated[float, typer.Option("--budget", min=0, help="Seconds the measured search may "
+                                                   "spend improving the plan.")] = 60.0,
+             as_json: JsonOption = False) -> None:
     """Place a model's nodes on providers and write the plan folder."""
     from .optimizer import optimize as run_optimize
 
     with _steps("optimizing", not as_json) as step:
-        plan = run_optimize(model, _providers(providers), profile=not no_profile, threads=threads, progress=step)
+        plan = run_optimize(model, _providers(providers), profile=not no_profile, threads=threads, budget=budget,
+                            progress=step)
         step("writing the plan")
         plan.save(output)
     if as_json:
         return _print_json(plan.to_json())
     _print_stages(plan, title=f"{model.name} -> {output}")
+    if plan.profile:
+        _print_candidates(plan.profile)
 
 
 def _print_stages(plan, title: str) -> None:
-    table = Table("stage", "provider", "nodes", "first node .. last node", "inputs", "outputs", "ms", title=title)
+    table = Table("stage", "provider", "nodes", "first node .. last node", "ms", "boundary ms", "alternatives (ms)",
+                  title=title)
     for k, s in enumerate(plan.stages):
         span = s.nodes[0] if len(s.nodes) == 1 else f"{s.nodes[0]} .. {s.nodes[-1]}"
         provider = s.label + (f" [yellow](fell back to {s.fallback})[/]" if s.fallback else "")
-        cost = "" if s.cost_ms is None else f"{s.cost_ms:.3f}"
-        table.add_row(str(k), provider, str(len(s.nodes)), span, ", ".join(s.inputs), ", ".join(s.outputs), cost)
+        others = ", ".join(f"{p} {ms:.3f}" for p, ms in sorted(s.alternatives.items(), key=lambda kv: kv[1])
+                           if p != s.label)
+        table.add_row(str(k), provider, str(len(s.nodes)), span, _ms(s.cost_ms), _ms(s.boundary_ms), others)
     out.print(table)
+
+
+def _print_candidates(profile: dict) -> None:
+    table = Table("whole plan", "ms", "spread", "stages", title=f"measured whole (chosen: {profile['chosen']}; "
+                  f"{profile['measured']} measured, {profile['cached']} cached, {profile['seconds']} s)")
+    for name, c in sorted(profile["candidates"].items(), key=lambda kv: kv[1]["ms"]):
+        mark = "[bold green]" if name == profile["chosen"] else ""
+        table.add_row(f"{mark}{name}", _ms(c["ms"]), f"{c['spread']:.1%}", c["stages"])
+    out.print(table)
+
+
+def _ms(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
 
 
 @app.command()
@@ -210,6 +231,8 @@ def explain(plan_dir: Annotated[Path, typer.Argument(help="A plan folder written
     out.print(f"[bold]{plan.model_name}[/] ({plan.model_hash[:12]}), placement: {plan.placement}, "
               f"providers: {', '.join(p['id'] for p in plan.providers)}")
     _print_stages(plan, title=str(plan_dir))
+    if plan.profile:
+        _print_candidates(plan.profile)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from typing import Any
 import onnx
 from onnx import numpy_helper
 
+from .cache import JsonTable, cache_dir, device_fingerprint
 from .errors import PlanError
 from .graph import Graph
 from .loader import load
@@ -18,7 +19,10 @@ from .partitioner.capabilities import capabilities
 from .partitioner.extract import extract
 from .partitioner.partition import partition
 from .partitioner.placement import first_supported
+from .partitioner.profiler import Profiler
+from .partitioner.search import Search, sample_inputs
 from .plan import Plan, Stage, TensorSig
+from .session import InferenceSession
 from .providers import LAST_RESORT, Provider, ProviderSpec, Support, create, parse_spec, resolve
 from .simplify import simplify
 
@@ -56,17 +60,50 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
 
 def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[ProviderSpec] | None = None,
              assign: Mapping[str, str] | None = None, profile: bool = True, threads: int | None = None, *,
+             budget: float = 60.0, profiler: Profiler | None = None,
              progress: Callable[[str], None] = lambda step: None) -> Plan:
     """Place every node of `model` on a provider and split it into stages.
 
     `providers` lists provider ids (or `(id, options)`) in preference order; None means every provider
-    present. `assign` pins nodes (by name in the loaded model) to provider ids. Placement today takes, for
-    each node, the first provider that supports it; `profile` is accepted for the measured placement.
+    present. `assign` pins nodes (by name in the loaded model) to provider ids. With `profile`, candidate
+    placements are measured on this machine (within `budget` seconds for the search, figures cached on
+    disk) and the fastest is kept; without it, each node goes to the first provider that supports it.
     """
     a = analyze(model, providers, assign, threads, progress)
-    progress("placing nodes and cutting stages")
-    placement = first_supported(a.graph, a.support, a.pinned, [p.label for p in a.providers])
-    return build_plan(a, placement, threads)
+    labels = [p.label for p in a.providers]
+    if not profile:
+        progress("placing nodes and cutting stages")
+        return build_plan(a, first_supported(a.graph, a.support, a.pinned, labels), threads)
+    progress("measuring candidate placements")
+    feeds = sample_inputs(a.graph)
+
+    def run_plan(placement: list[int]):
+        session = InferenceSession(build_plan(a, placement, threads), threads=threads)
+        return lambda: session.run(None, feeds)
+
+    store = JsonTable(cache_dir() / "profiles" / f"{device_fingerprint(threads, *labels)}.json")
+    search = Search(a.simplified, a.graph, a.providers, a.support, a.pinned, run_plan,
+                    profiler=profiler or Profiler(), store=store, budget_s=budget, threads=threads)
+    placement = search.run()
+    plan = build_plan(a, placement, threads)
+    plan.placement, plan.profile = "measured", search.report
+    _attribute_costs(plan, a, search)
+    return plan
+
+
+def _attribute_costs(plan: Plan, a: Analysis, search: Search) -> None:
+    """Give each stage the measured cost of its blocks on its provider, on every provider that could run
+    them all, and the entry cost paid where it follows another stage."""
+    labels = [p.label for p in a.providers]
+    blocks = search.report["blocks"]
+    stage_of = {node: k for k, stage in enumerate(plan.stages) for node in stage.nodes}
+    for k, stage in enumerate(plan.stages):
+        mine = [b["ms"] for b in blocks if stage_of.get(b["first"]) == k]
+        options = set.intersection(*(set(ms) for ms in mine)) if mine else set()
+        stage.alternatives = {label: round(sum(ms[label] for ms in mine), 4) for label in labels if label in options}
+        stage.cost_ms = stage.alternatives.get(stage.label)
+        if len(plan.stages) > 1:
+            stage.boundary_ms = search.report["entry_ms"].get(stage.label)
 
 
 def build_plan(a: Analysis, placement: Sequence[int], threads: int | None) -> Plan:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .errors import PlanError
+from .report import write_report
 
 SCHEMA = "uhop-onnx.plan/1"
 PLAN_FILE = "plan.json"
@@ -45,7 +46,9 @@ class Stage:
     inputs: list[str]
     outputs: list[str]
     file: str
-    cost_ms: float | None = None
+    cost_ms: float | None = None  # measured: the stage's blocks on its provider
+    alternatives: dict[str, float] = field(default_factory=dict)  # provider label -> measured ms, where it could run
+    boundary_ms: float | None = None  # measured cost of entering this stage from another provider
     fallback: str | None = None  # the provider that re-ran this stage after it failed
     model: Any = field(default=None, repr=False)  # onnx.ModelProto, read from `file` on demand
 
@@ -66,6 +69,7 @@ class Plan:
     providers: list[dict[str, Any]]  # {"id", "options", "version"}, in preference order
     stages: list[Stage]
     placement: str = "first-supported"
+    profile: dict[str, Any] | None = None  # the measured placement's report
     constants: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # outputs no stage computes
     threads: int | None = None
     folder: Path | None = field(default=None, repr=False)
@@ -81,6 +85,7 @@ class Plan:
             "outputs": [asdict(t) for t in self.outputs],
             "providers": self.providers,
             "placement": self.placement,
+            "profile": self.profile,
             "threads": self.threads,
             "constants": sorted(self.constants),
             "stages": [
@@ -126,6 +131,7 @@ class Plan:
             if self.constants:
                 np.savez(staging / CONSTANTS_FILE, **self.constants)
             (staging / PLAN_FILE).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+            write_report(self, staging)
             if target.exists():
                 target.rmdir()
             staging.rename(target)
@@ -162,6 +168,7 @@ class Plan:
                 providers=data["providers"],
                 stages=stages,
                 placement=data.get("placement", "first-supported"),
+                profile=data.get("profile"),
                 constants=constants,
                 threads=data.get("threads"),
                 folder=folder,

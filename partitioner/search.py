@@ -1,0 +1,323 @@
+"""Placement by measured cost: the assignment that makes the whole model fastest.
+
+1. Blocks (`blocks.py`) are timed on every provider that can run them whole, and each provider's cost of
+   entering a stage is timed per tensor size: what a boundary costs.
+2. A dynamic programme over the blocks in topological order picks, for each block, the provider that
+   minimises the summed block costs plus the boundaries paid where the provider changes.
+3. That plan, the greedy plan, and each provider's own plan (that provider first, the rest filling in) are
+   built and timed whole, in alternating rounds; the fastest wins, so the result is never slower by the
+   profiler's own figures than the best single provider. While the budget lasts, merging a stage into a
+   neighbour's provider is tried and kept when it beats the noise.
+
+Every figure goes to the on-disk cache keyed by content hash, provider, version, threads and device.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from uhop_onnx.cache import JsonTable
+from uhop_onnx.errors import first_line
+from uhop_onnx.graph import Graph
+from uhop_onnx.providers import Provider, Runner, Support
+
+from .blocks import blocks, live_tensors
+from .extract import extract
+from .placement import first_supported
+from .profiler import Measurement, Profiler
+
+log = logging.getLogger(__name__)
+
+Placement = list[int]
+RunPlan = Callable[[Placement], Callable[[], object]]  # a placement -> a call that runs its plan once
+
+
+@dataclass
+class Search:
+    """What the measured placement needs, and what it found."""
+
+    model: onnx.ModelProto
+    graph: Graph
+    providers: list[Provider]
+    support: list[dict[str, Support]]
+    pinned: dict[str, int]
+    run_plan: RunPlan
+    profiler: Profiler = field(default_factory=Profiler)
+    store: JsonTable | None = None
+    budget_s: float = 60.0
+    threads: int | None = None
+    report: dict[str, Any] = field(default_factory=dict)
+    _known: dict[str, Any] = field(default_factory=dict, repr=False)  # the cache as read
+    _fresh: dict[str, Any] = field(default_factory=dict, repr=False)  # measured in this search
+    _used: set[str] = field(default_factory=set, repr=False)  # every key this search needed
+
+    def run(self) -> Placement:
+        started = time.monotonic()
+        self._known = self.store.read() if self.store else {}
+        labels = [p.label for p in self.providers]
+        units = blocks(self.graph, self.support, self.pinned)
+        allowed = [self._allowed(b) for b in units]
+        block_costs = self._block_costs(units, allowed)
+        entry = self._entry_costs(units, allowed)
+        searched = self._expand(units, _cheapest_path(units, allowed, block_costs, entry))
+        candidates = {"searched": searched, "first-supported": self._prefer(range(len(self.providers)))}
+        for p, label in enumerate(labels):
+            candidates[f"{label} first"] = self._prefer([p, *(q for q in range(len(labels)) if q != p)])
+        whole = self._measure_plans(_unique(candidates))
+        best = min(whole, key=lambda name: whole[name].ms)
+        best = self._improve(candidates, whole, best, units, allowed, started)
+        self.report = {
+            "placement": "measured",
+            "chosen": best,
+            "candidates": {name: {**m.to_json(), "stages": _stage_labels(candidates[name], labels)}
+                           for name, m in whole.items()},
+            "blocks": [{"first": self.graph.nodes[b[0]].name, "last": self.graph.nodes[b[-1]].name, "nodes": len(b),
+                        "ms": {labels[p]: c.ms for p, c in costs.items()}} for b, costs in zip(units, block_costs)],
+            "entry_ms": {labels[p]: c.ms for p, c in entry.items()},
+            "measured": len(self._fresh),
+            "cached": sum(1 for k in self._used if k in self._known),
+            "seconds": round(time.monotonic() - started, 3),
+            "budget_s": self.budget_s,
+            "threads": self.threads,
+        }
+        if self.store:
+            self.store.update(self._fresh)
+        return candidates[best]
+
+    # -- what may run where
+
+    def _allowed(self, block: Sequence[int]) -> list[int]:
+        names = [self.graph.nodes[i].name for i in block]
+        pins = {self.pinned[x] for x in names if x in self.pinned}
+        return [p for p, table in enumerate(self.support)
+                if all(table[x].ok for x in names) and pins <= {p}]
+
+    def _prefer(self, order: Sequence[int]) -> Placement:
+        order = list(order)
+        ranked = first_supported(self.graph, [self.support[p] for p in order],
+                                 {n: order.index(p) for n, p in self.pinned.items()},
+                                 [self.providers[p].label for p in order])
+        return [order[r] for r in ranked]
+
+    def _expand(self, units: Sequence[Sequence[int]], choice: Sequence[int]) -> Placement:
+        placement = [0] * len(self.graph.nodes)
+        for block, p in zip(units, choice):
+            for i in block:
+                placement[i] = p
+        return placement
+
+    # -- measuring, through the cache
+
+    def _cached(self, jobs: Mapping[str, Callable[[], Callable[[], object]]]) -> dict[str, Measurement]:
+        """Measure the jobs whose keys the cache does not hold; `jobs` build their call lazily. A job that
+        fails to build or run costs infinity, so no choice falls on it."""
+        self._used.update(jobs)
+        found = {k: Measurement(**self._known[k]) for k in jobs if k in self._known}
+        missing, failed = {}, {}
+        for key, build in jobs.items():
+            if key in found:
+                continue
+            try:
+                call = build()
+                call()
+                missing[key] = call
+            except Exception as error:  # noqa: BLE001 - a runtime may fail in any way; the search goes on
+                log.warning("not measured: %s (%s)", key.split("|")[:2], first_line(error))
+                failed[key] = Measurement(float("inf"), 0.0, 0)
+        fresh = self.profiler.measure(missing)
+        self._fresh.update({k: m.to_json() for k, m in fresh.items()})
+        return found | fresh | failed
+
+    def _key(self, kind: str, provider: Provider, content: str) -> str:
+        return f"{kind}|{provider.label}|{provider.availability.version}|threads={self.threads}|{content}"
+
+    def _block_costs(self, units: Sequence[Sequence[int]], allowed: Sequence[Sequence[int]]) -> list[dict[int, Measurement]]:
+        models = [extract(self.model, self.graph, b, name=f"block_{k}") for k, b in enumerate(units)]
+        digests = [hashlib.sha256(m.SerializeToString(deterministic=True)).hexdigest() for m in models]
+        keys = {(k, p): self._key("block", self.providers[p], digests[k]) for k, ps in enumerate(allowed) for p in ps}
+        feeds = _Feeds(self)
+        runners: dict[tuple[int, int], Runner] = {}
+
+        def job(k: int, p: int) -> Callable[[], object]:
+            if (k, p) not in runners:
+                runners[k, p] = self.providers[p].compile(models[k], exclusive=False)
+            runner = runners[k, p]
+            block_feeds = feeds.for_block(k, models, allowed, runners)
+            return lambda: runner.run(block_feeds)
+
+        measured = self._cached({key: (lambda k=k, p=p: job(k, p)) for (k, p), key in keys.items()})
+        return [{p: measured[keys[k, p]] for p in ps} for k, ps in enumerate(allowed)]
+
+    def _entry_costs(self, units: Sequence[Sequence[int]], allowed: Sequence[Sequence[int]]) -> dict[int, Measurement]:
+        """Each provider's cost of a stage that does almost nothing (one Relu): the price of a boundary,
+        at the size of the largest set of tensors live where a block starts."""
+        live = live_tensors(self.graph)
+        widest = max((_bytes(self.graph, live[b[0]] or self.graph.inputs) for b in units), default=4)
+        size = 1 << max(widest - 1, 1).bit_length()  # next power of two
+        model = _entry_model(size // 4, self.model)
+        used = sorted({p for ps in allowed for p in ps})
+        data = {"x": np.zeros(size // 4, np.float32)}
+
+        def job(p: int) -> Callable[[], object]:
+            runner = self.providers[p].compile(model, exclusive=False)
+            return lambda: runner.run(data)
+
+        keys = {p: self._key("entry", self.providers[p], f"bytes={size}") for p in used}
+        measured = self._cached({keys[p]: (lambda p=p: job(p)) for p in used})
+        return {p: measured[keys[p]] for p in used}
+
+    def _measure_plans(self, placements: Mapping[str, Placement]) -> dict[str, Measurement]:
+        digest = hashlib.sha256(self.model.SerializeToString(deterministic=True)).hexdigest()
+        versions = ",".join(f"{p.label}@{p.availability.version}" for p in self.providers)
+        keys = {name: f"plan|{digest}|{versions}|threads={self.threads}|{_stage_labels(pl, [p.label for p in self.providers])}"
+                f"|{','.join(map(str, pl))}" for name, pl in placements.items()}
+        measured = self._cached({keys[name]: (lambda pl=pl: self.run_plan(pl)) for name, pl in placements.items()})
+        return {name: measured[keys[name]] for name in placements}
+
+    def _improve(self, candidates: dict[str, Placement], whole: dict[str, Measurement], best: str,
+                 units: Sequence[Sequence[int]], allowed: Sequence[Sequence[int]], started: float) -> str:
+        """Merge runs of blocks into a neighbouring provider while that beats the noise and time remains."""
+        tried = {tuple(pl) for pl in candidates.values()}
+        improved = True
+        while improved and time.monotonic() - started < self.budget_s:
+            improved = False
+            current = candidates[best]
+            choice = [current[b[0]] for b in units]
+            for alternative in _merges(choice, allowed):
+                placement = self._expand(units, alternative)
+                if tuple(placement) in tried or time.monotonic() - started >= self.budget_s:
+                    continue
+                tried.add(tuple(placement))
+                name = f"merged {len(tried)}"
+                candidates[name] = placement
+                result = self._measure_plans({name: placement, best: current})
+                whole[name] = result[name]
+                margin = max(result[name].spread, result[best].spread, 0.01)
+                if result[name].ms < result[best].ms * (1 - margin):
+                    best, improved = name, True
+                    break
+        return best
+
+
+class _Feeds:
+    """Sample values of every tensor, made by running the blocks once in order on a provider each."""
+
+    def __init__(self, search: Search):
+        self.search = search
+        self.values: dict[str, np.ndarray] = sample_inputs(search.graph)
+        self.done = 0
+
+    def for_block(self, k: int, models, allowed, runners: dict[tuple[int, int], Runner]) -> dict[str, np.ndarray]:
+        while self.done < k:
+            self._run(self.done, models, allowed, runners)
+            self.done += 1
+        return {i.name: self.values[i.name] for i in models[k].graph.input if i.name in self.values}
+
+    def _run(self, k: int, models, allowed, runners) -> None:
+        p = allowed[k][0]
+        if (k, p) not in runners:
+            runners[k, p] = self.search.providers[p].compile(models[k], exclusive=False)
+        runner = runners[k, p]
+        feeds = {i.name: self.values[i.name] for i in models[k].graph.input if i.name in self.values}
+        self.values.update({name: np.asarray(v) for name, v in runner.run(feeds).items()})
+
+
+def sample_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random graph inputs: standard normal floats, zero integers, false booleans; symbolic dimensions are 1."""
+    from uhop_onnx.dtypes import numpy_dtype
+
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for name in graph.inputs:
+        info = graph.tensors[name]
+        dtype = numpy_dtype(info.dtype or "float") or np.dtype(np.float32)
+        shape = [d if isinstance(d, int) and d > 0 else 1 for d in (info.shape or ())]
+        feeds[name] = (rng.standard_normal(shape) if dtype.kind == "f" else np.zeros(shape)).astype(dtype)
+    return feeds
+
+
+def _cheapest_path(units, allowed, costs: Sequence[Mapping[int, Measurement]], entry: Mapping[int, Measurement]) -> list[int]:
+    """For each block, a provider, minimising block costs plus a stage entry wherever the provider changes.
+
+    A block's own figure includes one stage entry, so consecutive blocks on one provider are charged the
+    block figure less that entry."""
+    best: dict[int, tuple[float, list[int]]] = {}
+    for k, ps in enumerate(allowed):
+        step: dict[int, tuple[float, list[int]]] = {}
+        for p in ps:
+            own = costs[k][p].ms
+            options = [(own, [p])] if not best else []
+            for q, (total, path) in best.items():
+                extra = own if q != p else max(own - entry[p].ms, 0.0)
+                options.append((total + extra, [*path, p]))
+            step[p] = min(options, key=lambda o: o[0])
+        best = step
+    return min(best.values(), key=lambda o: o[0])[1]
+
+
+def _merges(choice: Sequence[int], allowed: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Alternatives where one run of same-provider blocks takes the provider of a neighbouring run."""
+    runs: list[list[int]] = []
+    for k, p in enumerate(choice):
+        if runs and choice[runs[-1][0]] == p:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    out = []
+    for r, run in enumerate(runs):
+        for neighbour in (r - 1, r + 1):
+            if 0 <= neighbour < len(runs):
+                target = choice[runs[neighbour][0]]
+                if all(target in allowed[k] for k in run):
+                    out.append([target if k in run else p for k, p in enumerate(choice)])
+    return out
+
+
+def _unique(candidates: Mapping[str, Placement]) -> dict[str, Placement]:
+    seen: dict[tuple[int, ...], str] = {}
+    for name, placement in candidates.items():
+        seen.setdefault(tuple(placement), name)
+    return {name: list(p) for p, name in seen.items()}
+
+
+def _stage_labels(placement: Sequence[int], labels: Sequence[str]) -> str:
+    """`openvino x12 > ort-cpu x3`: the providers along the topological order and how many nodes each runs."""
+    runs: list[list[Any]] = []
+    for p in placement:
+        if runs and runs[-1][0] == p:
+            runs[-1][1] += 1
+        else:
+            runs.append([p, 1])
+    return " > ".join(f"{labels[p]} x{n}" for p, n in runs)
+
+
+def _bytes(graph: Graph, names: Sequence[str]) -> int:
+    from uhop_onnx.dtypes import numpy_dtype
+
+    total = 0
+    for name in names:
+        info = graph.tensors.get(name)
+        if info is None or info.shape is None:
+            continue
+        itemsize = (numpy_dtype(info.dtype or "float") or np.dtype(np.float32)).itemsize
+        total += itemsize * int(np.prod([d if isinstance(d, int) else 1 for d in info.shape]))
+    return total
+
+
+def _entry_model(elements: int, like: onnx.ModelProto) -> onnx.ModelProto:
+    """A one-Relu model (every provider runs Relu) in the IR version and opset of `like`."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [elements])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [elements])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="entry")], "entry", [x], [y])
+    opset = next((o.version for o in like.opset_import if o.domain in ("", "ai.onnx")), 17)
+    return helper.make_model(graph, ir_version=like.ir_version, opset_imports=[helper.make_opsetid("", opset)])

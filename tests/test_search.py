@@ -1,0 +1,143 @@
+"""The measured placement, made exact by providers that charge a fake clock for what they run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import uhop_onnx
+from uhop_onnx.models import cnn, mlp
+from uhop_onnx.partitioner.profiler import Profiler
+from uhop_onnx.providers import REGISTRY
+from uhop_onnx.providers.ort import OrtCpu
+
+from .conftest import assert_matches, random_feeds, reference
+
+
+@dataclass
+class FakeClock:
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Charging:
+    """A runner that computes for real (ONNX Runtime) and charges the fake clock per op and per call."""
+
+    def __init__(self, inner, cost: float, clock: FakeClock):
+        self.inner, self.cost, self.clock, self.device = inner, cost, clock, "cpu"
+
+    def run(self, feeds):
+        self.clock.now += self.cost
+        return self.inner.run(feeds)
+
+    def to_host(self, value):
+        return value
+
+
+def fake_provider(ident: str, op_ms: dict[str, float], call_ms: float, clock: FakeClock, version: str = "1"):
+    class Fake(OrtCpu):
+        id = ident
+
+        @property
+        def availability(self):
+            available = super().availability
+            return type(available)(ident, True, version, "CPU")
+
+        def compile(self, model, *, exclusive=True):
+            cost = call_ms + sum(op_ms.get(n.op_type, 0.01) for n in model.graph.node)
+            return Charging(super().compile(model, exclusive=exclusive), cost / 1e3, clock)
+
+    return Fake
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+def install(monkeypatch, clock, conv: dict, gemm: dict, call_ms: float = 0.05):
+    """Two fake providers, and a last resort that charges the clock too (and is slow at everything)."""
+    monkeypatch.setitem(REGISTRY, "fake-conv", fake_provider("fake-conv", conv, call_ms, clock))
+    monkeypatch.setitem(REGISTRY, "fake-gemm", fake_provider("fake-gemm", gemm, call_ms, clock))
+    monkeypatch.setitem(REGISTRY, "ort-cpu", fake_provider("ort-cpu", {}, 100.0, clock))
+
+
+def optimize(model, clock, tmp_path, **kwargs):
+    return uhop_onnx.optimize(model, providers=["fake-conv", "fake-gemm"], profiler=Profiler(clock=clock, warmup=1),
+                              **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _singles(plan) -> dict[str, float]:
+    return {name: c["ms"] for name, c in plan.profile["candidates"].items() if name.endswith(" first")}
+
+
+def test_each_provider_gets_what_it_is_fast_at(monkeypatch, clock, tmp_path):
+    install(monkeypatch, clock, conv={"Conv": 1.0, "Gemm": 20.0}, gemm={"Conv": 20.0, "Gemm": 1.0})
+    model = cnn()
+    plan = optimize(model, clock, tmp_path)
+    placed = {node: s.provider for s in plan.stages for node in s.nodes}
+    assert {placed[n.name] for n in model.graph.node if n.op_type == "Conv"} == {"fake-conv"}
+    assert {placed[n.name] for n in model.graph.node if n.op_type == "Gemm"} == {"fake-gemm"}
+    chosen = plan.profile["candidates"][plan.profile["chosen"]]["ms"]
+    assert chosen < min(_singles(plan).values())
+    feeds = random_feeds(model)
+    assert_matches(uhop_onnx.InferenceSession(plan).run(None, feeds), reference(model, feeds))
+    conv_stage = next(s for s in plan.stages if s.provider == "fake-conv")
+    assert conv_stage.alternatives["fake-conv"] < conv_stage.alternatives["fake-gemm"]
+
+
+def test_expensive_boundaries_keep_one_provider(monkeypatch, clock, tmp_path):
+    install(monkeypatch, clock, conv={"Conv": 1.0, "Gemm": 1.5}, gemm={"Conv": 1.3, "Gemm": 1.0}, call_ms=50.0)
+    plan = optimize(cnn(), clock, tmp_path)
+    assert len(plan.stages) == 1
+    assert plan.profile["candidates"][plan.profile["chosen"]]["ms"] <= min(_singles(plan).values())
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(costs=st.lists(st.floats(0.1, 10.0), min_size=4, max_size=4), call_ms=st.floats(0.0, 5.0))
+def test_never_slower_than_the_best_single_provider(monkeypatch, tmp_path, costs, call_ms):
+    clock = FakeClock()
+    install(monkeypatch, clock, conv={"Gemm": costs[0], "MatMul": costs[1]},
+            gemm={"Gemm": costs[2], "MatMul": costs[3]}, call_ms=call_ms)
+    plan = optimize(mlp(), clock, tmp_path)
+    assert plan.profile["candidates"][plan.profile["chosen"]]["ms"] <= min(_singles(plan).values())
+
+
+def test_cache_hits_and_invalidation(monkeypatch, clock, tmp_path):
+    install(monkeypatch, clock, conv={"Conv": 1.0}, gemm={"Gemm": 1.0})
+    first = optimize(cnn(), clock, tmp_path)
+    assert first.profile["measured"] > 0 and first.profile["cached"] == 0
+    again = optimize(cnn(), clock, tmp_path)
+    assert again.profile["measured"] == 0 and again.profile["cached"] == first.profile["measured"]
+    assert [s.nodes for s in again.stages] == [s.nodes for s in first.stages]
+    other_threads = optimize(cnn(), clock, tmp_path, threads=1)
+    assert other_threads.profile["cached"] == 0
+    monkeypatch.setitem(REGISTRY, "fake-gemm", fake_provider("fake-gemm", {"Gemm": 1.0}, 0.05, clock, version="2"))
+    new_version = optimize(cnn(), clock, tmp_path)
+    assert 0 < new_version.profile["measured"] < first.profile["measured"]
+    assert new_version.profile["cached"] > 0, "figures of the unchanged provider are still used"
+
+
+def test_explain_shows_alternatives_and_boundaries(monkeypatch, clock, tmp_path):
+    from typer.testing import CliRunner
+
+    from uhop_onnx.cli import app
+
+    install(monkeypatch, clock, conv={"Conv": 1.0, "Gemm": 20.0}, gemm={"Conv": 20.0, "Gemm": 1.0})
+    plan = optimize(cnn(), clock, tmp_path)
+    plan.save(tmp_path / "plan")
+    assert (tmp_path / "plan" / "report.md").is_file()
+    assert (tmp_path / "plan" / "graph.dot").is_file()
+    result = CliRunner().invoke(app, ["explain", str(tmp_path / "plan")], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "fake-gemm" in result.output and "boundary" in result.output
