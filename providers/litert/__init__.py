@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 
 FP32_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 FP16_TOLERANCE = {"rtol": 1e-2, "atol": 1e-3}
+# fp32 sums whose terms are as large as the largest output differ by about this fraction of it between
+# kernels that add in different orders (ResNet-18 logits up to 129: XNNPACK and MLAS differ by 1e-4).
+ROUNDING = 1e-6
 
 
 class LiteRt(Provider):
@@ -96,14 +99,19 @@ def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], 
     worst = 0.0
     for name, reference in expected.items():
         value = np.asarray(got[name])
-        if value.shape != reference.shape or not np.allclose(value, reference, equal_nan=True, **tolerance):
-            error = np.abs(value - reference).max() if value.shape == reference.shape else float("inf")
-            raise ProviderError(
-                f"litert: the converted stage {model.graph.name!r} differs from ONNX Runtime on output {name!r}: "
-                f"max abs error {error:.3g}, shape {list(value.shape)} vs {list(reference.shape)} "
-                f"(tolerance rtol={tolerance['rtol']}, atol={tolerance['atol']})")
+        where = f"litert: the converted stage {model.graph.name!r} differs from ONNX Runtime on output {name!r}"
+        if value.shape != reference.shape:
+            raise ProviderError(f"{where}: shape {list(value.shape)}, expected {list(reference.shape)}")
+        error = np.abs(value - reference)
         finite = np.isfinite(reference)
-        worst = max(worst, float(np.abs(value[finite] - reference[finite]).max(initial=0.0)))
+        allowed = (tolerance["atol"] + tolerance["rtol"] * np.abs(reference)
+                   + ROUNDING * np.abs(reference[finite]).max(initial=0.0))
+        agree = (error <= allowed) | (value == reference) | (np.isnan(value) & np.isnan(reference))
+        if not agree.all():
+            raise ProviderError(f"{where}: max abs error {np.nan_to_num(error[~agree], nan=np.inf).max():.3g} "
+                                f"(tolerance rtol={tolerance['rtol']}, atol={tolerance['atol']} "
+                                f"+ {ROUNDING} x max |output|)")
+        worst = max(worst, float(error[finite].max(initial=0.0)))
     return worst
 
 
