@@ -168,21 +168,17 @@ class OrtGpuRunner(OrtRunner):
 
     def warm_up(self) -> None:
         """One run on zeros when every input shape is fixed, so an engine build is not part of any latency."""
+        from uhop_onnx.dtypes import numpy_dtype
+
         feeds = {}
         for arg in self.session.get_inputs():
-            if not all(isinstance(d, int) for d in arg.shape) or not arg.type.startswith("tensor("):
-                return
-            dtype = _NUMPY_OF.get(arg.type.removeprefix("tensor(").removesuffix(")"))
-            if dtype is None:
+            dtype = numpy_dtype(arg.type)
+            if dtype is None or dtype == np.object_ or not all(isinstance(d, int) for d in arg.shape):
                 return
             feeds[arg.name] = np.zeros(arg.shape, dtype)
         start = time.perf_counter()
         self.run(feeds)
         self.build_seconds += time.perf_counter() - start
-
-
-_NUMPY_OF = {"float": np.float32, "float16": np.float16, "double": np.float64, "int8": np.int8, "uint8": np.uint8,
-             "int32": np.int32, "int64": np.int64, "bool": np.bool_}
 
 
 def _probe_model() -> bytes:
@@ -199,8 +195,9 @@ class OrtGpuProvider(OrtProvider):
     """ONNX Runtime on a GPU execution provider (option `device_id`, default 0).
 
     Present when the EP is in this onnxruntime build and a tiny session runs on the device (ONNX
-    Runtime's assignment record shows the EP took its node, and the result is right). Capability comes from ONNX Runtime's own assignment record, cached on disk per
-    model hash, EP, onnxruntime version and options.
+    Runtime's assignment record shows the EP took its node, and the result is right). Capability comes
+    from the same record for the stage's nodes, cached on disk per model hash, EP, onnxruntime version
+    and options.
     """
 
     eps: ClassVar[tuple[str, ...]]  # the EPs that implement this provider, preferred first

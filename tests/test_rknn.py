@@ -86,7 +86,7 @@ def test_presence_on_this_host_is_honest():
 
 
 def test_board_soc_is_read_from_the_device_tree(tmp_path, monkeypatch):
-    import uhop_onnx.providers.rknn as rknn
+    from uhop_onnx.providers import rknn
 
     tree = tmp_path / "compatible"
     tree.write_bytes(b"radxa,rock-5b\0rockchip,rk3588\0")
@@ -147,7 +147,8 @@ def test_int8_with_calibration_runs_quantized(tmp_path):
     (expected,) = reference(model, feeds)
     errors = {}
     for dtype in ("fp16", "int8"):
-        runner = Rknn({"simulate": True, "dtype": dtype, "calibration": str(tmp_path / "calibration.npz")}).compile(model)
+        options = {"simulate": True, "dtype": dtype, "calibration": str(tmp_path / "calibration.npz")}
+        runner = Rknn(options).compile(model)
         try:
             actual = runner.run(feeds)["output"]
         finally:

@@ -14,7 +14,8 @@ import numpy as np
 
 from ..base import Runner
 
-# `core_mask` option -> RKNNLite constant suffix: one core, a pair, all three cores of an RK3588, or the runtime's choice.
+# `core_mask` option -> RKNNLite's NPU_CORE_* constant: one core, a pair, all three cores of an RK3588,
+# or the runtime's choice.
 CORE_MASKS = ("auto", "0", "1", "2", "0_1", "0_1_2", "all")
 
 

@@ -95,7 +95,7 @@ def serve(requests, reply):
             if op not in ("info", "build", "run"):
                 raise Failed(f"unknown op {op!r}; valid: info, build, run")
             answer = {"ok": True, **getattr(worker, op)(request)}
-        except Exception as error:  # every failure becomes a reply; the host raises it
+        except Exception as error:  # noqa: BLE001 - every failure becomes a reply; the host raises it
             lines = str(error).strip().splitlines()  # the toolkit puts a traceback in its messages
             answer = {"ok": False, "error": f"{type(error).__name__}: {lines[-1] if lines else ''}"}
         reply.write(json.dumps(answer) + "\n")
