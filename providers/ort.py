@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from collections.abc import Mapping
 from functools import cached_property
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from uhop_onnx.cache import JsonTable, cache_dir
 from uhop_onnx.errors import ProviderError, first_line
 
 from .base import Absent, Provider, Runner
@@ -117,11 +117,6 @@ class OrtCpu(OrtProvider):
     id = "ort-cpu"
     ep = "CPUExecutionProvider"
     install = "pip install onnxruntime"
-
-
-def cache_root() -> Path:
-    """Where uhop-onnx keeps what it can rebuild: `$UHOP_CACHE_DIR`, else `~/.cache/uhop-onnx`."""
-    return Path(os.environ.get("UHOP_CACHE_DIR") or Path.home() / ".cache" / "uhop-onnx")
 
 
 class DeviceTensor:
@@ -253,23 +248,21 @@ class OrtGpuProvider(OrtProvider):
         return ort.__version__, f"{self.short}:{self.device_id}"
 
     def query(self, model: onnx.ModelProto) -> dict[str, Support]:
-        path = cache_root() / "capability" / f"{self.cache_key(model)}.json"
-        if path.is_file():
-            return {name: Support(False, reason, "runtime") for name, reason in json.loads(path.read_text()).items()}
-        verdicts = super().query(model)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps({name: v.reason for name, v in verdicts.items()}))
-        partial.replace(path)
-        return verdicts
-
-    def cache_key(self, model: onnx.ModelProto) -> str:
-        """`{id}-{onnxruntime version}-{hash of the model, the EP and its options}`."""
         import onnxruntime as ort
 
+        table = JsonTable(cache_dir() / "capability" / f"{self.id}-{ort.__version__}.json")
+        key = self.cache_key(model)
+        refused = table.get(key)
+        if refused is None:
+            refused = {name: verdict.reason for name, verdict in super().query(model).items()}
+            table.update({key: refused})
+        return {name: Support(False, reason, "runtime") for name, reason in refused.items()}
+
+    def cache_key(self, model: onnx.ModelProto) -> str:
+        """A hash of the model, the EP and its options (the table is per provider and onnxruntime version)."""
         digest = hashlib.sha256(model.SerializeToString(deterministic=True))
         digest.update(json.dumps([self.ep, self.ep_options()], sort_keys=True, default=str).encode())
-        return f"{self.id}-{ort.__version__}-{digest.hexdigest()[:32]}"
+        return digest.hexdigest()
 
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
         self.require()
@@ -300,7 +293,7 @@ class OrtTensorRT(OrtGpuProvider):
 
     @property
     def engine_cache(self) -> Path:
-        return Path(self.options.get("engine_cache") or cache_root() / "tensorrt").expanduser()
+        return Path(self.options.get("engine_cache") or cache_dir() / "tensorrt").expanduser()
 
     def __init__(self, options: Mapping[str, Any] | None = None, threads: int | None = None):
         super().__init__(options, threads)

@@ -123,9 +123,9 @@ def test_assignment_record_is_cached_per_model_ep_version_and_options(tmp_path, 
     monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path))
     provider, model = GpuPathOnCpu(), BUILDERS["cnn"]()
     assert provider.query(model) == {}
-    (path,) = (tmp_path / "capability").glob("*.json")
-    assert path.name.startswith(f"gpu-path-on-cpu-{ort.__version__}-")
-    path.write_text(json.dumps({"/block0/conv/Conv": "recorded earlier"}))
+    path = tmp_path / "capability" / f"gpu-path-on-cpu-{ort.__version__}.json"
+    assert json.loads(path.read_text()) == {provider.cache_key(model): {}}
+    path.write_text(json.dumps({provider.cache_key(model): {"/block0/conv/Conv": "recorded earlier"}}))
     assert provider.query(model) == {"/block0/conv/Conv": Support(False, "recorded earlier", "runtime")}
     assert GpuPathOnCpu({"device_id": 1}).cache_key(model) != provider.cache_key(model)
     assert provider.cache_key(BUILDERS["mlp"]()) != provider.cache_key(model)
