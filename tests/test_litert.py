@@ -43,6 +43,20 @@ def test_reference_models_run_wholly_on_litert(name):
     assert_matches(session.run(None, feeds), reference(model, feeds))
 
 
+def litert_ops(model: onnx.ModelProto) -> list[str]:
+    from ai_edge_litert.interpreter import Interpreter
+
+    return [op["op_name"] for op in Interpreter(model_content=convert(model))._get_ops_details()]
+
+
+def test_activations_biases_and_gelu_fold_into_single_ops():
+    assert "RELU" not in litert_ops(BUILDERS["cnn"]())  # fused into CONV_2D
+    assert litert_ops(BUILDERS["mlp"]()) == ["FULLY_CONNECTED"] * 3 + ["SOFTMAX"]  # MatMul + Add: one op
+    transformer = litert_ops(BUILDERS["transformer"]())
+    assert transformer.count("GELU") == 1 and "SIGN" not in transformer  # x * 0.5 * (1 + erf(x / sqrt 2))
+    assert litert_ops(BUILDERS["resnet"]()).count("TRANSPOSE") == 1  # NCHW -> NHWC at the input only
+
+
 def yolo_like(size: int = 32, anchors: int = 2, classes: int = 3) -> onnx.ModelProto:
     """A YOLOv5-style detector: Conv+SiLU backbone with a split/concat block, SPPF max pools, nearest
     upsampling into a second scale, and heads decoded with sigmoid, grid and anchors; a TopK picks the

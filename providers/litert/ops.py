@@ -147,12 +147,28 @@ def binary(cx: Lowering, node: Node) -> None:
             inputs = [cx.read(a)] * (2 if exponent == 2.0 else 1)
             cx.op("MUL" if exponent == 2.0 else "SQRT", inputs, [cx.write(y, cx.perm(a))])
         return
+    if node.op == "Add" and (fold_bias(cx, a, b, y) or fold_bias(cx, b, a, y)):
+        return
     rank = cx.rank(y)
     perm = next((cx.perm(n) for n in (a, b) if n not in cx.consts and cx.rank(n) == rank), identity(rank))
     code = BINARY[node.op]
     op = cx.op(code, [cx.broadcast(n, rank, perm) for n in (a, b)], [cx.write(y, perm)], FUSABLE.get(code))
     if code in FUSABLE:
         cx.fusable[y] = op
+
+
+def fold_bias(cx: Lowering, x: str, c: str, y: str) -> bool:
+    """y = x + c, with x from a bias-less FULLY_CONNECTED read by nothing else and c a constant along the
+    last axis: c becomes that op's bias."""
+    op, bias = cx.fusable.get(x), cx.consts.get(c)
+    if op is None or op.name != "FULLY_CONNECTED" or op.inputs[2] != -1 or bias is None or cx.readers[x] != 1:
+        return False
+    if cx.shape(x) != cx.shape(y) or bias.shape[-1:] != (cx.shape(y)[-1],) or bias.size != cx.shape(y)[-1]:
+        return False
+    op.inputs[2] = cx.constant(bias.reshape(-1).astype(np.float32), c)
+    cx.alias(y, x)
+    cx.fusable[y] = op
+    return True
 
 
 # ---- convolution and pooling (NHWC)

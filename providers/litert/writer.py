@@ -34,7 +34,7 @@ class Tensor:
 
 @dataclass
 class Operator:
-    code: int
+    name: str  # the builtin's name, e.g. "CONV_2D"
     inputs: list[int]
     outputs: list[int]
     options: str | None = None  # e.g. "Conv2DOptions"
@@ -63,7 +63,7 @@ class ModelWriter:
         return index
 
     def op(self, name: str, inputs: list[int], outputs: list[int], options: str | None = None, **fields) -> Operator:
-        operator = Operator(getattr(BuiltinOperator, name), list(inputs), list(outputs), options, fields)
+        operator = Operator(name, list(inputs), list(outputs), options, fields)
         self.operators.append(operator)
         return operator
 
@@ -82,8 +82,8 @@ class ModelWriter:
             buffer = next_buffer if tensor.buffer else 0
             next_buffer += bool(tensor.buffer)
             tensors.append(_tensor(b, tensor, buffer))
-        codes = list(dict.fromkeys(op.code for op in operators))
-        ops = [_operator(b, op, codes.index(op.code), renumber) for op in operators]
+        codes = list(dict.fromkeys(getattr(BuiltinOperator, op.name) for op in operators))
+        ops = [_operator(b, op, codes.index(getattr(BuiltinOperator, op.name)), renumber) for op in operators]
         subgraph = _table(b, "SubGraph", Tensors=_vector(b, "SubGraph", "Tensors", tensors, offsets=True),
                           Inputs=_vector(b, "SubGraph", "Inputs", [renumber[i] for i in self.inputs]),
                           Outputs=_vector(b, "SubGraph", "Outputs", [renumber[i] for i in self.outputs]),
