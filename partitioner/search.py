@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ import onnx
 from uhop_onnx.cache import JsonTable
 from uhop_onnx.errors import first_line
 from uhop_onnx.graph import Graph
+from uhop_onnx.samples import sample_feeds
 from uhop_onnx.providers import Provider, Runner, Support
 
 from .blocks import blocks, live_tensors
@@ -37,7 +38,15 @@ from .profiler import Measurement, Profiler
 log = logging.getLogger(__name__)
 
 Placement = list[int]
-RunPlan = Callable[[Placement], Callable[[], object]]  # a placement -> a call that runs its plan once
+PlanTimer = Callable[[Mapping[str, Placement]], dict[str, Measurement]]  # named placements -> their whole figures
+
+
+def in_process(run_plan: Callable[[Placement], Callable[[], object]], profiler: Profiler) -> PlanTimer:
+    """Time whole plans in this process with `profiler`; `run_plan` makes a call that runs a placement's plan."""
+    def time_plans(placements: Mapping[str, Placement]) -> dict[str, Measurement]:
+        return profiler.measure({name: run_plan(placement) for name, placement in placements.items()})
+
+    return time_plans
 
 
 @dataclass
@@ -49,7 +58,7 @@ class Search:
     providers: list[Provider]
     support: list[dict[str, Support]]
     pinned: dict[str, int]
-    run_plan: RunPlan
+    time_plans: PlanTimer
     profiler: Profiler = field(default_factory=Profiler)
     store: JsonTable | None = None
     budget_s: float = 60.0
@@ -116,11 +125,19 @@ class Search:
 
     # -- measuring, through the cache
 
+    def _lookup(self, keys: Iterable[str]) -> dict[str, Measurement]:
+        """The figures the cache holds for `keys`."""
+        keys = set(keys)
+        self._used.update(keys)
+        return {k: Measurement(**self._known[k]) for k in keys if k in self._known}
+
+    def _remember(self, fresh: Mapping[str, Measurement]) -> None:
+        self._fresh.update({k: m.to_json() for k, m in fresh.items()})
+
     def _cached(self, jobs: Mapping[str, Callable[[], Callable[[], object]]]) -> dict[str, Measurement]:
         """Measure the jobs whose keys the cache does not hold; `jobs` build their call lazily. A job that
         fails to build or run costs infinity, so no choice falls on it."""
-        self._used.update(jobs)
-        found = {k: Measurement(**self._known[k]) for k in jobs if k in self._known}
+        found = self._lookup(jobs)
         missing, failed = {}, {}
         for key, build in jobs.items():
             if key in found:
@@ -133,7 +150,7 @@ class Search:
                 log.warning("not measured: %s (%s)", key.split("|")[:2], first_line(error))
                 failed[key] = Measurement(float("inf"), 0.0, 0)
         fresh = self.profiler.measure(missing)
-        self._fresh.update({k: m.to_json() for k, m in fresh.items()})
+        self._remember(fresh)
         return found | fresh | failed
 
     def _key(self, kind: str, provider: Provider, content: str) -> str:
@@ -179,8 +196,11 @@ class Search:
         versions = ",".join(f"{p.label}@{p.availability.version}" for p in self.providers)
         keys = {name: f"plan|{digest}|{versions}|threads={self.threads}|{_stage_labels(pl, [p.label for p in self.providers])}"
                 f"|{','.join(map(str, pl))}" for name, pl in placements.items()}
-        measured = self._cached({keys[name]: (lambda pl=pl: self.run_plan(pl)) for name, pl in placements.items()})
-        return {name: measured[keys[name]] for name in placements}
+        found = self._lookup(keys.values())
+        missing = {name: pl for name, pl in placements.items() if keys[name] not in found}
+        fresh = {keys[name]: m for name, m in self.time_plans(missing).items()} if missing else {}
+        self._remember(fresh)
+        return {name: (found | fresh)[keys[name]] for name in placements}
 
     def _improve(self, candidates: dict[str, Placement], whole: dict[str, Measurement], best: str,
                  units: Sequence[Sequence[int]], allowed: Sequence[Sequence[int]], started: float) -> str:
@@ -212,7 +232,7 @@ class _Feeds:
 
     def __init__(self, search: Search):
         self.search = search
-        self.values: dict[str, np.ndarray] = sample_inputs(search.graph)
+        self.values: dict[str, np.ndarray] = sample_feeds(search.graph.signature(n) for n in search.graph.inputs)
         self.done = 0
 
     def for_block(self, k: int, models, allowed, runners: dict[tuple[int, int], Runner]) -> dict[str, np.ndarray]:
@@ -228,20 +248,6 @@ class _Feeds:
         runner = runners[k, p]
         feeds = {i.name: self.values[i.name] for i in models[k].graph.input if i.name in self.values}
         self.values.update({name: np.asarray(v) for name, v in runner.run(feeds).items()})
-
-
-def sample_inputs(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random graph inputs: standard normal floats, zero integers, false booleans; symbolic dimensions are 1."""
-    from uhop_onnx.dtypes import numpy_dtype
-
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for name in graph.inputs:
-        info = graph.tensors[name]
-        dtype = numpy_dtype(info.dtype or "float") or np.dtype(np.float32)
-        shape = [d if isinstance(d, int) and d > 0 else 1 for d in (info.shape or ())]
-        feeds[name] = (rng.standard_normal(shape) if dtype.kind == "f" else np.zeros(shape)).astype(dtype)
-    return feeds
 
 
 def _cheapest_path(units, allowed, costs: Sequence[Mapping[int, Measurement]], entry: Mapping[int, Measurement]) -> list[int]:

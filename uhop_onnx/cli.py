@@ -235,5 +235,30 @@ def explain(plan_dir: Annotated[Path, typer.Argument(help="A plan folder written
         _print_candidates(plan.profile)
 
 
+@app.command()
+def bench(model: Path, providers: ProvidersOption = None, threads: ThreadsOption = None,
+          rounds: Annotated[int, typer.Option(min=1, help="Alternating rounds per candidate.")] = 7,
+          budget: Annotated[float, typer.Option(min=0, help="Seconds for the measured search.")] = 60.0,
+          as_json: JsonOption = False) -> None:
+    """Time raw runtimes, each provider alone and the optimized plan, each in its own process, side by side."""
+    from .bench import bench as run_bench
+
+    with _steps("benchmarking", not as_json) as step:
+        result = run_bench(model, _providers(providers), threads=threads, rounds=rounds, budget=budget, progress=step)
+    if as_json:
+        return _print_json(result)
+    table = Table("candidate", "min of round medians (ms)", "vs best single provider", "overhead vs raw",
+                  title=f"{result['model']}: {result['rounds']} alternating rounds, threads={threads or 'default'}")
+    for name, f in sorted(result["candidates"].items(), key=lambda kv: kv[1]["ms"] or float("inf")):
+        ratio = f.get("ratio_to_best_single")
+        overhead = f.get("overhead_vs_raw")
+        table.add_row(name, _ms(f["ms"]) if f["ms"] is not None else f"[red]failed[/] {f['error']}",
+                      "" if ratio is None else f"{ratio:.3f}", "" if overhead is None else f"{overhead:+.1%}")
+    out.print(table)
+    seconds = result["optimize_seconds"]
+    out.print(f"optimize: {seconds['cold']:.1f} s with a cold cache, {seconds['warm']:.1f} s warm; "
+              f"plan: {' > '.join(result['plan'])}")
+
+
 if __name__ == "__main__":
     main()

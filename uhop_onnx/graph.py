@@ -11,6 +11,22 @@ from onnx import helper
 
 
 @dataclass(frozen=True)
+class TensorSig:
+    """A model input or output, as onnxruntime's `NodeArg`: `name`, `shape`, `type` (`"tensor(float)"`)."""
+
+    name: str
+    type: str
+    shape: list[int | str | None] | None  # None when unknown
+
+    @property
+    def dtype(self):
+        """The numpy dtype of `type`, or None for types numpy cannot hold."""
+        from .dtypes import numpy_dtype
+
+        return numpy_dtype(self.type)
+
+
+@dataclass(frozen=True)
 class TensorInfo:
     """Element type (`"float"`, `"int64"`, ... as ONNX spells them) and shape (ints, symbols or None)."""
 
@@ -93,6 +109,12 @@ class Graph:
             outputs=tuple(o.name for o in g.output),
             opsets=opsets,
         )
+
+    def signature(self, name: str) -> TensorSig:
+        """A graph input or output as onnxruntime's `NodeArg` shows it."""
+        info = self.tensors.get(name)
+        shape = None if info is None or info.shape is None else list(info.shape)
+        return TensorSig(name=name, type=info.type if info else "tensor(unknown)", shape=shape)
 
     def node(self, name: str) -> Node:
         return self.nodes[self.index_of[name]]

@@ -11,6 +11,7 @@ from typing import Any
 import onnx
 from onnx import numpy_helper
 
+from .bench import time_plans_in_processes
 from .cache import JsonTable, cache_dir, device_fingerprint
 from .errors import PlanError
 from .graph import Graph
@@ -20,8 +21,9 @@ from .partitioner.extract import extract
 from .partitioner.partition import partition
 from .partitioner.placement import first_supported
 from .partitioner.profiler import Profiler
-from .partitioner.search import Search, sample_inputs
-from .plan import Plan, Stage, TensorSig
+from .partitioner.search import Search, in_process
+from .plan import Plan, Stage
+from .samples import sample_feeds
 from .session import InferenceSession
 from .providers import LAST_RESORT, Provider, ProviderSpec, Support, create, parse_spec, resolve
 from .simplify import simplify
@@ -68,6 +70,8 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     present. `assign` pins nodes (by name in the loaded model) to provider ids. With `profile`, candidate
     placements are measured on this machine (within `budget` seconds for the search, figures cached on
     disk) and the fastest is kept; without it, each node goes to the first provider that supports it.
+    Whole plans are timed each in its own process, as they will run; a given `profiler` times everything
+    in this process instead (with a fake clock, tests get exact figures).
     """
     a = analyze(model, providers, assign, threads, progress)
     labels = [p.label for p in a.providers]
@@ -75,14 +79,20 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
         progress("placing nodes and cutting stages")
         return build_plan(a, first_supported(a.graph, a.support, a.pinned, labels), threads)
     progress("measuring candidate placements")
-    feeds = sample_inputs(a.graph)
+    if profiler is None:
+        def time_plans(placements):
+            return time_plans_in_processes({name: build_plan(a, pl, threads) for name, pl in placements.items()},
+                                           threads)
+    else:
+        feeds = sample_feeds(a.graph.signature(name) for name in a.graph.inputs)
 
-    def run_plan(placement: list[int]):
-        session = InferenceSession(build_plan(a, placement, threads), threads=threads)
-        return lambda: session.run(None, feeds)
+        def run_plan(placement: list[int]):
+            session = InferenceSession(build_plan(a, placement, threads), threads=threads)
+            return lambda: session.run(None, feeds)
 
+        time_plans = in_process(run_plan, profiler)
     store = JsonTable(cache_dir() / "profiles" / f"{device_fingerprint(threads, *labels)}.json")
-    search = Search(a.simplified, a.graph, a.providers, a.support, a.pinned, run_plan,
+    search = Search(a.simplified, a.graph, a.providers, a.support, a.pinned, time_plans,
                     profiler=profiler or Profiler(), store=store, budget_s=budget, threads=threads)
     placement = search.run()
     plan = build_plan(a, placement, threads)
@@ -125,8 +135,8 @@ def build_plan(a: Analysis, placement: Sequence[int], threads: int | None) -> Pl
     return Plan(
         model_name=_model_name(a.source, a.loaded),
         model_hash=hashlib.sha256(a.loaded.SerializeToString(deterministic=True)).hexdigest(),
-        inputs=[_signature(graph, name) for name in graph.inputs],
-        outputs=[_signature(graph, name) for name in graph.outputs],
+        inputs=[graph.signature(name) for name in graph.inputs],
+        outputs=[graph.signature(name) for name in graph.outputs],
         providers=[{"id": p.id, "options": dict(p.options), "version": p.availability.version} for p in a.providers],
         stages=stages,
         constants={t.name: numpy_helper.to_array(t) for t in a.simplified.graph.initializer if t.name in graph.outputs},
@@ -153,12 +163,6 @@ def _pins(assign: Mapping[str, str], loaded: onnx.ModelProto, graph: Graph, chos
 def _find(chosen: list[Provider], spec: ProviderSpec) -> int | None:
     ident, options = parse_spec(spec)
     return next((i for i, p in enumerate(chosen) if p.id == ident and (not options or p.options == options)), None)
-
-
-def _signature(graph: Graph, name: str) -> TensorSig:
-    info = graph.tensors.get(name)
-    shape = None if info is None or info.shape is None else list(info.shape)
-    return TensorSig(name=name, type=info.type if info else "tensor(unknown)", shape=shape)
 
 
 def _model_name(source, loaded: onnx.ModelProto) -> str:

@@ -13,27 +13,12 @@ from typing import Any
 import numpy as np
 
 from .errors import PlanError
+from .graph import TensorSig
 from .report import write_report
 
 SCHEMA = "uhop-onnx.plan/1"
 PLAN_FILE = "plan.json"
 CONSTANTS_FILE = "constants.npz"
-
-
-@dataclass(frozen=True)
-class TensorSig:
-    """A model input or output, as onnxruntime's `NodeArg`: `name`, `shape`, `type` (`"tensor(float)"`)."""
-
-    name: str
-    type: str
-    shape: list[int | str | None] | None  # None when unknown
-
-    @property
-    def dtype(self):
-        """The numpy dtype of `type`, or None for types numpy cannot hold."""
-        from .dtypes import numpy_dtype
-
-        return numpy_dtype(self.type)
 
 
 @dataclass

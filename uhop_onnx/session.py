@@ -45,8 +45,12 @@ class InferenceSession:
                                        for stage in self.plan.stages]
         self._last_use = {name: k for k, stage in enumerate(self.plan.stages) for name in stage.inputs}
         produced = {name for stage in self.plan.stages for name in stage.outputs}
+        self._signatures = {s.name: s for s in self.plan.inputs}
         # Initializers declared as graph inputs: a feed overrides them, as in ONNX Runtime.
-        self._overridable = set(self._last_use) - produced - {s.name for s in self.plan.inputs}
+        self._overridable = set(self._last_use) - produced - set(self._signatures)
+        self._expected = [_declared_outputs(self.plan.stage_model(stage)) for stage in self.plan.stages]
+        self._all_outputs = [o.name for o in self.plan.outputs]
+        self._all_stages = self._stages_for(self._all_outputs)
         self._warned = False
 
     def get_inputs(self) -> list[TensorSig]:
@@ -64,7 +68,7 @@ class InferenceSession:
         values: dict[str, Any] = dict(self._check_feeds(input_feed))
         values.update(self.plan.constants)
         origin: dict[str, Runner] = {}
-        for k in self._stages_for(wanted):
+        for k in self._all_stages if output_names is None else self._stages_for(wanted):
             stage, runner = self.plan.stages[k], self._runners[k]
             feeds = {name: _handoff(values[name], origin.get(name), runner) for name in stage.inputs if name in values}
             results = self._run_stage(k, feeds)
@@ -84,7 +88,7 @@ class InferenceSession:
     def _run_stage(self, k: int, feeds: dict[str, Any]) -> dict[str, Any]:
         stage = self.plan.stages[k]
         try:
-            return self._checked(stage, self._runners[k].run(feeds))
+            return self._checked(k, self._runners[k].run(feeds))
         except Exception as error:  # noqa: BLE001 - a provider may fail in any way; say which stage
             where = f"stage {k} ({stage.label}, {len(stage.nodes)} nodes from {stage.nodes[0]!r})"
             if not self.fallback or (stage.fallback or stage.provider) == LAST_RESORT:
@@ -96,22 +100,18 @@ class InferenceSession:
             self._runners[k] = self._compile(stage, LAST_RESORT, exclusive=len(self.plan.stages) == 1)
             self.plan.record_fallback(k, LAST_RESORT)
             feeds = {name: np.asarray(value) for name, value in feeds.items()}
-            return self._checked(stage, self._runners[k].run(feeds))
+            return self._checked(k, self._runners[k].run(feeds))
 
-    def _checked(self, stage: Stage, results: dict[str, Any]) -> dict[str, Any]:
-        """The runner's results, refused when an output is missing or has the wrong rank or dtype."""
-        model = self.plan.stage_model(stage)
-        for declared in model.graph.output:
-            if declared.name not in results:
-                raise ProviderError(f"output {declared.name!r} is missing from the provider's results")
-            value = results[declared.name]
-            dims = declared.type.tensor_type.shape.dim
-            shape = getattr(value, "shape", None)
-            if shape is not None and declared.type.tensor_type.HasField("shape") and (
-                len(shape) != len(dims) or any(d.HasField("dim_value") and d.dim_value != s for d, s in zip(dims, shape))
-            ):
-                expected = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in dims]
-                raise ProviderError(f"output {declared.name!r} has shape {list(shape)}, expected {expected}")
+    def _checked(self, k: int, results: dict[str, Any]) -> dict[str, Any]:
+        """The runner's results, refused when an output is missing or its shape contradicts the declared one."""
+        for name, dims in self._expected[k]:
+            if name not in results:
+                raise ProviderError(f"output {name!r} is missing from the provider's results")
+            shape = getattr(results[name], "shape", None)
+            if dims is not None and shape is not None and (
+                    len(shape) != len(dims) or any(d is not None and d != got for d, got in zip(dims, shape))):
+                expected = ["?" if d is None else d for d in dims]
+                raise ProviderError(f"output {name!r} has shape {list(shape)}, expected {expected}")
         return results
 
     def _stages_for(self, wanted: list[str]) -> list[int]:
@@ -125,7 +125,7 @@ class InferenceSession:
         return chosen[::-1]
 
     def _check_outputs(self, output_names: Sequence[str] | None) -> list[str]:
-        valid = [o.name for o in self.plan.outputs]
+        valid = self._all_outputs
         if output_names is None:
             return valid
         if isinstance(output_names, str):
@@ -138,7 +138,7 @@ class InferenceSession:
     def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         if not isinstance(feeds, Mapping):
             raise InputError(f"feeds must be a dict of input name -> numpy array, got {type(feeds).__name__}")
-        signatures = {s.name: s for s in self.plan.inputs}
+        signatures = self._signatures
         unknown = [n for n in feeds if n not in signatures and n not in self._overridable]
         if unknown:
             raise InputError(f"unknown input(s) {', '.join(map(repr, unknown))}; {_describe(self.plan.inputs)}")
@@ -174,6 +174,16 @@ def _check_value(sig: TensorSig, value: np.ndarray) -> None:
         if isinstance(want, int) and want != got:
             raise InputError(f"input {sig.name!r} has shape {list(value.shape)}; the model expects "
                              f"{sig.shape} (dimension {axis} must be {want})")
+
+
+def _declared_outputs(model) -> list[tuple[str, tuple[int | None, ...] | None]]:
+    """(name, fixed dimensions or None per axis) of each graph output; None where the shape is unknown."""
+    declared = []
+    for output in model.graph.output:
+        tensor = output.type.tensor_type
+        dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
+        declared.append((output.name, dims if tensor.HasField("shape") else None))
+    return declared
 
 
 def _handoff(value: Any, source: Runner | None, target: Runner | None) -> Any:

@@ -1,0 +1,204 @@
+"""Side-by-side latency of a model: raw runtimes, each provider alone through uhop-onnx, and the optimized plan.
+
+Every candidate lives in its own worker process. The coordinator asks the workers for one round each in
+turn, rotating the order every round; a round is several calls and reports their median. A candidate's
+figure is the minimum of its round medians, and ratios are taken between figures of the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RAW = {"onnxruntime": "ort-cpu", "openvino": "openvino"}  # raw runtime -> the provider that wraps it
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What a worker runs: `kind` is "raw" (a runtime directly), "alone" (one provider) or "plan"."""
+
+    name: str
+    kind: str
+    target: str  # runtime name, provider id, or plan folder
+    wraps: str | None = None  # for raw runtimes: the provider id whose overhead they measure
+
+
+def bench(model: str | os.PathLike, providers: list[str] | None = None, threads: int | None = None,
+          rounds: int = 7, calls: int | None = None, budget: float = 60.0,
+          progress: Callable[[str], None] = lambda step: None) -> dict[str, Any]:
+    """Measure every candidate in its own process, in alternating rounds; optimize cold and warm."""
+    from .graph import Graph
+    from .loader import load
+    from .providers import resolve
+
+    model = str(Path(model).resolve())
+    graph = Graph.from_model(load(model))
+    inputs = [graph.signature(name) for name in graph.inputs]
+    present = [p.label for p in resolve(providers, threads)]
+    with tempfile.TemporaryDirectory(prefix="uhop-bench-") as work:
+        work = Path(work)
+        progress("optimizing with a cold cache")
+        cold = _optimize_in_process(model, providers, threads, budget, work / "cache", work / "plan")
+        progress("optimizing with a warm cache")
+        warm = _optimize_in_process(model, providers, threads, budget, work / "cache", work / "plan-warm")
+        candidates = [Candidate(f"{r} (raw)", "raw", r, wraps=w) for r, w in RAW.items() if w in present]
+        candidates += [Candidate(f"{p} alone", "alone", p) for p in present]
+        candidates.append(Candidate("uhop-onnx plan", "plan", str(work / "plan")))
+        progress(f"timing {len(candidates)} candidates, {rounds} rounds")
+        figures = time_candidates(candidates, model, inputs, threads, rounds, calls)
+    singles = {c.name: figures[c.name] for c in candidates if c.kind == "alone" and figures[c.name]["ms"] is not None}
+    best_single = min(singles.values(), key=lambda f: f["ms"])["ms"] if singles else None
+    for c in candidates:
+        f = figures[c.name]
+        if f["ms"] is not None and best_single:
+            f["ratio_to_best_single"] = f["ms"] / best_single
+        if c.wraps and f["ms"] and figures.get(f"{c.wraps} alone", {}).get("ms"):
+            figures[f"{c.wraps} alone"]["overhead_vs_raw"] = figures[f"{c.wraps} alone"]["ms"] / f["ms"] - 1
+    return {"model": Path(model).name, "threads": threads, "rounds": rounds, "calls_per_round": calls,
+            "candidates": figures, "optimize_seconds": {"cold": cold["seconds"], "warm": warm["seconds"]},
+            "plan": cold["stages"]}
+
+
+def _optimize_in_process(model: str, providers, threads, budget, cache: Path, out: Path) -> dict[str, Any]:
+    """Time `optimize` in a fresh process with its own cache folder, as a user's first and second run."""
+    env = {**os.environ, "UHOP_CACHE_DIR": str(cache)}
+    request = json.dumps({"model": model, "providers": providers, "threads": threads, "budget": budget, "out": str(out)})
+    result = subprocess.run([sys.executable, "-m", "uhop_onnx.bench", "optimize", request], env=env,
+                            capture_output=True, text=True, timeout=3600)
+    if result.returncode != 0:
+        raise RuntimeError(f"optimize failed in its worker: {result.stderr.strip()[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def time_plans_in_processes(plans: dict[str, Any], threads: int | None, rounds: int = 5) -> dict[str, Any]:
+    """Whole plans timed each in its own process, in alternating rounds -> `Measurement` per name (infinite
+    for a plan that failed)."""
+    from .partitioner.profiler import Measurement
+
+    with tempfile.TemporaryDirectory(prefix="uhop-plans-") as work:
+        candidates = []
+        for k, (name, plan) in enumerate(plans.items()):
+            plan.save(Path(work) / f"plan{k}")
+            candidates.append(Candidate(name, "plan", str(Path(work) / f"plan{k}")))
+        inputs = next(iter(plans.values())).inputs
+        figures = time_candidates(candidates, None, inputs, threads, rounds)
+    return {name: Measurement(f["ms"], f["spread"], len(f["round_medians_ms"])) if f["ms"] is not None
+            else Measurement(float("inf"), 0.0, 0) for name, f in figures.items()}
+
+
+def time_candidates(candidates: list[Candidate], model: str | None, inputs: list, threads: int | None, rounds: int,
+                    calls: int | None = None) -> dict[str, dict]:
+    """Each candidate in its own worker process; rounds alternate between them, in a rotating order."""
+    workers, logs = {}, {}
+    signatures = [{"name": i.name, "type": i.type, "shape": i.shape} for i in inputs]
+    for c in candidates:
+        request = json.dumps({"candidate": c.__dict__, "model": model, "inputs": signatures, "threads": threads,
+                              "calls": calls})
+        logs[c.name] = tempfile.TemporaryFile(mode="w+")
+        workers[c.name] = subprocess.Popen([sys.executable, "-m", "uhop_onnx.bench", "worker", request],
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logs[c.name], text=True)
+    medians: dict[str, list[float]] = {c.name: [] for c in candidates}
+    errors: dict[str, str] = {}
+    try:
+        for name, worker in workers.items():
+            if _expect(worker, "ready") is None:
+                logs[name].seek(0)
+                errors[name] = logs[name].read().strip()[-500:] or "the worker exited"
+        names = [c.name for c in candidates if c.name not in errors]
+        for r in range(rounds if names else 0):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                workers[name].stdin.write("round\n")
+                workers[name].stdin.flush()
+                medians[name].append(float(_expect(workers[name], "median")))
+    finally:
+        for name, worker in workers.items():
+            if worker.poll() is None:
+                worker.stdin.close()
+                worker.wait(timeout=60)
+            logs[name].close()
+    return {name: {"ms": min(m) if m else None, "spread": (max(m) - min(m)) / min(m) if m else None,
+                   "round_medians_ms": m, "error": errors.get(name)} for name, m in medians.items()}
+
+
+def _expect(worker: subprocess.Popen, word: str) -> str | None:
+    """The rest of the worker's next line that starts with `word` (other lines are runtime chatter)."""
+    for line in worker.stdout:
+        if line.startswith(word):
+            return line[len(word):].strip()
+    return None
+
+
+def _runner(candidate: dict, model: str | None, feeds: dict, threads: int | None) -> Callable[[], object]:
+    """Build the candidate's session and return one call of it."""
+    kind, target = candidate["kind"], candidate["target"]
+    if kind == "raw" and target == "onnxruntime":
+        from .providers.ort import session_options
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(model, session_options(threads, exclusive=True),
+                                       providers=["CPUExecutionProvider"])
+        return lambda: session.run(None, feeds)
+    if kind == "raw" and target == "openvino":
+        import openvino as ov
+
+        config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+        if threads:
+            config["INFERENCE_NUM_THREADS"] = threads
+        request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
+        return lambda: request.infer(feeds)
+    from .session import InferenceSession
+
+    if kind == "alone":
+        session = InferenceSession(model, providers=[target], profile=False, threads=threads)
+    else:
+        session = InferenceSession(target, threads=threads)
+    return lambda: session.run(None, feeds)
+
+
+def _worker(request: dict) -> None:
+    from types import SimpleNamespace
+
+    from .samples import sample_feeds
+
+    feeds = sample_feeds(SimpleNamespace(**sig) for sig in request["inputs"])
+    call = _runner(request["candidate"], request["model"], feeds, request["threads"])
+    warm = []
+    for _ in range(3):
+        start = time.perf_counter()
+        call()
+        warm.append(time.perf_counter() - start)
+    calls = request["calls"] or max(3, min(50, int(0.05 / max(min(warm), 1e-6))))
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() != "round":
+            break
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            call()
+            times.append((time.perf_counter() - start) * 1e3)
+        print("median", statistics.median(times), flush=True)
+
+
+def _optimize(request: dict) -> None:
+    from .optimizer import optimize
+
+    start = time.perf_counter()
+    plan = optimize(request["model"], request["providers"], threads=request["threads"], budget=request["budget"])
+    seconds = time.perf_counter() - start
+    plan.save(request["out"])
+    print(json.dumps({"seconds": seconds, "stages": [f"{s.label} x{len(s.nodes)}" for s in plan.stages]}))
+
+
+if __name__ == "__main__":
+    command, payload = sys.argv[1], json.loads(sys.argv[2])
+    {"worker": _worker, "optimize": _optimize}[command](payload)
