@@ -32,10 +32,11 @@ CANDIDATES = ("onnxruntime", "ort-cpu", "litert")
 
 
 def models() -> dict:
-    from uhop_onnx.models import BUILDERS, mobilenet, resnet, transformer
+    from uhop_onnx.models import BUILDERS, mobilenet, transformer
 
     sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]
     from kernels import resnet18
+
     from tests.test_litert import yolo_like
 
     return {
@@ -83,8 +84,9 @@ def child(candidate: str, path: str, threads: int, repeats: int) -> dict:
 
 def conversion_seconds(path: Path) -> float:
     """Time `convert` takes for the LiteRT stages of the model placed on litert."""
-    import uhop_onnx
     from uhop_onnx.providers.litert.converter import convert
+
+    import uhop_onnx
 
     plan = uhop_onnx.optimize(str(path), providers=["litert"], profile=False)
     stages = [plan.stage_model(s) for s in plan.stages if s.provider == "litert"]

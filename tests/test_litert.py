@@ -15,18 +15,19 @@ from onnx import TensorProto, helper, numpy_helper
 pytest.importorskip("ai_edge_litert")
 pytest.importorskip("tflite")
 
-import uhop_onnx  # noqa: E402
-from uhop_onnx import ProviderError  # noqa: E402
-from uhop_onnx.graph import Graph  # noqa: E402
-from uhop_onnx.models import BUILDERS  # noqa: E402
-from uhop_onnx.providers.capability import check as table_check  # noqa: E402
-from uhop_onnx.providers.litert import FP16_TOLERANCE, LiteRt, verify  # noqa: E402
-from uhop_onnx.providers.litert.converter import convert, unconvertible  # noqa: E402
-from uhop_onnx.providers.litert.ops import LOWERINGS  # noqa: E402
-from uhop_onnx.providers.litert.runner import LiteRtRunner  # noqa: E402
-from uhop_onnx.providers.litert.table import LITERT_TABLE  # noqa: E402
+from uhop_onnx.models import BUILDERS
+from uhop_onnx.providers.capability import check as table_check
+from uhop_onnx.providers.litert import FP16_TOLERANCE, LiteRt, verify
+from uhop_onnx.providers.litert.converter import convert, unconvertible
+from uhop_onnx.providers.litert.ops import LOWERINGS
+from uhop_onnx.providers.litert.runner import LiteRtRunner
+from uhop_onnx.providers.litert.table import LITERT_TABLE
 
-from .conftest import assert_matches, random_feeds, reference  # noqa: E402
+import uhop_onnx
+from uhop_onnx import ProviderError
+from uhop_onnx.graph import Graph
+
+from .conftest import assert_matches, random_feeds, reference
 
 
 def session_on(model: onnx.ModelProto, providers) -> uhop_onnx.InferenceSession:

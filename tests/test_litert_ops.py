@@ -15,10 +15,10 @@ from onnx import TensorProto, helper, numpy_helper
 pytest.importorskip("ai_edge_litert")
 pytest.importorskip("tflite")
 
-from uhop_onnx.providers.litert import LiteRt  # noqa: E402
-from uhop_onnx.providers.litert.converter import unconvertible  # noqa: E402
+from uhop_onnx.providers.litert import LiteRt
+from uhop_onnx.providers.litert.converter import unconvertible
 
-from .conftest import random_feeds, reference  # noqa: E402
+from .conftest import random_feeds, reference
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -213,7 +213,6 @@ def test_matmul_reads_a_transposed_operand_as_held():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     assert check(model)
     from ai_edge_litert.interpreter import Interpreter
-
     from uhop_onnx.providers.litert.converter import convert
 
     ops = [o["op_name"] for o in Interpreter(model_content=convert(model))._get_ops_details()]

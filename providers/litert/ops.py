@@ -225,8 +225,8 @@ def conv(cx: Lowering, node: Node) -> None:
     channels, group, out_channels = cx.shape(x)[1], int(node.attrs.get("group", 1)), weight.shape[0]
     bias = cx.const(node.input(2), "Conv bias") if node.input(2) else np.zeros(out_channels, np.float32)
     padding, index = padded_input(cx, node, x, y, weight.shape[2:], strides, dilations, pad_value=0.0)
-    fields = dict(Padding=padding, StrideH=strides[0], StrideW=strides[1],
-                  DilationHFactor=dilations[0], DilationWFactor=dilations[1])
+    fields = {"Padding": padding, "StrideH": strides[0], "StrideW": strides[1],
+              "DilationHFactor": dilations[0], "DilationWFactor": dilations[1]}
     if group == 1 or group != channels:
         code, options, kernel = "CONV_2D", "Conv2DOptions", weight.transpose(0, 2, 3, 1)  # OHWI
     else:

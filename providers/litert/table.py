@@ -16,7 +16,7 @@ FOUR_D = (4,)  # 2-D windows on NCHW tensors: LiteRT's convolutions and pools ar
 def _rules() -> tuple[OpRule, ...]:
     elementwise = "Add Sub Mul Div Pow Max Min Relu Sigmoid Tanh HardSwish LeakyRelu Erf Sqrt Exp Abs Neg Log"
     plain = [OpRule(op, dtypes=FLOAT) for op in elementwise.split()]
-    plain += [OpRule(op, dtypes=FLOAT) for op in "Identity Concat Transpose GlobalAveragePool GlobalMaxPool".split()]
+    plain += [OpRule(op, dtypes=FLOAT) for op in ["Identity", "Concat", "Transpose", "GlobalAveragePool", "GlobalMaxPool"]]
     return (
         *plain,
         OpRule("Gelu", opsets=(20, 10_000), dtypes=FLOAT, attributes={"approximate": (b"none", b"tanh")},
@@ -35,8 +35,8 @@ def _rules() -> tuple[OpRule, ...]:
         OpRule("MatMul", dtypes=FLOAT, ranks=(2, 3, 4, 5)),
         OpRule("Softmax", dtypes=FLOAT),
         OpRule("LayerNormalization", dtypes=FLOAT, constant_inputs=(1, 2)),
-        *(OpRule(op, dtypes=INDEX, constant_inputs=(1,)) for op in "ReduceMean ReduceSum ReduceMax ReduceMin".split()),
-        *(OpRule(op, dtypes=INDEX, constant_inputs=(1,)) for op in "Reshape Squeeze Unsqueeze Split Gather".split()),
+        *(OpRule(op, dtypes=INDEX, constant_inputs=(1,)) for op in ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"]),
+        *(OpRule(op, dtypes=INDEX, constant_inputs=(1,)) for op in ["Reshape", "Squeeze", "Unsqueeze", "Split", "Gather"]),
         OpRule("Flatten", dtypes=FLOAT),
         OpRule("Slice", dtypes=INDEX, constant_inputs=(1, 2, 3, 4)),
         # Resize's roi, scales and sizes only fix the output shape, which the converter needs static.
