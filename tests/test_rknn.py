@@ -29,7 +29,7 @@ from .conftest import random_feeds, reference
 
 needs_toolkit = pytest.mark.skipif(
     not is_ready(), reason=f"rknn-toolkit2 environment absent at {venv_path()}: create it with "
-                           "`uhop-onnx setup rknn` (or `python -m uhop_onnx.providers.rknn.setup`)")
+                           "`uhop-onnx setup rknn`")
 
 
 def single(op: str, shape: list[int], opset: int = 17, **attributes) -> onnx.ModelProto:

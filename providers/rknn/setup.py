@@ -74,8 +74,3 @@ def _run(command: list[str]) -> None:
 
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
         raise ProviderError(f"setting up rknn-toolkit2 failed at: {' '.join(command)}\n{tail}")
-
-
-if __name__ == "__main__":  # python -m uhop_onnx.providers.rknn.setup
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    print(create_venv())
