@@ -14,6 +14,7 @@ import logging
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
@@ -97,25 +98,29 @@ def operands(op: OpSpec, rng: np.random.Generator | None = None) -> tuple[np.nda
     return rand(n, c, h, w), rand(oc, c // group, kh, kw), rand(oc)
 
 
-def run(lib: Library, op: OpSpec, schedule: Schedule, args: tuple[np.ndarray, ...]) -> np.ndarray:
-    """Execute `op` once with `schedule` on `args` from `operands`."""
+def prepare(lib: Library, op: OpSpec, schedule: Schedule, args: tuple[np.ndarray, ...]) -> Callable[[], np.ndarray]:
+    """A call executing `op` with `schedule` on `args` from `operands`; convolution weights are packed once
+    beforehand, as the `kernels` runner packs constant weights."""
     if op.op == "gemm":
-        return lib.gemm(*args, schedule, epilogue=op.epilogue)
+        return lambda: lib.gemm(*args, schedule, epilogue=op.epilogue)
     *_, sh, sw, pt, pl, pb, pr, dh, dw, group = op.dims
-    return lib.conv2d(args[0], args[1], schedule, bias=args[2], strides=(sh, sw), pads=(pt, pl, pb, pr),
-                      dilations=(dh, dw), group=group, epilogue=op.epilogue)
+    x, w, bias = args
+    packed = lib.pack(w.reshape(w.shape[0], -1), schedule, group) if schedule.algo == "im2col" else None
+    return lambda: lib.conv2d(x, w, schedule, bias=bias, strides=(sh, sw), pads=(pt, pl, pb, pr),
+                              dilations=(dh, dw), group=group, epilogue=op.epilogue, packed=packed)
 
 
 def measure(lib: Library, op: OpSpec, schedule: Schedule, args: tuple[np.ndarray, ...],
             budget: float = 0.05) -> float:
     """Median seconds of one call, over enough calls to fill about `budget` seconds (at least 3)."""
+    call = prepare(lib, op, schedule, args)
     start = time.perf_counter()
-    run(lib, op, schedule, args)
+    call()
     first = time.perf_counter() - start
     times = []
     for _ in range(max(3, min(50, int(budget / max(first, 1e-6))))):
         start = time.perf_counter()
-        run(lib, op, schedule, args)
+        call()
         times.append(time.perf_counter() - start)
     return float(np.median(times))
 

@@ -58,12 +58,11 @@ def _runner(library: str, op: str, dims: tuple[int, ...], threads: int) -> Calla
     spec = OpSpec(op, dims)
     args = operands(spec)
     if library == "kernels":
-        from .autotune import run, schedule_for
+        from .autotune import prepare, schedule_for
         from .verify import host_library
 
         lib = host_library()
-        schedule = schedule_for(lib, spec, threads, tune=True)  # tuned once, then cached
-        return lambda: run(lib, spec, schedule, args)
+        return prepare(lib, spec, schedule_for(lib, spec, threads, tune=True), args)  # tuned once, then cached
     if library == "naive":
         if op != "gemm" or threads != 1 or dims[0] > NAIVE_LIMIT:
             return None

@@ -14,6 +14,7 @@ from .spec import LibrarySpec, MicroKernel, Target, check_library
 VECTOR_MACROS = {
     "x86-64-avx2": """
 typedef __m256 vf;
+#define LANES 8
 #define VZERO() _mm256_setzero_ps()
 #define VLOAD(p) _mm256_loadu_ps(p)
 #define VSTORE(p, v) _mm256_storeu_ps(p, v)
@@ -27,6 +28,7 @@ typedef __m256 vf;
 """,
     "aarch64-neon": """
 typedef float32x4_t vf;
+#define LANES 4
 #define VZERO() vdupq_n_f32(0.0f)
 #define VLOAD(p) vld1q_f32(p)
 #define VSTORE(p, v) vst1q_f32(p, v)
@@ -40,6 +42,7 @@ typedef float32x4_t vf;
 """,
     "scalar": """
 typedef float vf;
+#define LANES 1
 #define VZERO() 0.0f
 #define VLOAD(p) (*(p))
 #define VSTORE(p, v) (*(p) = (v))
@@ -118,7 +121,10 @@ typedef struct { int mc, kc, nc; } blocks_t;
 typedef struct {
     const kernel_t *k; blocks_t bl; idx M, N, K; const float *A; idx rsa, csa; const float *B; idx rsb, csb;
     float *C; idx rsc; epi_t e; const float *bias; int split_n;
+    const float *packed;  /* A packed whole by uk_pack_a, or NULL to pack per block */
 } gemm_t;
+
+static idx round_up(idx x, idx to) { return (x + to - 1) / to * to; }
 
 static float *alloc_floats(idx n) {
     size_t bytes = ((size_t)(n > 0 ? n : 1) * sizeof(float) + 63) & ~(size_t)63;
@@ -137,12 +143,13 @@ static void gemm_serial(const gemm_t *g, idx m0, idx m1, idx n0, idx n1, float *
             pack_b(NR, kb, nb, g->B + pc * g->rsb + jc * g->csb, g->rsb, g->csb, bp);
             for (idx ic = m0; ic < m1; ic += g->bl.mc) {
                 idx mb = imin(g->bl.mc, m1 - ic);
-                pack_a(MR, mb, kb, g->A + ic * g->rsa + pc * g->csa, g->rsa, g->csa, ap);
+                const float *a = g->packed ? g->packed + pc * round_up(g->M, MR) + ic * kb : ap;
+                if (!g->packed) pack_a(MR, mb, kb, g->A + ic * g->rsa + pc * g->csa, g->rsa, g->csa, ap);
                 for (idx jr = 0; jr < nb; jr += NR)
                     for (idx ir = 0; ir < mb; ir += MR) {
                         idx row = ic + ir, col = jc + jr;
                         const float *bias = g->bias ? g->bias + row * g->e.brs + col * g->e.bcs : NULL;
-                        g->k->fn(kb, ap + ir * kb, bp + jr * kb, g->C + row * g->rsc + col, g->rsc,
+                        g->k->fn(kb, a + ir * kb, bp + jr * kb, g->C + row * g->rsc + col, g->rsc,
                                  (int)imin(MR, mb - ir), (int)imin(NR, nb - jr), first, last, &g->e, bias);
                     }
             }
@@ -200,14 +207,32 @@ int uk_variants(void) { return (int)(sizeof(KERNELS) / sizeof(KERNELS[0])); }
 int uk_variant_mr(int v) { return v >= 0 && v < uk_variants() ? KERNELS[v].mr : 0; }
 int uk_variant_nr(int v) { return v >= 0 && v < uk_variants() ? KERNELS[v].nr : 0; }
 
-/* C = clamp(alpha * A B + bias, lo, hi); bias[i * brs + j * bcs] (strides 0 broadcast), C row stride rsc. */
+/* Floats uk_pack_a writes for G groups of M x K. */
+idx uk_packed_size(int variant, idx G, idx M, idx K) {
+    return variant >= 0 && variant < uk_variants() ? G * round_up(M, KERNELS[variant].mr) * K : 0;
+}
+
+/* Pack G groups of an M x K matrix (group g at A + g * M * rsa) whole, in the block order gemm reads with kc. */
+int uk_pack_a(int variant, int kc, idx G, idx M, idx K, const float *A, idx rsa, idx csa, float *out) {
+    if (variant < 0 || variant >= uk_variants()) return UK_BAD_VARIANT;
+    if (kc < 1) return UK_BAD_BLOCKS;
+    int MR = KERNELS[variant].mr;
+    idx mpad = round_up(M, MR);
+    for (idx g = 0; g < G; g++)
+        for (idx pc = 0; pc < K; pc += kc)
+            pack_a(MR, M, imin(kc, K - pc), A + g * M * rsa + pc * csa, rsa, csa, out + g * mpad * K + pc * mpad);
+    return UK_OK;
+}
+
+/* C = clamp(alpha * A B + bias, lo, hi); bias[i * brs + j * bcs] (strides 0 broadcast), C row stride rsc.
+   With packed (from uk_pack_a with the same variant and kc), A is not read. */
 int uk_gemm(int variant, int threads, int mc, int kc, int nc, idx M, idx N, idx K,
             const float *A, idx rsa, idx csa, const float *B, idx rsb, idx csb, float *C, idx rsc,
-            float alpha, const float *bias, idx brs, idx bcs, int clamp, float lo, float hi) {
+            float alpha, const float *bias, idx brs, idx bcs, int clamp, float lo, float hi, const float *packed) {
     if (variant < 0 || variant >= uk_variants()) return UK_BAD_VARIANT;
     if (M < 0 || N < 0 || K < 0 || rsc < N) return UK_BAD_SHAPE;
     gemm_t g = {&KERNELS[variant], {mc, kc, nc}, M, N, K, A, rsa, csa, B, rsb, csb, C, rsc,
-                {alpha, brs, bcs, clamp, lo, hi}, bias, 1};
+                {alpha, brs, bcs, clamp, lo, hi}, bias, 1, packed};
     if (!check_blocks(g.k, g.bl)) return UK_BAD_BLOCKS;
     if (M == 0 || N == 0) return UK_OK;
     return gemm_run(&g, threads);
@@ -215,7 +240,8 @@ int uk_gemm(int variant, int threads, int mc, int kc, int nc, idx M, idx N, idx 
 
 typedef struct {
     const kernel_t *k; blocks_t bl; idx N, C, H, W, OC, KH, KW, sh, sw, pt, pl, dh, dw, G, OH, OW;
-    const float *x, *w, *bias; float *y; int clamp; float lo, hi; int inner_threads;
+    const float *x, *w, *bias; float *y; int clamp; float lo, hi; int inner_threads; const float *packed;
+    idx HP, WP;  /* padded input plane for the direct algorithm */
 } conv_t;
 
 static void im2col(const conv_t *cv, const float *x, float *col) {
@@ -250,7 +276,8 @@ static void conv_gemm_item(const conv_t *cv, idx item, float *col, float *ap, fl
     if (!is_pointwise(cv)) { im2col(cv, x, col); x = col; }
     gemm_t g = {cv->k, cv->bl, OCg, P, Kg, cv->w + gi * OCg * Kg, Kg, 1, x, P, 1,
                 cv->y + (n * cv->OC + gi * OCg) * P, P, {1.0f, 1, 0, cv->clamp, cv->lo, cv->hi},
-                cv->bias ? cv->bias + gi * OCg : NULL, 1};
+                cv->bias ? cv->bias + gi * OCg : NULL, 1,
+                cv->packed ? cv->packed + gi * round_up(OCg, cv->k->mr) * Kg : NULL};
     if (threads > 1) gemm_run(&g, threads); else gemm_serial(&g, 0, g.M, 0, g.N, ap, bp);
 }
 
@@ -265,44 +292,91 @@ static void conv_gemm_range(void *ctx, idx begin, idx end) {
     free(bp);
 }
 
-/* One output plane (image n, channel oc) of a direct convolution, accumulated tap by tap. */
-static void conv_direct_plane(const conv_t *cv, idx n, idx oc) {
-    idx Cg = cv->C / cv->G, OCg = cv->OC / cv->G, gi = oc / OCg, P = cv->OH * cv->OW;
-    float *y = cv->y + (n * cv->OC + oc) * P;
-    float b = cv->bias ? cv->bias[oc] : 0.0f;
-    for (idx i = 0; i < P; i++) y[i] = b;
-    for (idx c = 0; c < Cg; c++) {
-        const float *x = cv->x + (n * cv->C + gi * Cg + c) * cv->H * cv->W;
-        for (idx kh = 0; kh < cv->KH; kh++)
-            for (idx kw = 0; kw < cv->KW; kw++) {
-                float wv = cv->w[((oc * Cg + c) * cv->KH + kh) * cv->KW + kw];
-                idx shift = kw * cv->dw - cv->pl;  /* iw = ow * sw + shift */
-                idx lo = shift >= 0 ? 0 : (-shift + cv->sw - 1) / cv->sw;
-                idx hi = cv->W - 1 - shift < 0 ? 0 : imin(cv->OW, (cv->W - 1 - shift) / cv->sw + 1);
-                for (idx oh = 0; oh < cv->OH; oh++) {
-                    idx ih = oh * cv->sh - cv->pt + kh * cv->dh;
-                    if (ih < 0 || ih >= cv->H) continue;
-                    const float *xr = x + ih * cv->W + shift;
-                    float *yr = y + oh * cv->OW;
-                    if (cv->sw == 1) for (idx ow = lo; ow < hi; ow++) yr[ow] += wv * xr[ow];
-                    else for (idx ow = lo; ow < hi; ow++) yr[ow] += wv * xr[ow * cv->sw];
+/* y[i] += w * x[i * sx] for i < n; stride 2 spelled out so the compiler vectorizes it. */
+static void axpy(idx n, float w, const float *restrict x, idx sx, float *restrict y) {
+    if (sx == 2) for (idx i = 0; i < n; i++) y[i] += w * x[2 * i];
+    else for (idx i = 0; i < n; i++) y[i] += w * x[i * sx];
+}
+
+/* One output plane (image n, channel oc) of a direct convolution, row by row, reading the group's input
+   channels from xp: zero-padded planes of HP x WP (WP has LANES floats of slack, so vector loads past the
+   last output stay inside the row). At unit stride a vector of outputs accumulates every tap in a register. */
+static void conv_direct_plane(const conv_t *cv, idx n, idx oc, float *xp) {
+    idx Cg = cv->C / cv->G, gi = oc / (cv->OC / cv->G), HP = cv->HP, WP = cv->WP;
+    const float *wo = cv->w + oc * Cg * cv->KH * cv->KW;
+    float *y = cv->y + (n * cv->OC + oc) * cv->OH * cv->OW, b = cv->bias ? cv->bias[oc] : 0.0f;
+    for (idx c = 0; c < Cg; c++)
+        for (idx h = 0; h < cv->H; h++)
+            memcpy(xp + (c * HP + h + cv->pt) * WP + cv->pl, cv->x + ((n * cv->C + gi * Cg + c) * cv->H + h) * cv->W,
+                   sizeof(float) * cv->W);
+    for (idx oh = 0; oh < cv->OH; oh++) {
+        float *yr = y + oh * cv->OW;
+        if (cv->sw == 1) {
+            idx ow = 0;
+            for (; ow + 4 * LANES <= cv->OW; ow += 4 * LANES) {  /* four independent FMA chains */
+                vf a0 = VSET1(b), a1 = a0, a2 = a0, a3 = a0;
+                for (idx c = 0; c < Cg; c++)
+                    for (idx kh = 0; kh < cv->KH; kh++) {
+                        const float *xr = xp + (c * HP + oh * cv->sh + kh * cv->dh) * WP + ow;
+                        const float *wr = wo + (c * cv->KH + kh) * cv->KW;
+                        for (idx kw = 0; kw < cv->KW; kw++) {
+                            vf wv = VSET1(wr[kw]);
+                            const float *xk = xr + kw * cv->dw;
+                            a0 = VFMA(wv, VLOAD(xk), a0);
+                            a1 = VFMA(wv, VLOAD(xk + LANES), a1);
+                            a2 = VFMA(wv, VLOAD(xk + 2 * LANES), a2);
+                            a3 = VFMA(wv, VLOAD(xk + 3 * LANES), a3);
+                        }
+                    }
+                VSTORE(yr + ow, a0);
+                VSTORE(yr + ow + LANES, a1);
+                VSTORE(yr + ow + 2 * LANES, a2);
+                VSTORE(yr + ow + 3 * LANES, a3);
+            }
+            for (; ow < cv->OW; ow += LANES) {
+                vf acc = VSET1(b);
+                for (idx c = 0; c < Cg; c++)
+                    for (idx kh = 0; kh < cv->KH; kh++) {
+                        const float *xr = xp + (c * HP + oh * cv->sh + kh * cv->dh) * WP + ow;
+                        const float *wr = wo + (c * cv->KH + kh) * cv->KW;
+                        for (idx kw = 0; kw < cv->KW; kw++) acc = VFMA(VSET1(wr[kw]), VLOAD(xr + kw * cv->dw), acc);
+                    }
+                if (ow + LANES <= cv->OW) {
+                    VSTORE(yr + ow, acc);
+                } else {
+                    float t[LANES];
+                    VSTORE(t, acc);
+                    memcpy(yr + ow, t, sizeof(float) * (cv->OW - ow));
                 }
             }
+        } else {
+            for (idx ow = 0; ow < cv->OW; ow++) yr[ow] = b;
+            for (idx c = 0; c < Cg; c++)
+                for (idx kh = 0; kh < cv->KH; kh++)
+                    for (idx kw = 0; kw < cv->KW; kw++)
+                        axpy(cv->OW, wo[(c * cv->KH + kh) * cv->KW + kw],
+                             xp + (c * HP + oh * cv->sh + kh * cv->dh) * WP + kw * cv->dw, cv->sw, yr);
+        }
+        if (cv->clamp)
+            for (idx ow = 0; ow < cv->OW; ow++) yr[ow] = fminf(fmaxf(yr[ow], cv->lo), cv->hi);
     }
-    if (cv->clamp)
-        for (idx i = 0; i < P; i++) y[i] = fminf(fmaxf(y[i], cv->lo), cv->hi);
 }
 
 static void conv_direct_range(void *ctx, idx begin, idx end) {
     const conv_t *cv = (const conv_t *)ctx;
-    for (idx item = begin; item < end; item++) conv_direct_plane(cv, item / cv->OC, item % cv->OC);
+    idx size = cv->C / cv->G * cv->HP * cv->WP;
+    float *xp = alloc_floats(size);
+    if (!xp) return;
+    memset(xp, 0, sizeof(float) * size);  /* the padding stays zero; each plane overwrites the inside */
+    for (idx item = begin; item < end; item++) conv_direct_plane(cv, item / cv->OC, item % cv->OC, xp);
+    free(xp);
 }
 
 /* NCHW convolution with OIHW weights, groups, strides, pads, dilations; algo 0 im2col+GEMM, 1 direct. */
 int uk_conv2d(int variant, int threads, int mc, int kc, int nc, int algo,
               idx N, idx C, idx H, idx W, idx OC, idx KH, idx KW, idx sh, idx sw, idx pt, idx pl, idx pb, idx pr,
               idx dh, idx dw, idx G, const float *x, const float *w, const float *bias, float *y,
-              int clamp, float lo, float hi) {
+              int clamp, float lo, float hi, const float *packed) {
     if (variant < 0 || variant >= uk_variants()) return UK_BAD_VARIANT;
     if (N < 0 || C < 1 || H < 1 || W < 1 || OC < 1 || KH < 1 || KW < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 ||
         pt < 0 || pl < 0 || pb < 0 || pr < 0 || G < 1 || C % G || OC % G)
@@ -310,7 +384,7 @@ int uk_conv2d(int variant, int threads, int mc, int kc, int nc, int algo,
     idx OH = (H + pt + pb - dh * (KH - 1) - 1) / sh + 1, OW = (W + pl + pr - dw * (KW - 1) - 1) / sw + 1;
     if (H + pt + pb < dh * (KH - 1) + 1 || W + pl + pr < dw * (KW - 1) + 1) return UK_BAD_SHAPE;
     conv_t cv = {&KERNELS[variant], {mc, kc, nc}, N, C, H, W, OC, KH, KW, sh, sw, pt, pl, dh, dw, G, OH, OW,
-                 x, w, bias, y, clamp, lo, hi, 1};
+                 x, w, bias, y, clamp, lo, hi, 1, packed, H + pt + pb, W + pl + pr + LANES};
     if (!check_blocks(cv.k, cv.bl)) return UK_BAD_BLOCKS;
     if (algo == 1) {
         parallel_for(threads, N * OC, conv_direct_range, &cv);

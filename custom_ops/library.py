@@ -8,6 +8,7 @@ objects and ctypes drops the GIL around each call.
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,27 @@ def _f32(array) -> np.ndarray:
     return array
 
 
+@dataclass(frozen=True)
+class Packed:
+    """A constant left operand (weights), `groups` blocks of `rows` x `depth`, packed once for one micro-kernel
+    and k-block; usable only by calls with that same schedule and shape."""
+
+    data: np.ndarray
+    micro: int
+    kc: int
+    groups: int
+    rows: int
+    depth: int
+
+    def pointer(self, schedule: Schedule, groups: int, rows: int, depth: int):
+        if (self.micro, self.kc, self.groups, self.rows, self.depth) != (schedule.micro, schedule.kc, groups, rows,
+                                                                         depth):
+            raise KernelSpecError(f"packed operand (micro={self.micro}, kc={self.kc}, {self.groups}x{self.rows}x"
+                                  f"{self.depth}) does not fit micro={schedule.micro}, kc={schedule.kc}, "
+                                  f"{groups}x{rows}x{depth}")
+        return _ptr(self.data)
+
+
 class Library:
     """The kernels of one built library: `gemm`, `conv2d`, `bias_act`, `gemm_naive`."""
 
@@ -48,8 +70,11 @@ class Library:
         self.cdll = ctypes.CDLL(str(self.path))
         c = self.cdll
         c.uk_gemm.argtypes = [_INT] * 5 + [_I] * 3 + [_F32P, _I, _I, _F32P, _I, _I, _F32P, _I, _F, _F32P, _I, _I,
-                                                      _INT, _F, _F]
-        c.uk_conv2d.argtypes = [_INT] * 6 + [_I] * 16 + [_F32P] * 4 + [_INT, _F, _F]
+                                                      _INT, _F, _F, _F32P]
+        c.uk_conv2d.argtypes = [_INT] * 6 + [_I] * 16 + [_F32P] * 4 + [_INT, _F, _F, _F32P]
+        c.uk_packed_size.argtypes = [_INT, _I, _I, _I]
+        c.uk_packed_size.restype = _I
+        c.uk_pack_a.argtypes = [_INT, _INT, _I, _I, _I, _F32P, _I, _I, _F32P]
         c.uk_bias_act.argtypes = [_I] * 3 + [_F32P] * 3 + [_INT, _F, _F]
         c.uk_gemm_naive.argtypes = [_I] * 3 + [_F32P] * 3
         if c.uk_variants() != len(spec.micro):
@@ -59,11 +84,24 @@ class Library:
         if code:
             raise KernelSpecError(f"{what}: {_ERRORS.get(code, f'error {code}')} ({self.path.name})")
 
+    def pack(self, a: np.ndarray, schedule: Schedule, groups: int = 1) -> Packed:
+        """Pack `a` ((groups * M) x K, any strides) for calls with `schedule`'s micro-kernel and kc."""
+        check_schedule(self.spec, schedule)
+        a = _f32(a)
+        rows, depth = a.shape[0] // groups, a.shape[1]
+        if rows * groups != a.shape[0]:
+            raise KernelSpecError(f"pack: {a.shape[0]} rows do not split into {groups} groups")
+        data = np.empty(max(1, self.cdll.uk_packed_size(schedule.micro, groups, rows, depth)), np.float32)
+        self._check(self.cdll.uk_pack_a(schedule.micro, schedule.kc, groups, rows, depth, _ptr(a),
+                                        *_elements(a.strides), _ptr(data)), "pack")
+        return Packed(data, schedule.micro, schedule.kc, groups, rows, depth)
+
     def gemm(self, a: np.ndarray, b: np.ndarray, schedule: Schedule, *, alpha: float = 1.0,
-             bias: np.ndarray | None = None, epilogue: Epilogue = Epilogue(), out: np.ndarray | None = None
-             ) -> np.ndarray:
+             bias: np.ndarray | None = None, epilogue: Epilogue = Epilogue(), out: np.ndarray | None = None,
+             packed: Packed | None = None) -> np.ndarray:
         """`clamp(alpha * a @ b + bias)` for 2-D `a` (M, K) and `b` (K, N), any strides; `bias` broadcasts
-        to (M, N). `out` (M, N) must have unit column stride."""
+        to (M, N). `out` (M, N) must have unit column stride. With `packed` (from `pack(a, schedule)`), `a`
+        itself is not read."""
         check_schedule(self.spec, schedule)
         a, b = _f32(a), _f32(b)
         (m, k), (k2, n) = a.shape, b.shape
@@ -79,13 +117,15 @@ class Library:
         self._check(self.cdll.uk_gemm(
             schedule.micro, schedule.threads, schedule.mc, schedule.kc, schedule.nc, m, n, k,
             _ptr(a), *_elements(a.strides), _ptr(b), *_elements(b.strides), _ptr(out), max(out.strides[0] // 4, n),
-            alpha, _ptr(bias), brs, bcs, int(epilogue.clamps), epilogue.lo, epilogue.hi), f"gemm {m}x{n}x{k}")
+            alpha, _ptr(bias), brs, bcs, int(epilogue.clamps), epilogue.lo, epilogue.hi,
+            None if packed is None else packed.pointer(schedule, 1, m, k)), f"gemm {m}x{n}x{k}")
         return out
 
     def conv2d(self, x: np.ndarray, w: np.ndarray, schedule: Schedule, *, bias: np.ndarray | None = None,
                strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group: int = 1,
-               epilogue: Epilogue = Epilogue()) -> np.ndarray:
-        """NCHW `x` convolved with OIHW `w`; `pads` is (top, left, bottom, right) as ONNX orders them."""
+               epilogue: Epilogue = Epilogue(), packed: Packed | None = None) -> np.ndarray:
+        """NCHW `x` convolved with OIHW `w`; `pads` is (top, left, bottom, right) as ONNX orders them.
+        `packed` is `pack(w.reshape(OC, -1), schedule, group)`, for the im2col algorithm."""
         check_schedule(self.spec, schedule)
         x, w = np.ascontiguousarray(_f32(x)), np.ascontiguousarray(_f32(w))
         n, c, h, wd = x.shape
@@ -100,7 +140,8 @@ class Library:
         self._check(self.cdll.uk_conv2d(
             schedule.micro, schedule.threads, schedule.mc, schedule.kc, schedule.nc,
             int(schedule.algo == "direct"), n, c, h, wd, oc, kh, kw, *strides, *pads, *dilations, group,
-            _ptr(x), _ptr(w), _ptr(bias), _ptr(y), int(epilogue.clamps), epilogue.lo, epilogue.hi),
+            _ptr(x), _ptr(w), _ptr(bias), _ptr(y), int(epilogue.clamps), epilogue.lo, epilogue.hi,
+            None if packed is None else packed.pointer(schedule, group, oc // group, cg * kh * kw)),
             f"conv2d x{x.shape} w{w.shape}")
         return y
 

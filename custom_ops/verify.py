@@ -67,6 +67,8 @@ def _cases(lib: Library, rng: np.random.Generator) -> Iterator[tuple[str, np.nda
                                epilogue=epi)
                 want = 0.5 * (a.astype(np.float64) @ b) + (0 if bias is None else bias)
                 yield f"gemm {mk.name} {m}x{n}x{k} bias={form} threads={threads}", got, clamp(want, epi)
+        got = lib.gemm(a, b, small, bias=biases["col"], packed=lib.pack(a, small))
+        yield f"gemm {mk.name} packed", got, a.astype(np.float64) @ b + biases["col"]
         at, bt = rand(k, m), rand(n, k)
         got = lib.gemm(at.T, bt.T, small, epilogue=Epilogue(lo=0.0))
         yield f"gemm {mk.name} transposed", got, np.maximum(at.T.astype(np.float64) @ bt.T, 0)
@@ -89,6 +91,10 @@ def _cases(lib: Library, rng: np.random.Generator) -> Iterator[tuple[str, np.nda
                 got = lib.conv2d(x, w, schedule, bias=bias, strides=strides, pads=pads,
                                  dilations=dilations, group=group, epilogue=Epilogue(lo=0.0))
                 yield f"conv2d {algo} x{xs} w{ws} group={group} threads={threads}", got, want
+        packed = lib.pack(w.reshape(ws[0], -1), blocks, group)
+        got = lib.conv2d(x, w, blocks, bias=bias, strides=strides, pads=pads, dilations=dilations, group=group,
+                         epilogue=Epilogue(lo=0.0), packed=packed)
+        yield f"conv2d packed x{xs} w{ws} group={group}", got, want
     x, bias = rand(2, 3, 4, 5), rand(3)
     yield "bias_act relu6", lib.bias_act(x, bias=bias, axis=1, epilogue=RELU6), clamp(x + bias.reshape(3, 1, 1), RELU6)
     x = rand(5, 7)

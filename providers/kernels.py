@@ -243,12 +243,20 @@ class KernelsRunner(Runner):
         pads = tuple(attrs.get("pads", (0, 0, 0, 0))) if attrs.get("auto_pad", b"NOTSET") == b"NOTSET" else (0,) * 4
         group = int(attrs.get("group", 1))
 
+        packs = {}  # (micro, kc) -> constant weights packed for that schedule
+
         def conv(values, epilogue, fused):
             x, w = values[x_name], values[w_name]
             bias = _sum_bias(values[b_name] if b_name else None, fused, w.shape[0])
             op = OpSpec("conv2d", (*x.shape, w.shape[0], *w.shape[2:], *strides, *pads, *dilations, group), epilogue)
-            return self.lib.conv2d(x, w, self._schedule(op), bias=bias, strides=strides, pads=pads,
-                                   dilations=dilations, group=group, epilogue=epilogue)
+            schedule, packed = self._schedule(op), None
+            if schedule.algo == "im2col" and w_name in self.constants:
+                key = (schedule.micro, schedule.kc)
+                if key not in packs:
+                    packs[key] = self.lib.pack(w.reshape(w.shape[0], -1), schedule, group)
+                packed = packs[key]
+            return self.lib.conv2d(x, w, schedule, bias=bias, strides=strides, pads=pads, dilations=dilations,
+                                   group=group, epilogue=epilogue, packed=packed)
         return conv
 
     def _gemm(self, node, attrs):

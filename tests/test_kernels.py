@@ -215,7 +215,7 @@ def test_autotune_caches_the_winner_per_device(lib):
     path = autotune.cache_file(lib)
     assert path.parent.parent == build.cache_dir() and path.stem == autotune.fingerprint(lib)
     a, b = autotune.operands(op)
-    np.testing.assert_allclose(autotune.run(lib, op, best, (a, b)), a @ b, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(autotune.prepare(lib, op, best, (a, b))(), a @ b, rtol=1e-4, atol=1e-4)
 
 
 def test_kernels_tune_cli_tunes_a_model(lib, tmp_path):
