@@ -123,7 +123,7 @@ class Rknn(Provider):
 
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
         self.require()
-        from .converter import SimulatorRunner, Toolkit, model_inputs
+        from .converter import SimulatorRunner, convert, model_inputs
 
         if self.simulate:
             return SimulatorRunner(model, self.target, self.dtype, self.samples())
@@ -132,11 +132,7 @@ class Rknn(Provider):
         from .runner import RknnLiteRunner
 
         path = Path(tempfile.mkdtemp(prefix="uhop-rknn-")) / "stage.rknn"
-        toolkit = Toolkit()
-        try:
-            toolkit.build(model, self.target, self.dtype, self.samples(), rknn=path)
-        finally:
-            toolkit.close()
+        convert(model, path, self.target, self.dtype, self.samples())
         return RknnLiteRunner(path, model_inputs(model), [o.name for o in model.graph.output],
                               output_dtypes(model), self.core_mask)
 
