@@ -20,7 +20,6 @@ import numpy as np
 import onnx
 import typer
 from onnx import TensorProto, helper, numpy_helper
-
 from uhop_onnx.custom_ops.cli import bench
 
 ENGINES = ("kernels", "onnxruntime")

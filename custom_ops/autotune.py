@@ -110,10 +110,8 @@ def prepare(lib: Library, op: OpSpec, schedule: Schedule, args: tuple[np.ndarray
                               dilations=(dh, dw), group=group, epilogue=op.epilogue, packed=packed)
 
 
-def measure(lib: Library, op: OpSpec, schedule: Schedule, args: tuple[np.ndarray, ...],
-            budget: float = 0.05) -> float:
-    """Median seconds of one call, over enough calls to fill about `budget` seconds (at least 3)."""
-    call = prepare(lib, op, schedule, args)
+def median_seconds(call: Callable[[], object], budget: float = 0.05) -> float:
+    """Median seconds of `call()`, over enough calls to fill about `budget` seconds (at least 3), after a warm-up."""
     start = time.perf_counter()
     call()
     first = time.perf_counter() - start
@@ -123,6 +121,12 @@ def measure(lib: Library, op: OpSpec, schedule: Schedule, args: tuple[np.ndarray
         call()
         times.append(time.perf_counter() - start)
     return float(np.median(times))
+
+
+def measure(lib: Library, op: OpSpec, schedule: Schedule, args: tuple[np.ndarray, ...],
+            budget: float = 0.05) -> float:
+    """Median seconds of `op` with `schedule`."""
+    return median_seconds(prepare(lib, op, schedule, args), budget)
 
 
 def _neighbours(lib: Library, op: OpSpec, s: Schedule, axis: str) -> list[Schedule]:

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 
 LIBRARIES = ("kernels", "numpy", "onnxruntime", "naive")
@@ -101,11 +100,11 @@ def _ort(spec, args, threads: int, np):
     from onnx import TensorProto, helper, numpy_helper
 
     if spec.op == "gemm":
-        m, n, k = spec.dims[:3]
+        m, k = spec.dims[0], spec.dims[2]
         node = helper.make_node("MatMul", ["a", "b"], ["y"])
         inputs, feeds, inits = [("a", [m, k])], {"a": args[0]}, [numpy_helper.from_array(np.ascontiguousarray(args[1]), "b")]
     else:
-        _n, c, h, w, oc, k, _k, s, _s, p, *_rest, g = spec.dims
+        _n, c, h, w, _oc, k, _k, s, _s, p, *_rest, g = spec.dims
         node = helper.make_node("Conv", ["x", "w", "bias"], ["y"], kernel_shape=[k, k], strides=[s, s], pads=[p] * 4,
                                 group=g)
         inputs, feeds = [("x", [1, c, h, w])], {"x": args[0]}
@@ -122,22 +121,13 @@ def _ort(spec, args, threads: int, np):
 
 def worker(library: str, threads: int, budget: float = 0.3) -> dict[str, float]:
     """Median seconds per case for one library in this process (run as the child of `measure`)."""
-    import numpy as np
+    from .autotune import median_seconds
 
     results = {}
     for name, (op, dims) in cases().items():
         call = _runner(library, op, dims, threads)
-        if call is None:
-            continue
-        start = time.perf_counter()
-        call()
-        first = time.perf_counter() - start
-        times = []
-        for _ in range(max(3, min(30, int(budget / max(first, 1e-6))))):
-            start = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - start)
-        results[name] = float(np.median(times))
+        if call is not None:
+            results[name] = median_seconds(call, budget)
     return results
 
 

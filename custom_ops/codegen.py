@@ -478,8 +478,8 @@ def generate(spec: LibrarySpec) -> str:
     kernels = "".join(micro_kernel(mk, target, spec.unroll) for mk in spec.micro)
     table = ", ".join(f"{{{mk.mr}, {mk.nr}, micro_{mk.name}}}" for mk in spec.micro)
     return "\n".join([
-        f"/* uhop-onnx kernels: target {target.name}, micro-kernels {', '.join(m.name for m in spec.micro)}, "
-        f"unroll {spec.unroll}. */",
+        (f"/* uhop-onnx kernels: target {target.name}, micro-kernels {', '.join(m.name for m in spec.micro)}, "
+         f"unroll {spec.unroll}. */"),
         target.header,
         PRELUDE,
         VECTOR_MACROS[target.name],

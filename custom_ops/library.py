@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .spec import Epilogue, KernelSpecError, LibrarySpec, Schedule, check_schedule
+from .spec import NONE, Epilogue, KernelSpecError, LibrarySpec, Schedule, check_schedule
 
 _F32P = ctypes.POINTER(ctypes.c_float)
 _I = ctypes.c_ssize_t
@@ -97,7 +97,7 @@ class Library:
         return Packed(data, schedule.micro, schedule.kc, groups, rows, depth)
 
     def gemm(self, a: np.ndarray, b: np.ndarray, schedule: Schedule, *, alpha: float = 1.0,
-             bias: np.ndarray | None = None, epilogue: Epilogue = Epilogue(), out: np.ndarray | None = None,
+             bias: np.ndarray | None = None, epilogue: Epilogue = NONE, out: np.ndarray | None = None,
              packed: Packed | None = None) -> np.ndarray:
         """`clamp(alpha * a @ b + bias)` for 2-D `a` (M, K) and `b` (K, N), any strides; `bias` broadcasts
         to (M, N). `out` (M, N) must have unit column stride. With `packed` (from `pack(a, schedule)`), `a`
@@ -123,7 +123,7 @@ class Library:
 
     def conv2d(self, x: np.ndarray, w: np.ndarray, schedule: Schedule, *, bias: np.ndarray | None = None,
                strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group: int = 1,
-               epilogue: Epilogue = Epilogue(), packed: Packed | None = None) -> np.ndarray:
+               epilogue: Epilogue = NONE, packed: Packed | None = None) -> np.ndarray:
         """NCHW `x` convolved with OIHW `w`; `pads` is (top, left, bottom, right) as ONNX orders them.
         `packed` is `pack(w.reshape(OC, -1), schedule, group)`, for the im2col algorithm."""
         check_schedule(self.spec, schedule)
@@ -146,7 +146,7 @@ class Library:
         return y
 
     def bias_act(self, x: np.ndarray, *, bias: np.ndarray | None = None, axis: int = -1,
-                 epilogue: Epilogue = Epilogue()) -> np.ndarray:
+                 epilogue: Epilogue = NONE) -> np.ndarray:
         """`clamp(x + bias)` where `bias` is a vector along `axis` (or None)."""
         x = np.ascontiguousarray(_f32(x))
         shape = x.shape or (1,)

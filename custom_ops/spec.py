@@ -84,6 +84,7 @@ class Epilogue:
         return self.lo != float("-inf") or self.hi != float("inf")
 
 
+NONE = Epilogue()
 RELU = Epilogue(lo=0.0)
 
 
@@ -107,7 +108,7 @@ class OpSpec:
         if self.op == "gemm":
             m, n, k = self.dims[:3]
             return 2.0 * m * n * k
-        n, c, h, w, oc, kh, kw, *_rest, group = self.dims
+        n, c, _h, _w, oc, kh, kw, *_rest, group = self.dims
         oh, ow = conv_output_hw(self.dims)
         return 2.0 * n * oc * oh * ow * (c // group) * kh * kw
 

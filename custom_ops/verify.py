@@ -34,7 +34,7 @@ class VerificationError(UhopError):
 
 def conv_reference(x, w, bias=None, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1) -> np.ndarray:
     """NCHW convolution in float64 numpy: dilated windows of the padded input contracted with the weights."""
-    n, c, _, _ = x.shape
+    n = x.shape[0]
     oc, cg, kh, kw = w.shape
     xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
     span = (dilations[0] * (kh - 1) + 1, dilations[1] * (kw - 1) + 1)

@@ -23,7 +23,6 @@ from .capability import CapabilityTable, OpRule, Support
 
 if TYPE_CHECKING:
     import onnx
-
     from uhop_onnx.custom_ops.library import Library
     from uhop_onnx.custom_ops.spec import Epilogue
 
@@ -156,7 +155,6 @@ class KernelsRunner(Runner):
 
     def __init__(self, model: onnx.ModelProto, lib: Library, threads: int, tune: bool):
         from onnx import helper
-
         from uhop_onnx.custom_ops.spec import Epilogue
 
         unknown = sorted({n.op_type for n in model.graph.node} - {r.op for r in KERNELS_TABLE.rules})

@@ -12,13 +12,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
-
-import uhop_onnx
 from uhop_onnx.custom_ops import autotune, build, codegen, verify
-from uhop_onnx.custom_ops.spec import (Epilogue, KernelSpecError, LibrarySpec, MicroKernel, OpSpec, Schedule,
-                                       check_library, host_target)
+from uhop_onnx.custom_ops.spec import (
+    Epilogue,
+    KernelSpecError,
+    LibrarySpec,
+    MicroKernel,
+    OpSpec,
+    Schedule,
+    check_library,
+    host_target,
+)
 from uhop_onnx.models import BUILDERS
 from uhop_onnx.providers import create
+
+import uhop_onnx
 
 from .conftest import assert_matches, random_feeds, reference
 
@@ -85,7 +93,7 @@ def test_conv_reference_is_onnx_runtime_conv():
     """The numpy reference every kernel is checked against agrees with ONNX Runtime's Conv."""
     rng = np.random.default_rng(1)
     x, w, b = _rand(rng, 2, 6, 9, 8), _rand(rng, 4, 3, 3, 2), _rand(rng, 4)
-    attrs = dict(strides=[2, 1], pads=[1, 0, 2, 1], dilations=[1, 2], group=2)
+    attrs = {"strides": [2, 1], "pads": [1, 0, 2, 1], "dilations": [1, 2], "group": 2}
     node = helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)
     graph = helper.make_graph([node], "c", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
@@ -160,13 +168,14 @@ def test_the_provider_never_uses_a_library_that_failed(lib, monkeypatch):
     assert runner.lib.spec.target == "scalar"
     x = random_feeds(model)["input"]
     w, b = (numpy_helper.to_array(t) for t in model.graph.initializer[:2])
-    np.testing.assert_allclose(list(runner.run({"input": x}).values())[0], np.maximum(x @ w.T + b, 0), rtol=1e-5,
+    np.testing.assert_allclose(next(iter(runner.run({"input": x}).values())), np.maximum(x @ w.T + b, 0), rtol=1e-5,
                                atol=1e-5)
 
 
 def _only(model: onnx.ModelProto, nodes: list[str]) -> onnx.ModelProto:
-    from uhop_onnx.graph import Graph
     from uhop_onnx.partitioner.extract import extract
+
+    from uhop_onnx.graph import Graph
 
     graph = Graph.from_model(model)
     return extract(model, graph, [graph.index_of[n] for n in nodes])
@@ -188,8 +197,9 @@ def test_query_says_why_a_node_stays_off_kernels(lib):
     session = uhop_onnx.InferenceSession(model, providers=["kernels", "ort-cpu"], profile=False)
     placed = {node: stage.provider for stage in session.plan.stages for node in stage.nodes}
     assert placed["/layer0/add/Add"] == "ort-cpu"  # a residual sum is not a bias
-    from uhop_onnx.graph import Graph
     from uhop_onnx.partitioner.capabilities import capabilities
+
+    from uhop_onnx.graph import Graph
 
     verdicts = capabilities(model, Graph.from_model(model), create("kernels"))
     assert "one operand must be a constant" in verdicts["/layer0/add/Add"].reason
@@ -220,7 +230,6 @@ def test_autotune_caches_the_winner_per_device(lib):
 
 def test_kernels_tune_cli_tunes_a_model(lib, tmp_path):
     from typer.testing import CliRunner
-
     from uhop_onnx.custom_ops.cli import app
 
     path = tmp_path / "mlp.onnx"
