@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -32,6 +33,20 @@ class Availability:
     device: str | None = None
     reason: str = ""
     install: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A stage written in its runtime's own format, as a bundle records it. `files` are relative to the
+    bundle; `options` is what the format's `load_stage` needs besides them (EP, delegate, core mask...)."""
+
+    format: str  # "onnx", "openvino-ir", "tflite", "rknn", "kernels"
+    files: list[str]
+    options: dict[str, Any] = field(default_factory=dict)
+    tolerance: dict[str, float] | None = None  # {"rtol", "atol"} where looser than fp32
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,6 +141,10 @@ class Provider(ABC):
         """The runtime's own answer for nodes the table accepted, by node name; nodes absent from the
         answer are taken as supported. The default has no runtime query."""
         return {}
+
+    def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
+        """Write a stage in this runtime's own format into `folder` (files named `stem.*`), for a bundle."""
+        raise ProviderError(f"{self.id} cannot write its stages into a bundle yet")
 
     @abstractmethod
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:

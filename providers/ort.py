@@ -21,7 +21,7 @@ import numpy as np
 from uhop_onnx.cache import JsonTable, cache_dir
 from uhop_onnx.errors import ProviderError, first_line
 
-from .base import Absent, Provider, Runner
+from .base import Absent, Artifact, Provider, Runner
 from .capability import CapabilityTable, Support
 
 if TYPE_CHECKING:
@@ -111,6 +111,21 @@ class OrtProvider(Provider):
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
         self.require()
         return OrtRunner(model.SerializeToString(), [self.ep_entry()], self.threads, exclusive)
+
+    def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
+        """The stage as an `.onnx` file, with the EP and its options (host paths left out)."""
+        (folder / f"{stem}.onnx").write_bytes(model.SerializeToString())
+        entry = self.ep_entry()
+        ep, options = entry if isinstance(entry, tuple) else (entry, {})
+        portable = {k: v for k, v in options.items() if not k.endswith("_path")}
+        return Artifact("onnx", [f"{stem}.onnx"], {"ep": ep, "ep_options": portable})
+
+
+def load_stage(folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool) -> Runner:
+    """A bundle's `.onnx` stage on the EP it was placed on."""
+    options = artifact["options"]
+    entry = (options["ep"], options["ep_options"]) if options.get("ep_options") else options["ep"]
+    return OrtRunner((folder / artifact["files"][0]).read_bytes(), [entry], threads, exclusive)
 
 
 class OrtCpu(OrtProvider):

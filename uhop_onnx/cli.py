@@ -18,7 +18,10 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .custom_ops.cli import app as kernels_app
 from .errors import InputError, UhopError
+from .providers.rknn.cli import app as rknn_setup
+from .serve.cli import serve
 
 app = typer.Typer(name="uhop-onnx", help="Place ONNX models on the fastest mix of providers, and run them.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
@@ -258,6 +261,14 @@ def bench(model: Path, providers: ProvidersOption = None, threads: ThreadsOption
     seconds = result["optimize_seconds"]
     out.print(f"optimize: {seconds['cold']:.1f} s with a cold cache, {seconds['warm']:.1f} s warm; "
               f"plan: {' > '.join(result['plan'])}")
+
+
+# Sub-commands that live beside what they serve.
+setup_app = typer.Typer(help="Install the toolkits some providers need.", no_args_is_help=True)
+setup_app.add_typer(rknn_setup)
+app.add_typer(setup_app, name="setup")
+app.add_typer(kernels_app, name="kernels")
+app.command("serve")(serve)
 
 
 if __name__ == "__main__":
