@@ -160,6 +160,39 @@ def test_an_op_the_converter_lacks_is_placed_around():
     assert_matches(session.run(None, feeds), reference(model, feeds))
 
 
+def exported_flatten() -> onnx.ModelProto:
+    """A Conv whose output is flattened through a shape computed at run time, as exporters write it."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             numpy_helper.from_array(np.array([0], np.int64), "axes"),
+             numpy_helper.from_array(np.array([-1], np.int64), "rest"),
+             numpy_helper.from_array(rng.standard_normal((8 * 16, 5)).astype(np.float32), "fc")]
+    graph = helper.make_graph([
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1] * 4, strides=[2, 2]),
+        helper.make_node("Shape", ["c"], ["shape"], name="shape"),
+        helper.make_node("Gather", ["shape", "zero"], ["batch"], name="batch", axis=0),
+        helper.make_node("Unsqueeze", ["batch", "axes"], ["batch1"], name="unsqueeze"),
+        helper.make_node("Concat", ["batch1", "rest"], ["target"], name="concat", axis=0),
+        helper.make_node("Reshape", ["c", "target"], ["flat"], name="reshape"),
+        helper.make_node("MatMul", ["flat", "fc"], ["y"], name="fc"),
+    ], "exported", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_shape_arithmetic_is_folded_into_the_litert_stage():
+    model = exported_flatten()
+    session = session_on(model, ["litert"])
+    assert [(s.provider, len(s.nodes)) for s in session.plan.stages] == [("litert", 7)]
+    feeds = random_feeds(model)
+    assert_matches(session.run(None, feeds), reference(model, feeds))
+    # with the Reshape elsewhere, the folded shape leaves the LiteRT stage as an int64 tensor
+    session = uhop_onnx.InferenceSession(model, providers=["litert"], assign={"reshape": "ort-cpu"}, profile=False)
+    assert [s.provider for s in session.plan.stages] == ["litert", "ort-cpu", "litert"]
+    assert_matches(session.run(None, feeds), reference(model, feeds))
+
+
 def test_nodes_without_static_shapes_are_declined_with_the_reason():
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "dynamic",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import onnx
+from onnx import helper, numpy_helper
 
 from uhop_onnx.errors import ProviderError
 
 from .lowering import Lowering, Node, Unsupported, identity
 from .ops import LOWERINGS
+
+RANDOM = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
+                    "Multinomial"})
 
 
 def convert(model: onnx.ModelProto, fp16: bool = False) -> bytes:
@@ -48,6 +53,9 @@ def _lower(model: onnx.ModelProto, fp16: bool, strict: bool) -> tuple[Lowering, 
         try:
             if proto_domain not in ("", "ai.onnx"):
                 raise Unsupported(f"domain {proto_domain!r}; the converter handles ai.onnx")
+            if all(name in cx.consts for name in node.inputs if name) and node.inputs and node.op not in RANDOM:
+                fold(cx, node, model.opset_import)
+                continue
             if node.op not in LOWERINGS:
                 raise Unsupported(f"no LiteRT lowering for {node.op}; lowered ops: {', '.join(sorted(LOWERINGS))}")
             LOWERINGS[node.op](cx, node)
@@ -63,15 +71,29 @@ def _lower(model: onnx.ModelProto, fp16: bool, strict: bool) -> tuple[Lowering, 
     return cx, failures
 
 
+def fold(cx: Lowering, node: Node, opsets) -> None:
+    """Compute a node whose inputs are all constants (shape arithmetic, mostly) with ONNX's reference
+    evaluator: its outputs become constants."""
+    from onnx.reference import ReferenceEvaluator
+
+    proto = helper.make_node(node.op, node.inputs, node.outputs, **node.attrs)
+    graph = helper.make_graph([proto], "fold", [], [helper.make_value_info(o, onnx.TypeProto()) for o in node.outputs
+                                                   if o],
+                              [numpy_helper.from_array(cx.consts[n], n) for n in dict.fromkeys(node.inputs) if n])
+    try:
+        values = ReferenceEvaluator(helper.make_model(graph, opset_imports=opsets)).run(None, {})
+    except Exception as error:  # noqa: BLE001 - the evaluator's own failure, as a reason
+        raise Unsupported(f"folding its constant inputs failed: {error}") from None
+    cx.consts.update({name: np.asarray(v) for name, v in zip([o for o in node.outputs if o], values)})
+
+
 def _finish(cx: Lowering) -> bytes:
     """Declare the graph outputs, in ONNX layout and under their ONNX names, and serialize."""
     for name in cx.outputs:
-        if name in cx.consts:
-            raise Unsupported(f"output {name!r} is a constant")
         shape = cx.shape(name)
         index = cx.read(name, identity(len(shape)))
-        if index in cx.writer.inputs or index in cx.writer.outputs:
-            copy = cx.temp(shape)
+        if index in cx.writer.inputs or index in cx.writer.outputs or cx.writer.tensors[index].buffer:
+            copy = cx.temp(shape, cx.writer.tensors[index].dtype)
             cx.op("RESHAPE", [index, cx.int32(shape)], [copy])
             index = copy
         cx.writer.tensors[index].name = name

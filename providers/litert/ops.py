@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+import onnx
 
 from .lowering import NHWC, Lowering, Node, Unsupported, Value, identity, inverse
 
@@ -383,9 +384,32 @@ def matmul(cx: Lowering, node: Node) -> None:
 
 
 # ---- shapes and data movement
+@lowers("Shape")
+def shape_op(cx: Lowering, node: Node) -> None:
+    """A constant: every shape in a LiteRT stage is static."""
+    shape = cx.shape(node.inputs[0])
+    start, end = node.attrs.get("start", 0), node.attrs.get("end", len(shape))
+    cx.consts[node.outputs[0]] = np.array(shape[start:end], np.int64)
+
+
+@lowers("Cast")
+def cast(cx: Lowering, node: Node) -> None:
+    """Float to float is the value itself; other casts are folded when their input is constant."""
+    if node.attrs["to"] != onnx.TensorProto.FLOAT or cx.types.get(node.inputs[0], (0,))[0] != onnx.TensorProto.FLOAT:
+        raise Unsupported("Cast of a variable tensor other than float32 to float32 (casts of constants are folded)")
+    cx.alias(node.outputs[0], node.inputs[0])
+
+
+@lowers("ConstantOfShape", "Range")
+def shape_computation(cx: Lowering, node: Node) -> None:
+    raise Unsupported(f"{node.op} of a variable input (it is folded when its inputs are constants)")
+
+
 @lowers("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 def reshape(cx: Lowering, node: Node) -> None:
     x, y = node.inputs[0], node.outputs[0]
+    if node.input(1):
+        cx.const(node.inputs[1], f"{node.op} shape or axes")
     cx.op("RESHAPE", [cx.read(x, identity(cx.rank(x))), cx.int32(cx.shape(y))], [cx.write(y)])
 
 

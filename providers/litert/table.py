@@ -14,11 +14,16 @@ FOUR_D = (4,)  # 2-D windows on NCHW tensors: LiteRT's convolutions and pools ar
 
 
 def _rules() -> tuple[OpRule, ...]:
-    elementwise = "Add Sub Mul Div Pow Max Min Relu Sigmoid Tanh HardSwish LeakyRelu Erf Sqrt Exp Abs Neg Log"
-    plain = [OpRule(op, dtypes=FLOAT) for op in elementwise.split()]
-    plain += [OpRule(op, dtypes=FLOAT) for op in ["Identity", "Concat", "Transpose", "GlobalAveragePool", "GlobalMaxPool"]]
+    # Integer tensors pass the table where shape arithmetic uses them: the converter folds nodes whose
+    # inputs are all constants (Shape is one, shapes being static) and declines integer variables.
+    arithmetic = [OpRule(op, dtypes=INDEX) for op in "Add Sub Mul Div Max Min Concat Cast Shape Range".split()]
+    unary = "Pow Relu Sigmoid Tanh HardSwish LeakyRelu Erf Sqrt Exp Abs Neg Log"
+    plain = [OpRule(op, dtypes=FLOAT) for op in unary.split()]
+    plain += [OpRule(op, dtypes=FLOAT) for op in ["Identity", "Transpose", "GlobalAveragePool", "GlobalMaxPool"]]
     return (
+        *arithmetic,
         *plain,
+        OpRule("ConstantOfShape", dtypes=INDEX, constant_inputs=(0,)),
         OpRule("Gelu", opsets=(20, 10_000), dtypes=FLOAT, attributes={"approximate": (b"none", b"tanh")},
                defaults={"approximate": b"none"}),
         OpRule("Dropout", dtypes=frozenset({"float", "bool"})),
@@ -36,9 +41,10 @@ def _rules() -> tuple[OpRule, ...]:
         OpRule("Softmax", dtypes=FLOAT),
         OpRule("LayerNormalization", dtypes=FLOAT, constant_inputs=(1, 2)),
         *(OpRule(op, dtypes=INDEX, constant_inputs=(1,)) for op in ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"]),
-        *(OpRule(op, dtypes=INDEX, constant_inputs=(1,)) for op in ["Reshape", "Squeeze", "Unsqueeze", "Split", "Gather"]),
+        *(OpRule(op, dtypes=INDEX, constant_inputs=(1,)) for op in ("Split", "Gather")),
+        # Shapes, axes and bounds exporters compute from Shape: the converter needs them constant once folded.
+        *(OpRule(op, dtypes=INDEX) for op in ("Reshape", "Squeeze", "Unsqueeze", "Slice")),
         OpRule("Flatten", dtypes=FLOAT),
-        OpRule("Slice", dtypes=INDEX, constant_inputs=(1, 2, 3, 4)),
         # Resize's roi, scales and sizes only fix the output shape, which the converter needs static.
         OpRule("Resize", opsets=(11, 10_000), dtypes=INDEX, ranks=FOUR_D,
                attributes={"mode": (b"nearest", b"linear"), "antialias": (0,)},
