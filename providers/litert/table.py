@@ -16,7 +16,7 @@ FOUR_D = (4,)  # 2-D windows on NCHW tensors: LiteRT's convolutions and pools ar
 def _rules() -> tuple[OpRule, ...]:
     # Integer tensors pass the table where shape arithmetic uses them: the converter folds nodes whose
     # inputs are all constants (Shape is one, shapes being static) and declines integer variables.
-    arithmetic = [OpRule(op, dtypes=INDEX) for op in "Add Sub Mul Div Max Min Concat Cast Shape Range".split()]
+    arithmetic = [OpRule(op, dtypes=INDEX) for op in ["Add", "Sub", "Mul", "Div", "Max", "Min", "Concat", "Cast", "Shape", "Range"]]
     unary = "Pow Relu Sigmoid Tanh HardSwish LeakyRelu Erf Sqrt Exp Abs Neg Log"
     plain = [OpRule(op, dtypes=FLOAT) for op in unary.split()]
     plain += [OpRule(op, dtypes=FLOAT) for op in ["Identity", "Transpose", "GlobalAveragePool", "GlobalMaxPool"]]
