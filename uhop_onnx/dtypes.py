@@ -1,6 +1,8 @@
-"""ONNX type strings (`"tensor(float)"`) and numpy dtypes, both ways."""
+"""ONNX type strings (`"tensor(float)"`) and numpy dtypes, both ways, and tensor signatures."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,3 +24,17 @@ def numpy_dtype(onnx_type: str) -> np.dtype | None:
 def onnx_type(dtype: np.dtype) -> str:
     """`float32` -> `"tensor(float)"`."""
     return f"tensor({_ONNX.get(np.dtype(dtype), str(dtype))})"
+
+
+@dataclass(frozen=True)
+class TensorSig:
+    """A model input or output, as onnxruntime's `NodeArg`: `name`, `shape`, `type` (`"tensor(float)"`)."""
+
+    name: str
+    type: str
+    shape: list[int | str | None] | None  # None when unknown
+
+    @property
+    def dtype(self):
+        """The numpy dtype of `type`, or None for types numpy cannot hold."""
+        return numpy_dtype(self.type)

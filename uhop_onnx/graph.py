@@ -9,21 +9,7 @@ from typing import Any
 import onnx
 from onnx import helper
 
-
-@dataclass(frozen=True)
-class TensorSig:
-    """A model input or output, as onnxruntime's `NodeArg`: `name`, `shape`, `type` (`"tensor(float)"`)."""
-
-    name: str
-    type: str
-    shape: list[int | str | None] | None  # None when unknown
-
-    @property
-    def dtype(self):
-        """The numpy dtype of `type`, or None for types numpy cannot hold."""
-        from .dtypes import numpy_dtype
-
-        return numpy_dtype(self.type)
+from .dtypes import TensorSig
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .errors import PlanError
-from .graph import TensorSig
+from .dtypes import TensorSig
 from .report import write_report
 
 SCHEMA = "uhop-onnx.plan/1"

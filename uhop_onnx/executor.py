@@ -1,0 +1,156 @@
+"""Running compiled stages in order as one model: feeds checked, tensors handed over, intermediates freed.
+
+Shared by `InferenceSession` and bundles; imports only numpy, so a board needs nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .dtypes import TensorSig, onnx_type
+from .errors import InputError, ProviderError, StageError, first_line
+from .providers.base import Runner
+
+Dims = tuple[int | None, ...] | None  # fixed dimensions (None where free); None when the shape is unknown
+
+
+@dataclass(frozen=True)
+class StageIO:
+    """What the executor knows of a stage: a label for messages, tensor names, declared output shapes."""
+
+    label: str
+    inputs: list[str]
+    outputs: list[str]
+    declared: list[tuple[str, Dims]]
+
+
+# Called with (stage index, error, feeds) when a stage fails; returns the stage's results or raises.
+OnFailure = Callable[[int, Exception, dict[str, Any]], dict[str, Any]]
+
+
+class Executor:
+    """Runs `runners[k]` for each stage needed, in order; `runners` may be replaced (a fallback)."""
+
+    def __init__(self, stages: Sequence[StageIO], runners: list[Runner], inputs: Sequence[TensorSig],
+                 outputs: Sequence[str], constants: Mapping[str, np.ndarray], on_failure: OnFailure | None = None):
+        self.stages, self.runners = list(stages), runners
+        self.inputs, self.outputs, self.constants = list(inputs), list(outputs), dict(constants)
+        self.on_failure = on_failure
+        self._signatures = {s.name: s for s in self.inputs}
+        self._last_use = {name: k for k, stage in enumerate(self.stages) for name in stage.inputs}
+        produced = {name for stage in self.stages for name in stage.outputs}
+        # Initializers declared as graph inputs: a feed overrides them, as in ONNX Runtime.
+        self._overridable = set(self._last_use) - produced - set(self._signatures)
+        self._all_stages = self._stages_for(self.outputs)
+
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any]) -> list[np.ndarray]:
+        """The model's outputs in `output_names` order (all outputs when None)."""
+        wanted = self._check_outputs(output_names)
+        values: dict[str, Any] = {**self._check_feeds(input_feed), **self.constants}
+        origin: dict[str, Runner] = {}
+        for k in self._all_stages if output_names is None else self._stages_for(wanted):
+            stage, runner = self.stages[k], self.runners[k]
+            feeds = {name: _handoff(values[name], origin.get(name), runner) for name in stage.inputs if name in values}
+            results = self._run_stage(k, feeds)
+            values.update(results)
+            origin.update(dict.fromkeys(results, self.runners[k]))
+            for name in stage.inputs:
+                if self._last_use.get(name) == k and name not in wanted:
+                    values.pop(name, None)
+        return [_handoff(values[name], origin.get(name), None) for name in wanted]
+
+    def _run_stage(self, k: int, feeds: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self.checked(k, self.runners[k].run(feeds))
+        except Exception as error:  # noqa: BLE001 - a runtime may fail in any way; say which stage
+            if self.on_failure is None:
+                raise StageError(f"stage {k} ({self.stages[k].label}) failed: {first_line(error)}", k,
+                                 self.stages[k].label) from error
+            return self.on_failure(k, error, feeds)
+
+    def checked(self, k: int, results: dict[str, Any]) -> dict[str, Any]:
+        """A runner's results, refused when an output is missing or its shape contradicts the declared one."""
+        for name, dims in self.stages[k].declared:
+            if name not in results:
+                raise ProviderError(f"output {name!r} is missing from the provider's results")
+            shape = getattr(results[name], "shape", None)
+            if dims is not None and shape is not None and (
+                    len(shape) != len(dims) or any(d is not None and d != got for d, got in zip(dims, shape))):
+                expected = ["?" if d is None else d for d in dims]
+                raise ProviderError(f"output {name!r} has shape {list(shape)}, expected {expected}")
+        return results
+
+    def _stages_for(self, wanted: Sequence[str]) -> list[int]:
+        """The stages needed to compute `wanted`, in run order."""
+        needed, chosen = set(wanted), []
+        for k in range(len(self.stages) - 1, -1, -1):
+            if needed.intersection(self.stages[k].outputs):
+                chosen.append(k)
+                needed.update(self.stages[k].inputs)
+        return chosen[::-1]
+
+    def _check_outputs(self, output_names: Sequence[str] | None) -> list[str]:
+        if output_names is None:
+            return self.outputs
+        if isinstance(output_names, str):
+            raise InputError(f"output_names must be a list of names, not the string {output_names!r}")
+        unknown = [n for n in output_names if n not in self.outputs]
+        if unknown:
+            raise InputError(f"unknown output(s) {', '.join(map(repr, unknown))}; "
+                             f"the model's outputs: {', '.join(self.outputs)}")
+        return list(output_names)
+
+    def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        if not isinstance(feeds, Mapping):
+            raise InputError(f"feeds must be a dict of input name -> numpy array, got {type(feeds).__name__}")
+        unknown = [n for n in feeds if n not in self._signatures and n not in self._overridable]
+        if unknown:
+            raise InputError(f"unknown input(s) {', '.join(map(repr, unknown))}; {_describe(self.inputs)}")
+        missing = [n for n in self._signatures if n not in feeds]
+        if missing:
+            raise InputError(f"missing input(s) {', '.join(map(repr, missing))}; {_describe(self.inputs)}")
+        checked = {}
+        for name, value in feeds.items():
+            if not isinstance(value, (np.ndarray, np.generic)):
+                raise InputError(f"input {name!r} is a {type(value).__name__}; pass a numpy array")
+            value = np.asarray(value)
+            if name in self._signatures:
+                _check_value(self._signatures[name], value)
+            checked[name] = value
+        return checked
+
+
+def _check_value(sig: TensorSig, value: np.ndarray) -> None:
+    expected = sig.dtype
+    if expected is not None:
+        text_ok = expected == np.object_ and value.dtype.kind in "OUS"
+        if value.dtype != expected and not text_ok:
+            raise InputError(
+                f"input {sig.name!r} has dtype {value.dtype} ({onnx_type(value.dtype)}); the model expects "
+                f"{expected} ({sig.type}): use .astype(np.{expected})"
+            )
+    if sig.shape is None:
+        return
+    if value.ndim != len(sig.shape):
+        raise InputError(f"input {sig.name!r} has shape {list(value.shape)} (rank {value.ndim}); "
+                         f"the model expects rank {len(sig.shape)}: {sig.shape}")
+    for axis, (got, want) in enumerate(zip(value.shape, sig.shape)):
+        if isinstance(want, int) and want != got:
+            raise InputError(f"input {sig.name!r} has shape {list(value.shape)}; the model expects "
+                             f"{sig.shape} (dimension {axis} must be {want})")
+
+
+def _handoff(value: Any, source: Runner | None, target: Runner | None) -> Any:
+    """A value as `target` takes it: left on its device when both runners share one, else on the host."""
+    if source is None or (target is not None and source.device == target.device):
+        return value
+    return source.to_host(value)
+
+
+def _describe(signatures: Sequence[TensorSig]) -> str:
+    listed = ", ".join(f"{s.name} ({s.type} {s.shape})" for s in signatures)
+    return f"the model's inputs: {listed or 'none'}"
