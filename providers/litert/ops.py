@@ -109,8 +109,8 @@ def clip(cx: Lowering, node: Node) -> None:
     if node.opset < 11:
         lo, hi = node.attrs.get("min", -math.inf), node.attrs.get("max", math.inf)
     else:
-        lo = float(cx.const(node.input(1), "Clip min")) if node.input(1) else -math.inf
-        hi = float(cx.const(node.input(2), "Clip max")) if node.input(2) else math.inf
+        lo = float(cx.const(node.input(1), "Clip min").reshape(())) if node.input(1) else -math.inf
+        hi = float(cx.const(node.input(2), "Clip max").reshape(())) if node.input(2) else math.inf
     named = {(0.0, 6.0): ("RELU6", RELU6), (0.0, math.inf): ("RELU", RELU), (-1.0, 1.0): ("RELU_N1_TO_1", RELU_N1_TO_1)}
     if (lo, hi) in named:
         code, activation = named[(lo, hi)]
@@ -140,8 +140,9 @@ def binary(cx: Lowering, node: Node) -> None:
         raise Unsupported(f"{node.op} of {len(node.inputs)} inputs; LiteRT's takes 2")
     a, b = node.inputs
     y = node.outputs[0]
-    if node.op == "Pow" and b in cx.consts and cx.consts[b].size == 1 and float(cx.consts[b]) in (1.0, 2.0, 0.5):
-        exponent = float(cx.consts[b])
+    power = node.op == "Pow" and b in cx.consts and cx.consts[b].size == 1 and cx.shape(a) == cx.shape(y)
+    exponent = float(cx.consts[b].reshape(())) if power else None
+    if exponent in (1.0, 2.0, 0.5):
         if exponent == 1.0:
             cx.alias(y, a)
         else:
