@@ -193,6 +193,32 @@ def test_shape_arithmetic_is_folded_into_the_litert_stage():
     assert_matches(session.run(None, feeds), reference(model, feeds))
 
 
+def test_embeddings_and_masks_take_integer_inputs():
+    """BERT-style inputs: token ids gathered from an embedding table (negative ids count from the end, as in
+    ONNX), and an integer attention mask unsqueezed and cast to float."""
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(rng.standard_normal((30, 16)).astype(np.float32), "embedding"),
+             numpy_helper.from_array(rng.standard_normal((8, 16)).astype(np.float32), "position"),
+             numpy_helper.from_array(np.array([2], np.int64), "last"),
+             numpy_helper.from_array(np.ones(16, np.float32), "gamma"),
+             numpy_helper.from_array(np.zeros(16, np.float32), "beta")]
+    graph = helper.make_graph([
+        helper.make_node("Gather", ["embedding", "ids"], ["tokens"], name="embed"),
+        helper.make_node("Add", ["tokens", "position"], ["summed"], name="position"),
+        helper.make_node("LayerNormalization", ["summed", "gamma", "beta"], ["normed"], name="norm"),
+        helper.make_node("Unsqueeze", ["mask", "last"], ["mask3"], name="unsqueeze"),
+        helper.make_node("Cast", ["mask3"], ["maskf"], name="cast", to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["normed", "maskf"], ["y"], name="masked"),
+    ], "embeddings", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 8]),
+                      helper.make_tensor_value_info("mask", TensorProto.INT64, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    session = session_on(model, ["litert"])
+    assert [(s.provider, len(s.nodes)) for s in session.plan.stages] == [("litert", 6)]
+    feeds = {"ids": np.array([[0, 5, 29, -1, -30, 7, 7, 1]], np.int64), "mask": np.array([[1] * 6 + [0] * 2])}
+    assert_matches(session.run(None, feeds), reference(model, feeds))
+
+
 def test_nodes_without_static_shapes_are_declined_with_the_reason():
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "dynamic",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],

@@ -92,7 +92,9 @@ def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], 
             continue
         dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
         dtype = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
-        feeds[value.name] = rng.standard_normal(dims).astype(dtype)
+        # integers are indices: 0 and 1 are valid wherever an axis has two entries
+        feeds[value.name] = (rng.integers(0, 2, dims) if np.issubdtype(dtype, np.integer)
+                             else rng.standard_normal(dims)).astype(dtype)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
     got = runner.run(feeds)

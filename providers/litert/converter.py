@@ -42,7 +42,7 @@ def _lower(model: onnx.ModelProto, fp16: bool, strict: bool) -> tuple[Lowering, 
     for value in model.graph.input:
         if value.name not in cx.consts:
             try:
-                cx.writer.inputs.append(cx.write(value.name))
+                cx.writer.inputs.append(cx.write(value.name, integer=True))
             except Unsupported as why:  # fine while only its shape is read (Shape); the reason for any other reader
                 cx.unavailable[value.name] = str(why)
     failures: dict[str, str] = {}

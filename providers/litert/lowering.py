@@ -19,6 +19,7 @@ from .writer import ModelWriter, Operator
 
 NHWC = (0, 2, 3, 1)
 FLOAT = onnx.TensorProto.FLOAT
+INTEGERS = {onnx.TensorProto.INT64: np.int64, onnx.TensorProto.INT32: np.int32}
 
 
 class Unsupported(Exception):
@@ -105,9 +106,13 @@ class Lowering:
         return self.values[name]
 
     # ---- LiteRT tensors
-    def read(self, name: str, perm=None) -> int:
-        """The LiteRT tensor of `name`, held in `perm` (default: the layout it has)."""
+    def read(self, name: str, perm=None, integer: bool = False) -> int:
+        """The LiteRT tensor of `name`, held in `perm` (default: the layout it has). Integer variables are
+        read only by ops that say they take them (`integer`)."""
         perm = None if perm is None else tuple(perm)
+        if not integer and name in self.values and self.writer.tensors[self.values[name].index].dtype != np.float32:
+            raise Unsupported(f"tensor {name!r} is {self.writer.tensors[self.values[name].index].dtype}; LiteRT "
+                              "lowerings take integer tensors only as Gather indices, Cast and reshape inputs")
         key = (name, perm)
         if key in self._layouts:
             return self._layouts[key]
@@ -125,7 +130,7 @@ class Lowering:
     def relayout(self, index: int, shape, have, want) -> int:
         """`index` (the ONNX `shape` held in `have`) held in `want` instead."""
         steps = [inverse(have)[a] for a in want]
-        out = self.temp([shape[a] for a in want])
+        out = self.temp([shape[a] for a in want], self.writer.tensors[index].dtype)
         moved = [s for s in steps if shape[have[s]] != 1]
         if moved == sorted(moved):
             self.op("RESHAPE", [index, self.int32([shape[a] for a in want])], [out])
@@ -151,15 +156,16 @@ class Lowering:
     def read_array(self, array: np.ndarray, name: str) -> int:
         return self.constant(array.astype(np.float32) if array.dtype.kind == "f" else array, name)
 
-    def write(self, name: str, perm=None) -> int:
-        """A new tensor for the ONNX value `name`, held in `perm` (default: ONNX layout)."""
+    def write(self, name: str, perm=None, integer: bool = False) -> int:
+        """A new tensor for the ONNX value `name`, held in `perm` (default: ONNX layout); float32, or
+        int32/int64 where the writer takes them (`integer`)."""
         elem_type, _ = self.types.get(name, (FLOAT, None))
-        if elem_type not in (FLOAT, 0):
-            raise Unsupported(f"tensor {name!r} is {helper.tensor_dtype_to_np_dtype(elem_type)}; "
-                              "the LiteRT converter handles float32 tensors")
+        if elem_type not in (FLOAT, 0) and not (integer and elem_type in INTEGERS):
+            raise Unsupported(f"tensor {name!r} is {helper.tensor_dtype_to_np_dtype(elem_type)}; the LiteRT "
+                              "converter computes float32 tensors (integers only as indices and shapes)")
         shape = self.shape(name)
         perm = tuple(perm) if perm is not None else identity(len(shape))
-        index = self.writer.tensor(name, [shape[a] for a in perm])
+        index = self.writer.tensor(name, [shape[a] for a in perm], INTEGERS.get(elem_type, np.float32))
         self.values[name] = Value(index, perm)
         return index
 

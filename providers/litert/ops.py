@@ -29,9 +29,9 @@ def lowers(*ops: str):
     return register
 
 
-def emit(cx: Lowering, code: str, inputs, shape, options: str | None = None, **fields) -> int:
+def emit(cx: Lowering, code: str, inputs, shape, options: str | None = None, *, dtype=np.float32, **fields) -> int:
     """One operator writing a new intermediate tensor of `shape`; returns that tensor."""
-    out = cx.temp(shape)
+    out = cx.temp(shape, dtype)
     cx.op(code, inputs, [out], options, **fields)
     return out
 
@@ -395,10 +395,16 @@ def shape_op(cx: Lowering, node: Node) -> None:
 
 @lowers("Cast")
 def cast(cx: Lowering, node: Node) -> None:
-    """Float to float is the value itself; other casts are folded when their input is constant."""
-    if node.attrs["to"] != onnx.TensorProto.FLOAT or cx.types.get(node.inputs[0], (0,))[0] != onnx.TensorProto.FLOAT:
-        raise Unsupported("Cast of a variable tensor other than float32 to float32 (casts of constants are folded)")
-    cx.alias(node.outputs[0], node.inputs[0])
+    """Integers to float32 by CAST; float32 to float32 is the value itself. Casts of constants are folded."""
+    x, y = node.inputs[0], node.outputs[0]
+    if node.attrs["to"] != onnx.TensorProto.FLOAT:
+        raise Unsupported(f"Cast to {onnx.TensorProto.DataType.Name(node.attrs['to'])} of a variable tensor; "
+                          "LiteRT stages compute float32")
+    source = cx.read(x, integer=True)
+    if cx.writer.tensors[source].dtype == np.float32:
+        cx.alias(y, x)
+    else:
+        cx.op("CAST", [source], [cx.write(y, cx.perm(x))])
 
 
 @lowers("ConstantOfShape", "Range")
@@ -411,7 +417,8 @@ def reshape(cx: Lowering, node: Node) -> None:
     x, y = node.inputs[0], node.outputs[0]
     if node.input(1):
         cx.const(node.inputs[1], f"{node.op} shape or axes")
-    cx.op("RESHAPE", [cx.read(x, identity(cx.rank(x))), cx.int32(cx.shape(y))], [cx.write(y)])
+    source = cx.read(x, identity(cx.rank(x)), integer=True)
+    cx.op("RESHAPE", [source, cx.int32(cx.shape(y))], [cx.write(y, integer=True)])
 
 
 @lowers("Transpose")
@@ -476,15 +483,26 @@ def slice_op(cx: Lowering, node: Node) -> None:
 
 @lowers("Gather")
 def gather(cx: Lowering, node: Node) -> None:
+    """GATHER on data in ONNX layout; constant indices are checked and made non-negative here, variable
+    ones by FLOOR_MOD."""
     data, indices, y = node.inputs[0], node.inputs[1], node.outputs[0]
     shape = cx.shape(data)
     axis = node.attrs.get("axis", 0) % len(shape)
-    positions = cx.const(indices, "Gather indices").astype(np.int64)
-    if ((positions < -shape[axis]) | (positions >= shape[axis])).any():
-        raise Unsupported(f"Gather indices outside 0..{shape[axis] - 1}")
-    positions = np.where(positions < 0, positions + shape[axis], positions).astype(np.int32)
-    inputs = [cx.read(data, identity(len(shape))), cx.constant(positions.reshape(-1) if positions.ndim == 0 else positions, indices)]
-    if positions.ndim:
+    if indices in cx.consts:
+        positions = cx.consts[indices].astype(np.int64)
+        if ((positions < -shape[axis]) | (positions >= shape[axis])).any():
+            raise Unsupported(f"Gather indices outside -{shape[axis]}..{shape[axis] - 1}")
+        positions = np.where(positions < 0, positions + shape[axis], positions).astype(np.int32)
+        index = cx.constant(positions.reshape(-1) if positions.ndim == 0 else positions, indices)
+        scalar_index = positions.ndim == 0
+    else:
+        index = cx.read(indices, identity(cx.rank(indices)), integer=True)
+        dtype = cx.writer.tensors[index].dtype
+        index = emit(cx, "FLOOR_MOD", [index, cx.constant(np.array(shape[axis], dtype))], cx.shape(indices),
+                     dtype=dtype)
+        scalar_index = not cx.shape(indices)
+    inputs = [cx.read(data, identity(len(shape))), index]
+    if not scalar_index:
         cx.op("GATHER", inputs, [cx.write(y)], "GatherOptions", Axis=axis)
         return
     # LiteRT keeps a unit axis for a scalar index: gather one, then drop that axis

@@ -40,12 +40,12 @@ class LiteRtRunner(Runner):
         self.interpreter = lite.Interpreter(model_content=model, num_threads=threads,
                                             experimental_delegates=self.delegates or None)
         self.interpreter.allocate_tensors()
-        self.inputs = [(d["name"], d["index"]) for d in self.interpreter.get_input_details()]
+        self.inputs = [(d["name"], d["index"], d["dtype"]) for d in self.interpreter.get_input_details()]
         self.outputs = [(d["name"], d["index"]) for d in self.interpreter.get_output_details()]
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        for name, index in self.inputs:
-            self.interpreter.set_tensor(index, np.ascontiguousarray(feeds[name], np.float32))
+        for name, index, dtype in self.inputs:
+            self.interpreter.set_tensor(index, np.ascontiguousarray(feeds[name], dtype))
         self.interpreter.invoke()
         return {name: self.interpreter.get_tensor(index) for name, index in self.outputs}
 

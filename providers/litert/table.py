@@ -41,7 +41,8 @@ def _rules() -> tuple[OpRule, ...]:
         OpRule("Softmax", dtypes=FLOAT),
         OpRule("LayerNormalization", dtypes=FLOAT, constant_inputs=(1, 2)),
         *(OpRule(op, dtypes=INDEX, constant_inputs=(1,)) for op in ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"]),
-        *(OpRule(op, dtypes=INDEX, constant_inputs=(1,)) for op in ("Split", "Gather")),
+        OpRule("Split", dtypes=INDEX, constant_inputs=(1,)),
+        OpRule("Gather", dtypes=INDEX),
         # Shapes, axes and bounds exporters compute from Shape: the converter needs them constant once folded.
         *(OpRule(op, dtypes=INDEX) for op in ("Reshape", "Squeeze", "Unsqueeze", "Slice")),
         OpRule("Flatten", dtypes=FLOAT),
