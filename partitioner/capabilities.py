@@ -15,15 +15,15 @@ from .extract import extract
 log = logging.getLogger(__name__)
 
 
-def capabilities(model: onnx.ModelProto, graph: Graph, provider: Provider) -> dict[str, Support]:
+def capabilities(model: onnx.ModelProto, graph: Graph, provider: Provider, query: bool = True) -> dict[str, Support]:
     """Node name -> Support for one provider.
 
-    The table decides first; the nodes it accepts are cut out as one model and put to the runtime's
-    query. Where the runtime cannot take that model whole, each node is asked alone.
+    The table decides first; with `query`, the nodes it accepts are cut out as one model and put to the
+    runtime's query. Where the runtime cannot take that model whole, each node is asked alone.
     """
     verdicts = {n.name: check(provider.table, n, graph) for n in graph.nodes}
     accepted = [n.index for n in graph.nodes if verdicts[n.name].ok]
-    if not accepted:
+    if not accepted or not query:
         return verdicts
     try:
         verdicts.update(provider.query(extract(model, graph, accepted, name="query")))

@@ -72,12 +72,13 @@ class Search:
         started = time.monotonic()
         self._known = self.store.read() if self.store else {}
         labels = [p.label for p in self.providers]
+        greedy = self._prefer(range(len(self.providers)))  # raises, naming it, when a node runs nowhere
         units = blocks(self.graph, self.support, self.pinned)
-        allowed = [self._allowed(b) for b in units]
+        allowed = [allowed_providers(self.graph, self.support, self.pinned, b) for b in units]
         block_costs = self._block_costs(units, allowed)
         entry = self._entry_costs(units, allowed)
-        searched = self._expand(units, _cheapest_path(units, allowed, block_costs, entry))
-        candidates = {"searched": searched, "first-supported": self._prefer(range(len(self.providers)))}
+        searched = expand(len(self.graph.nodes), units, cheapest_path(allowed, block_costs, entry))
+        candidates = {"searched": searched, "first-supported": greedy}
         for p, label in enumerate(labels):
             candidates[f"{label} first"] = self._prefer([p, *(q for q in range(len(labels)) if q != p)])
         whole = self._measure_plans(_unique(candidates))
@@ -103,25 +104,12 @@ class Search:
 
     # -- what may run where
 
-    def _allowed(self, block: Sequence[int]) -> list[int]:
-        names = [self.graph.nodes[i].name for i in block]
-        pins = {self.pinned[x] for x in names if x in self.pinned}
-        return [p for p, table in enumerate(self.support)
-                if all(table[x].ok for x in names) and pins <= {p}]
-
     def _prefer(self, order: Sequence[int]) -> Placement:
         order = list(order)
         ranked = first_supported(self.graph, [self.support[p] for p in order],
                                  {n: order.index(p) for n, p in self.pinned.items()},
                                  [self.providers[p].label for p in order])
         return [order[r] for r in ranked]
-
-    def _expand(self, units: Sequence[Sequence[int]], choice: Sequence[int]) -> Placement:
-        placement = [0] * len(self.graph.nodes)
-        for block, p in zip(units, choice):
-            for i in block:
-                placement[i] = p
-        return placement
 
     # -- measuring, through the cache
 
@@ -212,7 +200,7 @@ class Search:
             current = candidates[best]
             choice = [current[b[0]] for b in units]
             for alternative in _merges(choice, allowed):
-                placement = self._expand(units, alternative)
+                placement = expand(len(self.graph.nodes), units, alternative)
                 if tuple(placement) in tried or time.monotonic() - started >= self.budget_s:
                     continue
                 tried.add(tuple(placement))
@@ -250,7 +238,25 @@ class _Feeds:
         self.values.update({name: np.asarray(v) for name, v in runner.run(feeds).items()})
 
 
-def _cheapest_path(units, allowed, costs: Sequence[Mapping[int, Measurement]], entry: Mapping[int, Measurement]) -> list[int]:
+def allowed_providers(graph: Graph, support: Sequence[Mapping[str, Support]], pinned: Mapping[str, int],
+                      block: Sequence[int]) -> list[int]:
+    """The providers that run every node of `block`, and to which none of them is pinned elsewhere."""
+    names = [graph.nodes[i].name for i in block]
+    pins = {pinned[x] for x in names if x in pinned}
+    return [p for p, table in enumerate(support) if all(table[x].ok for x in names) and pins <= {p}]
+
+
+def expand(size: int, units: Sequence[Sequence[int]], choice: Sequence[int]) -> Placement:
+    """A provider per block -> a provider per node."""
+    placement = [0] * size
+    for block, p in zip(units, choice):
+        for i in block:
+            placement[i] = p
+    return placement
+
+
+def cheapest_path(allowed: Sequence[Sequence[int]], costs: Sequence[Mapping[int, Measurement]],
+                  entry: Mapping[int, Measurement]) -> list[int]:
     """For each block, a provider, minimising block costs plus a stage entry wherever the provider changes.
 
     A block's own figure includes one stage entry, so consecutive blocks on one provider are charged the

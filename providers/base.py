@@ -142,6 +142,10 @@ class Provider(ABC):
         answer are taken as supported. The default has no runtime query."""
         return {}
 
+    def export_blocker(self) -> str | None:
+        """Why this host cannot write this provider's stages into a bundle; None when it can."""
+        return f"{self.id} cannot write its stages into a bundle yet"
+
     def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
         """Write a stage in this runtime's own format into `folder` (files named `stem.*`), for a bundle."""
         raise ProviderError(f"{self.id} cannot write its stages into a bundle yet")

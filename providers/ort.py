@@ -112,6 +112,9 @@ class OrtProvider(Provider):
         self.require()
         return OrtRunner(model.SerializeToString(), [self.ep_entry()], self.threads, exclusive)
 
+    def export_blocker(self) -> str | None:
+        return None  # an .onnx file needs nothing but onnx
+
     def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
         """The stage as an `.onnx` file, with the EP and its options (host paths left out)."""
         (folder / f"{stem}.onnx").write_bytes(model.SerializeToString())
@@ -123,7 +126,11 @@ class OrtProvider(Provider):
 
 def load_stage(folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool) -> Runner:
     """A bundle's `.onnx` stage on the EP it was placed on."""
+    import onnxruntime as ort
+
     options = artifact["options"]
+    if options["ep"] not in ort.get_available_providers():
+        raise ImportError(f"this onnxruntime ({ort.__version__}) has no {options['ep']}")
     entry = (options["ep"], options["ep_options"]) if options.get("ep_options") else options["ep"]
     return OrtRunner((folder / artifact["files"][0]).read_bytes(), [entry], threads, exclusive)
 

@@ -18,6 +18,9 @@ _LAZY = {
     "Plan": "uhop_onnx.plan",
     "Stage": "uhop_onnx.plan",
     "devices": "uhop_onnx.providers",
+    "export_bundle": "uhop_onnx.export",
+    "load_bundle": "uhop_onnx.bundle",
+    "verify_bundle": "uhop_onnx.verify",
 }
 
 __all__ = [
@@ -31,8 +34,11 @@ __all__ = [
     "StageError",
     "UhopError",
     "devices",
+    "export_bundle",
     "load",
+    "load_bundle",
     "optimize",
+    "verify_bundle",
 ]
 
 

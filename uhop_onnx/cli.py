@@ -10,6 +10,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -261,6 +262,79 @@ def bench(model: Path, providers: ProvidersOption = None, threads: ThreadsOption
     seconds = result["optimize_seconds"]
     out.print(f"optimize: {seconds['cold']:.1f} s with a cold cache, {seconds['warm']:.1f} s warm; "
               f"plan: {' > '.join(result['plan'])}")
+
+
+class ExportFormat(StrEnum):
+    bundle = "bundle"
+    triton = "triton"
+
+
+@app.command()
+def export(model: Path,
+           output: Annotated[Path, typer.Option("--output", "-o", help="A new folder, or a file ending .tar.gz "
+                                                "(bundles); a new folder (Triton repositories).")],
+           target: Annotated[str | None, typer.Option("--target", "-t", help="Board profile: rk3588, jetson-orin, "
+                                                      "x86-64, arm64, intel-npu, or a JSON profile's path.")] = None,
+           fmt: Annotated[ExportFormat, typer.Option("--format", help="bundle: stages in their runtimes' own formats "
+                                                     "for a board; triton: a Triton model repository.")]
+           = ExportFormat.bundle,
+           providers: ProvidersOption = None, threads: ThreadsOption = None) -> None:
+    """Write a deployment bundle for a board, or a Triton model repository."""
+    if fmt is ExportFormat.triton:
+        from .triton import export_triton
+
+        with _steps("exporting"):
+            written = export_triton(model, output, providers=_providers(providers), threads=threads)
+        out.print(f"Triton model repository written to {written}")
+        return
+    if target is None:
+        raise typer.BadParameter("--target is required for bundles (rk3588, jetson-orin, x86-64, arm64, intel-npu, "
+                                 "or a JSON profile)", param_hint="--target")
+    from .export import export_bundle
+
+    with _steps("exporting") as step:
+        written = export_bundle(model, target, output, providers=_providers(providers), threads=threads, progress=step)
+    manifest = _manifest_of(written)
+    table = Table("stage", "provider", "format", "nodes", "files", title=f"bundle for {target}: {written}")
+    for k, s in enumerate(manifest["stages"]):
+        table.add_row(str(k), s["provider"], s["artifact"]["format"], str(len(s["nodes"])), ", ".join(s["artifact"]["files"]))
+    out.print(table)
+
+
+def _manifest_of(bundle: Path) -> dict:
+    from .bundle.manifest import open_bundle, read_manifest
+
+    folder, scratch = open_bundle(bundle)
+    try:
+        return read_manifest(folder)
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+
+
+@app.command()
+def verify(bundle: Annotated[Path, typer.Argument(help="A bundle folder or .tar.gz.")], as_json: JsonOption = False) -> None:
+    """Check a bundle's hashes, then run every stage this host can run and compare with ONNX Runtime."""
+    from .verify import verify_bundle
+
+    with _steps("verifying", not as_json):
+        report = verify_bundle(bundle)
+    if as_json:
+        _print_json(report)
+    else:
+        for problem in report["files"]:
+            out.print(f"[red]tampered:[/] {problem}")
+        table = Table("stage", "provider", "ran here", "how", "result", title=str(bundle))
+        for s in report["stages"]:
+            result = {True: "[green]match[/]", False: f"[red]mismatch[/] {s.get('error', '')}", None: "not checked"}[s["ok"]]
+            table.add_row(str(s["index"]), s["provider"], "yes" if s["ran"] else "no", s["how"], result)
+        if report["stages"]:
+            out.print(table)
+        for name, o in (report["outputs"] or {}).items():
+            out.print(f"output {name}: {'[green]matches[/]' if o['ok'] else '[red]differs[/]'} the reference "
+                      f"(max abs error {o.get('max_abs_error')})")
+    if not report["ok"]:
+        raise typer.Exit(1)
 
 
 # Sub-commands that live beside what they serve.

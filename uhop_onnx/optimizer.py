@@ -44,19 +44,25 @@ class Analysis:
 
 def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[ProviderSpec] | None = None,
             assign: Mapping[str, str] | None = None, threads: int | None = None,
-            progress: Callable[[str], None] = lambda step: None) -> Analysis:
-    """Load, check and simplify `model`, and ask every provider which of its nodes it can run."""
+            progress: Callable[[str], None] = lambda step: None, *,
+            chosen: list[Provider] | None = None) -> Analysis:
+    """Load, check and simplify `model`, and ask every provider which of its nodes it can run.
+
+    `chosen` gives the provider objects directly (a target board's, present here or not); a provider not
+    present on this host answers from its table alone.
+    """
     progress("loading and checking the model")
     loaded = load(model)
     progress("simplifying the graph")
     simplified = simplify(loaded)
     graph = Graph.from_model(simplified)
-    chosen = resolve(providers, threads)
-    pinned = _pins(assign or {}, loaded, graph, chosen, threads)
+    extend = chosen is None
+    chosen = resolve(providers, threads) if chosen is None else list(chosen)
+    pinned = _pins(assign or {}, loaded, graph, chosen, threads, extend)
     support = []
     for provider in chosen:
         progress(f"asking {provider.label} what it can run")
-        support.append(capabilities(simplified, graph, provider))
+        support.append(capabilities(simplified, graph, provider, query=provider.present))
     return Analysis(model, loaded, simplified, graph, chosen, support, pinned)
 
 
@@ -145,14 +151,16 @@ def build_plan(a: Analysis, placement: Sequence[int], threads: int | None) -> Pl
 
 
 def _pins(assign: Mapping[str, str], loaded: onnx.ModelProto, graph: Graph, chosen: list[Provider],
-          threads: int | None) -> dict[str, int]:
+          threads: int | None, extend: bool) -> dict[str, int]:
     """Node name -> index into `chosen`. An assigned provider missing from `chosen` joins it, before the
-    last resort; names of nodes that simplification removed are ignored."""
+    last resort, when `extend`; names of nodes that simplification removed are ignored."""
     known = {n.name for n in loaded.graph.node}
     for node, spec in assign.items():
         if node not in known:
             sample = ", ".join(sorted(known)[:10])
             raise PlanError(f"assign: no node named {node!r} in the model (nodes include: {sample})")
+        if _find(chosen, spec) is None and not extend:
+            raise PlanError(f"assign: {spec!r} is not among the providers ({', '.join(p.label for p in chosen)})")
         if _find(chosen, spec) is None:
             provider = create(spec, threads)
             provider.require()

@@ -1,0 +1,147 @@
+"""Bundles: export for every target, run with only the runtimes they name, verify, and refuse tampering."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import venv
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import uhop_onnx
+from uhop_onnx.bundle.manifest import BundleError
+from uhop_onnx.errors import ProviderError
+from uhop_onnx.models import cnn, mlp, resnet
+from uhop_onnx.targets import builtin_targets
+
+from .conftest import assert_matches, random_feeds, reference
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def x86_bundle(tmp_path_factory) -> Path:
+    return uhop_onnx.export_bundle(resnet(), "x86-64", tmp_path_factory.mktemp("b") / "resnet.tar.gz")
+
+
+@pytest.mark.parametrize("target", sorted(builtin_targets()))
+def test_export_for_every_target_then_verify(target, tmp_path):
+    try:
+        bundle = uhop_onnx.export_bundle(cnn(), target, tmp_path / "bundle")
+    except ProviderError as error:
+        assert target == "rk3588" and "uhop-onnx setup rknn" in str(error) or "cannot write" in str(error)
+        pytest.skip(f"{target}: {error}")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["target"]["name"] == target
+    assert {s["provider"] for s in manifest["stages"]} <= {p["id"] for p in manifest["target"]["providers"]}
+    report = uhop_onnx.verify_bundle(bundle)
+    assert report["ok"], report
+    assert all(s["ok"] or not s["ran"] for s in report["stages"])
+
+
+def test_bundle_runs_like_onnxruntime(x86_bundle):
+    model = resnet()
+    feeds = random_feeds(model, seed=3)
+    bundle = uhop_onnx.load_bundle(x86_bundle)
+    assert [i.name for i in bundle.get_inputs()] == ["input"]
+    assert_matches(bundle.run(None, feeds), reference(model, feeds))
+
+
+def test_openvino_ir_stages(tmp_path):
+    model = mlp()
+    bundle = uhop_onnx.export_bundle(model, "x86-64", tmp_path / "b", providers=["openvino"])
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert [s["artifact"]["format"] for s in manifest["stages"]] == ["openvino-ir"]
+    feeds = random_feeds(model)
+    assert_matches(uhop_onnx.load_bundle(bundle).run(None, feeds), reference(model, feeds))
+
+
+def test_gpu_stages_are_said_not_to_run_here(tmp_path):
+    bundle = uhop_onnx.export_bundle(mlp(), "jetson-orin", tmp_path / "b", providers=["ort-cuda", "ort-cpu"],
+                                     assign={"/fc1/MatMul": "ort-cuda"})
+    report = uhop_onnx.verify_bundle(bundle)
+    gpu = [s for s in report["stages"] if s["provider"] in ("ort-tensorrt", "ort-cuda")]
+    assert gpu and all(not s["ran"] and "onnxruntime" in s["how"] for s in gpu)
+    assert report["ok"], "stages that cannot run here are reported, not failed"
+
+
+def test_a_flipped_byte_fails_verify_and_load(x86_bundle, tmp_path):
+    folder = tmp_path / "unpacked"
+    with tarfile.open(x86_bundle) as tar:
+        tar.extractall(folder, filter="data")
+    stage = next((folder / "stages").iterdir())
+    data = bytearray(stage.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    stage.write_bytes(bytes(data))
+    report = uhop_onnx.verify_bundle(folder)
+    assert not report["ok"] and any(stage.name in p for p in report["files"])
+    with pytest.raises(BundleError, match=stage.name):
+        uhop_onnx.load_bundle(folder)
+    result = subprocess.run([sys.executable, "-m", "uhop_onnx.cli", "verify", str(folder)], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 1 and "tampered" in result.stdout
+
+
+def _archive(path: Path, members: list[tarfile.TarInfo], payload: bytes = b"x") -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for member in members:
+            tar.addfile(member, io.BytesIO(payload) if member.isfile() else None)
+    return path
+
+
+@pytest.mark.parametrize("member", ["../escape.txt", "/etc/evil", "stages/../../escape.txt", "link"])
+def test_malicious_archives_are_refused(tmp_path, member):
+    info = tarfile.TarInfo(member)
+    if member == "link":
+        info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    else:
+        info.size = 1
+    archive = _archive(tmp_path / "evil.tar.gz", [info])
+    with pytest.raises(BundleError, match="refused"):
+        uhop_onnx.load_bundle(archive)
+    assert not (tmp_path / "escape.txt").exists() and not (tmp_path.parent / "escape.txt").exists()
+
+
+def test_truncated_archive_is_refused(x86_bundle, tmp_path):
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(x86_bundle.read_bytes()[: x86_bundle.stat().st_size // 2])
+    with pytest.raises(BundleError):
+        uhop_onnx.load_bundle(cut)
+
+
+def test_export_refuses_an_existing_output(tmp_path):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "file").write_text("keep")
+    with pytest.raises(uhop_onnx.UhopError, match="exists"):
+        uhop_onnx.export_bundle(mlp(), "x86-64", tmp_path / "taken")
+    assert (tmp_path / "taken" / "file").read_text() == "keep"
+
+
+def test_runner_needs_only_numpy_and_the_named_runtime(x86_bundle, tmp_path):
+    """Our wheel installed with --no-deps beside numpy and onnxruntime alone runs the bundle."""
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels),
+                    str(ROOT)], check=True, timeout=600)
+    env = tmp_path / "board"
+    venv.EnvBuilder(with_pip=True).create(env)
+    python = env / "bin" / "python"
+    subprocess.run([python, "-m", "pip", "install", "-q", "numpy", "onnxruntime"], check=True, timeout=600)
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", next(wheels.glob("*.whl"))], check=True,
+                   timeout=600)
+    model = resnet()
+    feeds = random_feeds(model, seed=5)
+    np.savez(tmp_path / "in.npz", **feeds)
+    result = subprocess.run([python, "-m", "uhop_onnx.bundle", "run", str(x86_bundle), "--inputs",
+                             str(tmp_path / "in.npz"), "--output", str(tmp_path / "out.npz")],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    missing = subprocess.run([python, "-c", "import onnx"], capture_output=True, timeout=60)
+    assert missing.returncode != 0, "the board environment must not have onnx"
+    with np.load(tmp_path / "out.npz") as got:
+        assert_matches([got["output"]], reference(model, feeds))

@@ -1,0 +1,148 @@
+"""`export_bundle`: a model placed for a target board, each stage in its runtime's own format, with a manifest.
+
+Without the board, placement uses the target profile's providers (their tables; the runtime's query too
+where the runtime is on this host) and its static cost model, by the same blocks and dynamic programme
+as the measured placement.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from .bundle.manifest import FP32_TOLERANCE, MANIFEST, SCHEMA, hash_files, write_atomically
+from .errors import ProviderError, UhopError
+from .optimizer import Analysis, analyze, build_plan
+from .partitioner.blocks import blocks
+from .partitioner.profiler import Measurement
+from .partitioner.search import allowed_providers, cheapest_path, expand
+from .partitioner.static_cost import flops, moved
+from .providers import Provider, create
+from .samples import sample_feeds
+from .targets import Target, TargetProvider, load_target
+
+
+def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str, out: str | os.PathLike,
+                  providers: Sequence[str] | None = None, assign: Mapping[str, str] | None = None,
+                  threads: int | None = None, progress: Callable[[str], None] = lambda step: None) -> Path:
+    """Write a bundle for `target` (a built-in profile name or a JSON profile path) to `out`: a folder
+    (absent or empty) or a file ending `.tar.gz`. Returns `out`."""
+    out = Path(out)
+    if out.exists() and (out.is_file() or any(out.iterdir())):
+        raise UhopError(f"{out}: exists; give a new folder or .tar.gz path")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    profile = load_target(target)
+    entries, chosen = _providers(profile, providers, threads)
+    a = analyze(model, assign=assign, threads=threads, progress=progress, chosen=chosen)
+    progress("placing for the target with its static cost model")
+    plan = build_plan(a, _static_placement(a, entries), threads)
+    plan.placement = f"static cost model of target {profile.name}"
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        manifest = _write(staging, a, plan, profile, entries, progress)
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        return write_atomically(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _providers(profile: Target, only: Sequence[str] | None, threads: int | None) -> tuple[list[TargetProvider], list[Provider]]:
+    """The target's providers this host can write stages for; a required one that it cannot is an error."""
+    entries = [e for e in profile.providers if only is None or e.id in only]
+    unknown = set(only or ()) - {e.id for e in profile.providers}
+    if unknown:
+        raise UhopError(f"target {profile.name} has no provider {', '.join(sorted(unknown))}; "
+                        f"its providers: {', '.join(e.id for e in profile.providers)}")
+    kept, providers = [], []
+    for entry in entries:
+        provider = create((entry.id, entry.options), threads)
+        blocker = provider.export_blocker()
+        if blocker is None:
+            kept.append(entry)
+            providers.append(provider)
+        elif entry.required:
+            raise ProviderError(f"target {profile.name} needs {entry.id}, which this host cannot build: {blocker}")
+    if not providers:
+        raise ProviderError(f"this host can build stages for none of {profile.name}'s providers "
+                            f"({', '.join(e.id for e in entries)})")
+    return kept, providers
+
+
+def _static_placement(a: Analysis, entries: list[TargetProvider]) -> list[int]:
+    units = blocks(a.graph, a.support, a.pinned)
+    allowed = [allowed_providers(a.graph, a.support, a.pinned, b) for b in units]
+    for block, options in zip(units, allowed):
+        if not options:
+            node = a.graph.nodes[block[0]]
+            raise ProviderError(f"no provider of the target can run node {node.name!r} ({node.op_type})")
+    costs = [{p: Measurement(entries[p].stage_ms + sum(entries[p].cost_ms(flops(a.graph, a.graph.nodes[i]),
+                                                                         moved(a.graph, a.graph.nodes[i]))
+                                                       for i in block), 0.0, 0) for p in options}
+             for block, options in zip(units, allowed)]
+    entry = {p: Measurement(e.stage_ms, 0.0, 0) for p, e in enumerate(entries)}
+    return expand(len(a.graph.nodes), units, cheapest_path(allowed, costs, entry))
+
+
+def _write(folder: Path, a: Analysis, plan, profile: Target, entries: list[TargetProvider],
+           progress: Callable[[str], None]) -> dict[str, Any]:
+    for sub in ("stages", "reference", "samples"):
+        (folder / sub).mkdir()
+    by_label = {p.label: (p, e) for p, e in zip(a.providers, entries)}
+    stages = []
+    for k, stage in enumerate(plan.stages):
+        provider, entry = by_label[stage.label]
+        progress(f"writing stage {k} for {stage.label}")
+        model = plan.stage_model(stage)
+        artifact = provider.export(model, folder / "stages", f"stage_{k:02d}_{provider.id}")
+        reference = f"reference/stage_{k:02d}.onnx"
+        onnx.save(model, folder / reference)
+        stages.append({
+            "provider": provider.id, "options": stage.options, "nodes": stage.nodes,
+            "inputs": stage.inputs, "outputs": stage.outputs, "declared": _declared(model),
+            "artifact": {**artifact.to_json(), "files": [f"stages/{f}" for f in artifact.files]},
+            "runtime": {"name": entry.id, "version": entry.version, "install": provider.install},
+            "reference": reference, "tolerance": artifact.tolerance or FP32_TOLERANCE,
+        })
+    progress("computing reference outputs with ONNX Runtime")
+    feeds = sample_feeds(plan.inputs)
+    np.savez(folder / "samples" / "inputs.npz", **feeds)
+    np.savez(folder / "samples" / "outputs.npz", **_reference(a.loaded, feeds))
+    if plan.constants:
+        np.savez(folder / "constants.npz", **plan.constants)
+    loosest = {key: max(s["tolerance"][key] for s in stages) for key in ("rtol", "atol")}
+    return {
+        "schema": SCHEMA,
+        "model": {"name": plan.model_name, "sha256": plan.model_hash},
+        "target": profile.to_json(),
+        "placement": plan.placement,
+        "inputs": [asdict(t) for t in plan.inputs],
+        "outputs": [asdict(t) for t in plan.outputs],
+        "stages": stages,
+        "constants": "constants.npz" if plan.constants else None,
+        "samples": {"inputs": "samples/inputs.npz", "outputs": "samples/outputs.npz"},
+        "tolerance": loosest,
+        "files": hash_files(folder),
+    }
+
+
+def _declared(model: onnx.ModelProto) -> list[list[Any]]:
+    from .session import _declared_outputs
+
+    return [[name, None if dims is None else list(dims)] for name, dims in _declared_outputs(model)]
+
+
+def _reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
