@@ -34,6 +34,7 @@ from .blocks import blocks, live_tensors
 from .extract import extract
 from .placement import first_supported
 from .profiler import Measurement, Profiler
+from .static_cost import nbytes
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,8 @@ class Search:
         """Each provider's cost of a stage that does almost nothing (one Relu): the price of a boundary,
         at the size of the largest set of tensors live where a block starts."""
         live = live_tensors(self.graph)
-        widest = max((_bytes(self.graph, live[b[0]] or self.graph.inputs) for b in units), default=4)
+        widest = max((sum(nbytes(self.graph, t) for t in live[b[0]] or self.graph.inputs) for b in units),
+                     default=4)
         size = 1 << max(widest - 1, 1).bit_length()  # next power of two
         model = _entry_model(size // 4, self.model)
         used = sorted({p for ps in allowed for p in ps})
@@ -309,19 +311,6 @@ def _stage_labels(placement: Sequence[int], labels: Sequence[str]) -> str:
         else:
             runs.append([p, 1])
     return " > ".join(f"{labels[p]} x{n}" for p, n in runs)
-
-
-def _bytes(graph: Graph, names: Sequence[str]) -> int:
-    from uhop_onnx.dtypes import numpy_dtype
-
-    total = 0
-    for name in names:
-        info = graph.tensors.get(name)
-        if info is None or info.shape is None:
-            continue
-        itemsize = (numpy_dtype(info.dtype or "float") or np.dtype(np.float32)).itemsize
-        total += itemsize * int(np.prod([d if isinstance(d, int) else 1 for d in info.shape]))
-    return total
 
 
 def _entry_model(elements: int, like: onnx.ModelProto) -> onnx.ModelProto:
