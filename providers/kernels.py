@@ -98,13 +98,16 @@ class KernelsProvider(Provider):
         return verdicts
 
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
+        """A runner over the host's verified library. Its worker threads live for one kernel call and never
+        spin, so sharing the process with other stages (`exclusive=False`) needs nothing more."""
+        from uhop_onnx.custom_ops.build import BuildError
         from uhop_onnx.custom_ops.verify import VerificationError, host_library
 
         self.require()
         try:
             lib = host_library()
-        except VerificationError as error:
-            raise ProviderError(f"kernels: no library passed verification on this host: {error}") from None
+        except (VerificationError, BuildError) as error:
+            raise ProviderError(f"kernels: no library built and passed verification on this host: {error}") from None
         threads = self.threads or len(os.sched_getaffinity(0))
         return KernelsRunner(model, lib, threads, bool(self.options.get("tune", False)))
 
@@ -264,10 +267,13 @@ class KernelsRunner(Runner):
         c_name = rest[0] if rest else ""
         trans_a, trans_b = int(attrs.get("transA", 0)), int(attrs.get("transB", 0))
         alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+        # A constant right operand is laid out row-major once, so packing it is a row copy.
+        b_const = self.constants.get(b_name)
+        b_rows = None if b_const is None else np.ascontiguousarray(b_const.T if trans_b else b_const)
 
         def gemm(values, epilogue, fused):
-            a, b = values[a_name], values[b_name]
-            a, b = (a.T if trans_a else a), (b.T if trans_b else b)
+            a = values[a_name].T if trans_a else values[a_name]
+            b = b_rows if b_rows is not None else (values[b_name].T if trans_b else values[b_name])
             bias = None if not c_name or beta == 0.0 else np.float32(beta) * values[c_name]
             bias = fused if bias is None else (bias if fused is None else bias + fused)
             op = OpSpec("gemm", (a.shape[0], b.shape[1], a.shape[1], trans_a, trans_b), epilogue)
