@@ -88,11 +88,12 @@ class Search:
         self.report = {
             "placement": "measured",
             "chosen": best,
-            "candidates": {name: {**m.to_json(), "stages": _stage_labels(candidates[name], labels)}
+            "candidates": {name: {**m.to_json(), "ms": _finite(m.ms), "stages": _stage_labels(candidates[name], labels)}
                            for name, m in whole.items()},
             "blocks": [{"first": self.graph.nodes[b[0]].name, "last": self.graph.nodes[b[-1]].name, "nodes": len(b),
-                        "ms": {labels[p]: c.ms for p, c in costs.items()}} for b, costs in zip(units, block_costs)],
-            "entry_ms": {labels[p]: c.ms for p, c in entry.items()},
+                        "ms": {labels[p]: c.ms for p, c in costs.items() if c.rounds}}
+                       for b, costs in zip(units, block_costs)],
+            "entry_ms": {labels[p]: c.ms for p, c in entry.items() if c.rounds},
             "measured": len(self._fresh),
             "cached": sum(1 for k in self._used if k in self._known),
             "seconds": round(time.monotonic() - started, 3),
@@ -293,6 +294,11 @@ def _merges(choice: Sequence[int], allowed: Sequence[Sequence[int]]) -> list[lis
                 if all(target in allowed[k] for k in run):
                     out.append([target if k in run else p for k, p in enumerate(choice)])
     return out
+
+
+def _finite(ms: float) -> float | None:
+    """A figure for JSON: None for a candidate that failed (infinitely slow)."""
+    return ms if ms != float("inf") else None
 
 
 def _unique(candidates: Mapping[str, Placement]) -> dict[str, Placement]:

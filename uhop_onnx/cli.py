@@ -22,6 +22,7 @@ from rich.table import Table
 from .custom_ops.cli import app as kernels_app
 from .errors import InputError, UhopError
 from .providers.rknn.cli import app as rknn_setup
+from .report import ms_order, ms_text
 from .serve.cli import serve
 
 app = typer.Typer(name="uhop-onnx", help="Place ONNX models on the fastest mix of providers, and run them.",
@@ -48,7 +49,7 @@ def _providers(text: str | None) -> list[str] | None:
 
 
 def _print_json(data: Any) -> None:
-    out.print_json(json.dumps(data))
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
 @contextmanager
@@ -151,21 +152,17 @@ def _print_stages(plan, title: str) -> None:
         provider = s.label + (f" [yellow](fell back to {s.fallback})[/]" if s.fallback else "")
         others = ", ".join(f"{p} {ms:.3f}" for p, ms in sorted(s.alternatives.items(), key=lambda kv: kv[1])
                            if p != s.label)
-        table.add_row(str(k), provider, str(len(s.nodes)), span, _ms(s.cost_ms), _ms(s.boundary_ms), others)
+        table.add_row(str(k), provider, str(len(s.nodes)), span, ms_text(s.cost_ms), ms_text(s.boundary_ms), others)
     out.print(table)
 
 
 def _print_candidates(profile: dict) -> None:
     table = Table("whole plan", "ms", "spread", "stages", title=f"measured whole (chosen: {profile['chosen']}; "
                   f"{profile['measured']} measured, {profile['cached']} cached, {profile['seconds']} s)")
-    for name, c in sorted(profile["candidates"].items(), key=lambda kv: kv[1]["ms"]):
+    for name, c in sorted(profile["candidates"].items(), key=lambda kv: ms_order(kv[1]["ms"])):
         mark = "[bold green]" if name == profile["chosen"] else ""
-        table.add_row(f"{mark}{name}", _ms(c["ms"]), f"{c['spread']:.1%}", c["stages"])
+        table.add_row(f"{mark}{name}", ms_text(c["ms"]), f"{c['spread']:.1%}", c["stages"])
     out.print(table)
-
-
-def _ms(value: float | None) -> str:
-    return "" if value is None else f"{value:.3f}"
 
 
 @app.command()
@@ -253,10 +250,10 @@ def bench(model: Path, providers: ProvidersOption = None, threads: ThreadsOption
         return _print_json(result)
     table = Table("candidate", "min of round medians (ms)", "vs best single provider", "overhead vs raw",
                   title=f"{result['model']}: {result['rounds']} alternating rounds, threads={threads or 'default'}")
-    for name, f in sorted(result["candidates"].items(), key=lambda kv: kv[1]["ms"] or float("inf")):
+    for name, f in sorted(result["candidates"].items(), key=lambda kv: ms_order(kv[1]["ms"])):
         ratio = f.get("ratio_to_best_single")
         overhead = f.get("overhead_vs_raw")
-        table.add_row(name, _ms(f["ms"]) if f["ms"] is not None else f"[red]failed[/] {f['error']}",
+        table.add_row(name, ms_text(f["ms"]) if f["ms"] is not None else f"[red]failed[/] {f['error']}",
                       "" if ratio is None else f"{ratio:.3f}", "" if overhead is None else f"{overhead:+.1%}")
     out.print(table)
     seconds = result["optimize_seconds"]

@@ -32,14 +32,14 @@ def markdown(plan: Plan) -> str:
     for k, s in enumerate(plan.stages):
         alternatives = ", ".join(f"{p} {ms:.3f}" for p, ms in sorted(s.alternatives.items(), key=lambda kv: kv[1]))
         lines.append(f"| {k} | {s.label}{' (fell back to ' + s.fallback + ')' if s.fallback else ''} | {len(s.nodes)} "
-                     f"| `{s.nodes[0]}` | {_ms(s.cost_ms)} | {_ms(s.boundary_ms)} | {alternatives} |")
+                     f"| `{s.nodes[0]}` | {ms_text(s.cost_ms)} | {ms_text(s.boundary_ms)} | {alternatives} |")
     if plan.profile:
         p = plan.profile
         lines += ["", "## Whole plans measured", "",
                   f"Chosen: **{p['chosen']}**. {p['measured']} figures measured, {p['cached']} from the cache, "
                   f"in {p['seconds']} s.", "", "| candidate | ms | spread | stages |", "|---|---|---|---|"]
-        for name, c in sorted(p["candidates"].items(), key=lambda kv: kv[1]["ms"]):
-            lines.append(f"| {name} | {_ms(c['ms'])} | {c['spread']:.1%} | {c['stages']} |")
+        for name, c in sorted(p["candidates"].items(), key=lambda kv: ms_order(kv[1]["ms"])):
+            lines.append(f"| {name} | {ms_text(c['ms'])} | {c['spread']:.1%} | {c['stages']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -64,5 +64,10 @@ def _escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def _ms(value: float | None) -> str:
+def ms_order(ms: float | None) -> float:
+    """Sort key: a missing figure (a failed candidate) last."""
+    return float("inf") if ms is None else ms
+
+
+def ms_text(value: float | None) -> str:
     return "" if value is None else f"{value:.3f}"
