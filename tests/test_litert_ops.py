@@ -103,7 +103,8 @@ def test_binary_on_nhwc_values(shape, op, operand):
 
 @pytest.mark.parametrize("op, attrs", [
     ("Relu", {}), ("Sigmoid", {}), ("Tanh", {}), ("HardSwish", {}), ("LeakyRelu", {"alpha": 0.2}),
-    ("Erf", {}), ("Exp", {}), ("Abs", {}), ("Neg", {}), ("Identity", {}),
+    ("Erf", {}), ("Exp", {}), ("Abs", {}), ("Neg", {}), ("Identity", {}), ("Floor", {}), ("Ceil", {}),
+    ("Sin", {}), ("Cos", {}), ("Elu", {}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}),
 ])
 def test_unary(op, attrs):
     check(op_model(op, {"x": (2, 3, 4, 5)}, attrs, nhwc=True))
@@ -229,6 +230,10 @@ def test_matmul_reads_a_transposed_operand_as_held():
     ("Softmax", {"axis": 1}, {}),
     ("Softmax", {"axis": -1}, {}),
     ("Softmax", {"axis": 2}, {}),
+    ("LogSoftmax", {"axis": 1}, {}),
+    ("PRelu", {}, {"slope": weights(4, 1, 1)}),
+    ("Expand", {}, {"shape": np.array([2, 1, 1, 1, 1], np.int64)}),
+    ("Tile", {}, {"repeats": np.array([2, 1, 3, 1], np.int64)}),
     ("ReduceMean", {"keepdims": 0}, {"axes": np.array([1], np.int64)}),
     ("ReduceSum", {"keepdims": 1}, {"axes": np.array([2, 3], np.int64)}),
     ("ReduceMax", {"keepdims": 0}, {"axes": np.array([0, -1], np.int64)}),

@@ -47,7 +47,8 @@ def scalar(cx: Lowering, value: float) -> int:
 
 # ---- elementwise
 UNARY = {"Relu": "RELU", "Sigmoid": "LOGISTIC", "Tanh": "TANH", "HardSwish": "HARD_SWISH", "Sqrt": "SQRT",
-         "Exp": "EXP", "Abs": "ABS", "Neg": "NEG", "Log": "LOG"}
+         "Exp": "EXP", "Abs": "ABS", "Neg": "NEG", "Log": "LOG", "Floor": "FLOOR", "Ceil": "CEIL", "Sin": "SIN",
+         "Cos": "COS", "Elu": "ELU"}
 
 
 @lowers(*UNARY)
@@ -56,7 +57,26 @@ def unary(cx: Lowering, node: Node) -> None:
     if node.op == "Relu" and cx.fuse(x, RELU):
         cx.alias(y, x)
         return
+    if node.op == "Elu" and node.attrs.get("alpha", 1.0) != 1.0:
+        raise Unsupported(f"alpha={node.attrs['alpha']}; LiteRT's ELU has alpha 1")
     cx.op(UNARY[node.op], [cx.read(x)], [cx.write(y, cx.perm(x))])
+
+
+@lowers("HardSigmoid")
+def hard_sigmoid(cx: Lowering, node: Node) -> None:
+    """clamp(alpha x + beta, 0, 1)."""
+    x, y = node.inputs[0], node.outputs[0]
+    shape = physical(cx, x)
+    scaled = emit(cx, "MUL", [cx.read(x), scalar(cx, node.attrs.get("alpha", 0.2))], shape)
+    shifted = emit(cx, "ADD", [scaled, scalar(cx, node.attrs.get("beta", 0.5))], shape)
+    cx.op("RELU_0_TO_1", [shifted], [cx.write(y, cx.perm(x))])
+
+
+@lowers("PRelu")
+def prelu(cx: Lowering, node: Node) -> None:
+    x, slope, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    rank, perm = cx.rank(y), cx.perm(x)
+    cx.op("PRELU", [cx.read(x), cx.broadcast(slope, rank, perm)], [cx.write(y, perm)])
 
 
 @lowers("Identity", "Dropout")
@@ -435,6 +455,23 @@ def transpose(cx: Lowering, node: Node) -> None:
     cx.values[y] = Value(cx.value(x).index, tuple(back[a] for a in cx.perm(x)))
 
 
+@lowers("Expand")
+def expand(cx: Lowering, node: Node) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    cx.const(node.inputs[1], "Expand shape")
+    rank = cx.rank(y)
+    perm = cx.perm(x) if cx.rank(x) == rank and x not in cx.consts else identity(rank)
+    cx.op("BROADCAST_TO", [cx.broadcast(x, rank, perm), cx.int32([cx.shape(y)[a] for a in perm])],
+          [cx.write(y, perm)])
+
+
+@lowers("Tile")
+def tile(cx: Lowering, node: Node) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    repeats, perm = cx.const(node.inputs[1], "Tile repeats").reshape(-1), cx.perm(x)
+    cx.op("TILE", [cx.read(x), cx.int32([repeats[a] for a in perm])], [cx.write(y, perm)])
+
+
 @lowers("Concat")
 def concat(cx: Lowering, node: Node) -> None:
     y = node.outputs[0]
@@ -578,9 +615,9 @@ def pad(cx: Lowering, node: Node) -> None:
 
 
 # ---- normalization
-@lowers("Softmax")
+@lowers("Softmax", "LogSoftmax")
 def softmax(cx: Lowering, node: Node) -> None:
-    """SOFTMAX works on the innermost axis: the input is held with the ONNX axis innermost."""
+    """SOFTMAX and LOG_SOFTMAX work on the innermost axis: the input is held with the ONNX axis innermost."""
     x, y = node.inputs[0], node.outputs[0]
     rank = cx.rank(x)
     axis = node.attrs.get("axis", 1 if node.opset < 13 else -1) % rank
@@ -589,7 +626,10 @@ def softmax(cx: Lowering, node: Node) -> None:
     perm = cx.perm(x)
     if perm[-1] != axis:
         perm = tuple(a for a in perm if a != axis) + (axis,)
-    cx.op("SOFTMAX", [cx.read(x, perm)], [cx.write(y, perm)], "SoftmaxOptions", Beta=1.0)
+    if node.op == "Softmax":
+        cx.op("SOFTMAX", [cx.read(x, perm)], [cx.write(y, perm)], "SoftmaxOptions", Beta=1.0)
+    else:
+        cx.op("LOG_SOFTMAX", [cx.read(x, perm)], [cx.write(y, perm)])
 
 
 @lowers("LayerNormalization")

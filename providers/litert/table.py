@@ -17,7 +17,7 @@ def _rules() -> tuple[OpRule, ...]:
     # Integer tensors pass the table where shape arithmetic uses them: the converter folds nodes whose
     # inputs are all constants (Shape is one, shapes being static) and declines integer variables.
     arithmetic = [OpRule(op, dtypes=INDEX) for op in ["Add", "Sub", "Mul", "Div", "Max", "Min", "Concat", "Cast", "Shape", "Range"]]
-    unary = "Pow Relu Sigmoid Tanh HardSwish LeakyRelu Erf Sqrt Exp Abs Neg Log"
+    unary = "Pow Relu Sigmoid Tanh HardSwish HardSigmoid LeakyRelu Elu PRelu Erf Sqrt Exp Abs Neg Log Floor Ceil Sin Cos"
     plain = [OpRule(op, dtypes=FLOAT) for op in unary.split()]
     plain += [OpRule(op, dtypes=FLOAT) for op in ["Identity", "Transpose", "GlobalAveragePool", "GlobalMaxPool"]]
     return (
@@ -39,6 +39,9 @@ def _rules() -> tuple[OpRule, ...]:
         OpRule("Gemm", dtypes=FLOAT, ranks=(2,)),
         OpRule("MatMul", dtypes=FLOAT, ranks=(2, 3, 4, 5)),
         OpRule("Softmax", dtypes=FLOAT),
+        OpRule("LogSoftmax", dtypes=FLOAT),
+        OpRule("Expand", dtypes=INDEX),
+        OpRule("Tile", dtypes=INDEX, constant_inputs=(1,)),
         OpRule("LayerNormalization", dtypes=FLOAT, constant_inputs=(1, 2)),
         *(OpRule(op, dtypes=INDEX, constant_inputs=(1,)) for op in ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"]),
         OpRule("Split", dtypes=INDEX, constant_inputs=(1,)),

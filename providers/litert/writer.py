@@ -15,6 +15,7 @@ from tflite.BuiltinOptions import BuiltinOptions
 TENSOR_TYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.int32): 2, np.dtype(np.int64): 4,
                 np.dtype(np.bool_): 6}
 PLACEHOLDER_FOR_GREATER_OP_CODES = 127
+VERSIONS = {BuiltinOperator.BROADCAST_TO: 2}  # builtins LiteRT registers from a version above 1
 ALIGNMENT = 16  # LiteRT reads constant buffers in place: keep them aligned
 
 
@@ -90,7 +91,7 @@ class ModelWriter:
                           Operators=_vector(b, "SubGraph", "Operators", ops, offsets=True),
                           Name=b.CreateString("main"))
         opcodes = [_table(b, "OperatorCode", DeprecatedBuiltinCode=min(c, PLACEHOLDER_FOR_GREATER_OP_CODES),
-                          BuiltinCode=c, Version=1) for c in codes]
+                          BuiltinCode=c, Version=VERSIONS.get(c, 1)) for c in codes]
         description = b.CreateString("uhop-onnx")
         model = _table(b, "Model", Version=3,
                        OperatorCodes=_vector(b, "Model", "OperatorCodes", opcodes, offsets=True),
