@@ -12,6 +12,13 @@ Presence, decided honestly:
 Options: `target` (rk3588 default, rk3576, rk3568, rk3566, rk3562), `dtype` (fp16 default, or int8),
 `calibration` (int8: an `.npz` of the stage's inputs, samples stacked on a new first axis),
 `core_mask` (board: auto, 0, 1, 2, 0_1, 0_1_2, all), `simulate` (bool).
+
+Bundles: `export` writes the stage's `.rknn` (needs the toolkit environment, on any host) with what the
+board's `runner.load_stage` needs. Its tolerance against ONNX Runtime is `FP16_TOLERANCE` for fp16. int8
+has no bound that holds for every input, so the bundle carries a measured one: the stage is run in the
+simulator on its calibration samples right after it is built, and the atol is `INT8_MARGIN` times the
+largest error seen there (rtol as fp16). It holds for inputs like the calibration data, and `verify`
+fails, rightly, on inputs unlike them.
 """
 
 from __future__ import annotations
@@ -25,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from uhop_onnx.errors import ProviderError
 
-from ..base import Absent, Provider, Runner, output_dtypes
-from .runner import CORE_MASKS
+from ..base import Absent, Artifact, Provider, Runner, output_dtypes
+from .runner import CORE_MASKS, RUNTIME_LIBRARY, data_formats
 from .setup import TOOLKIT, is_ready, venv_path
 from .table import DTYPES, FP16_TOLERANCE, RKNN_TABLE, TARGETS, remarks
 
@@ -38,7 +45,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Rknn"]
 
-RUNTIME_LIBRARY = Path("/usr/lib/librknnrt.so")
+SETUP = "uhop-onnx setup rknn"  # makes the toolkit environment: conversion and the simulator, on any host
+INT8_MARGIN = 2.0  # int8 atol: this many times the largest error on the calibration samples
+
 DEVICE_TREE = Path("/proc/device-tree/compatible")
 
 
@@ -46,6 +55,7 @@ class Rknn(Provider):
     """The Rockchip NPU (or, with `simulate`, Rockchip's simulator of it on this host)."""
 
     id = "rknn"
+    install = "pip install rknn-toolkit-lite2"  # on the board; a host's absences name `uhop-onnx setup rknn`
     table = RKNN_TABLE
     option_names = frozenset({"target", "dtype", "calibration", "core_mask", "simulate"})
 
@@ -59,11 +69,6 @@ class Rknn(Provider):
             raise ProviderError(f"rknn: simulate must be true or false, got {self.simulate!r}")
 
     @property
-    def install(self) -> str:
-        on_board = platform.machine() in ("aarch64", "arm64") and not self.simulate
-        return "pip install rknn-toolkit-lite2" if on_board else "uhop-onnx setup rknn"
-
-    @property
     def tolerance(self) -> dict[str, float] | None:
         """How far results may be from ONNX Runtime CPU: fp16 bounds; int8 has none (compare by similarity)."""
         return FP16_TOLERANCE if self.dtype == "fp16" else None
@@ -75,13 +80,13 @@ class Rknn(Provider):
     def probe(self) -> tuple[str, str]:
         if self.simulate:
             if not is_ready():
-                raise Absent(f"rknn-toolkit2 environment not found at {venv_path()} (simulator)")
+                raise Absent(f"rknn-toolkit2 environment not found at {venv_path()} (simulator)", install=SETUP)
             return TOOLKIT.split("==")[1], f"simulator ({self.target})"
         machine = platform.machine()
         if machine not in ("aarch64", "arm64"):
             raise Absent(f"no Rockchip NPU on this {machine} host: its runtime runs on aarch64 boards; "
                          "to convert and simulate here, use ('rknn', {'simulate': True}) after "
-                         "`uhop-onnx setup rknn`")
+                         "`uhop-onnx setup rknn`", install=SETUP)
         try:
             lite = version("rknn-toolkit-lite2")
         except PackageNotFoundError:
@@ -92,6 +97,30 @@ class Rknn(Provider):
         if soc != self.target:
             raise Absent(f"target {self.target} but this board is {soc or 'not a Rockchip SoC'}")
         return lite, f"NPU ({soc})"
+
+    def export_blocker(self) -> str | None:
+        if is_ready():
+            return None
+        return (f"rknn-toolkit2 environment not found at {venv_path()} (it converts stages to .rknn); "
+                f"create it with `{SETUP}`")
+
+    def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
+        """The stage as an `.rknn` file for `target` and `dtype`, with the names, dtypes, layouts and cores
+        the board's runner needs, and its tolerance (see the module's docstring)."""
+        from .converter import convert, convert_measured, model_inputs
+
+        path = folder / f"{stem}.rknn"
+        if self.dtype == "int8":
+            error = convert_measured(model, path, self.target, self.dtype, self.samples())
+            tolerance = {"rtol": FP16_TOLERANCE["rtol"], "atol": max(INT8_MARGIN * error, FP16_TOLERANCE["atol"])}
+        else:
+            convert(model, path, self.target, self.dtype)
+            tolerance = FP16_TOLERANCE
+        inputs = model_inputs(model)
+        options = {"target": self.target, "dtype": self.dtype, "core_mask": self.core_mask, "inputs": inputs,
+                   "outputs": [o.name for o in model.graph.output], "data_formats": data_formats(len(inputs)),
+                   "dtypes": {name: dtype.name for name, dtype in output_dtypes(model).items()}}
+        return Artifact("rknn", [path.name], options, dict(tolerance))
 
     def query(self, model: onnx.ModelProto) -> dict[str, Support]:
         """The list's shape remarks, then the converter's word: a model the toolkit cannot build raises,

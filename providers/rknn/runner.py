@@ -17,11 +17,13 @@ from ..base import Runner
 # `core_mask` option -> RKNNLite's NPU_CORE_* constant: one core, a pair, all three cores of an RK3588,
 # or the runtime's choice.
 CORE_MASKS = ("auto", "0", "1", "2", "0_1", "0_1_2", "all")
+RUNTIME_LIBRARY = Path("/usr/lib/librknnrt.so")
 
 
-def data_formats(inputs: Sequence[np.ndarray]) -> list[str | None]:
-    """The layout to declare for each input: our stages are ONNX, so NCHW (the runtime ignores it below 4-D)."""
-    return ["nchw"] * len(inputs)
+def data_formats(count: int) -> list[str]:
+    """The layout to declare for each of `count` inputs: our stages are ONNX, so NCHW (the runtime ignores
+    it below 4-D)."""
+    return ["nchw"] * count
 
 
 def named_outputs(outputs: Sequence[np.ndarray] | None, names: Sequence[str],
@@ -39,10 +41,13 @@ class RknnLiteRunner(Runner):
     itself with the model's own scales, so int8 models take and give float tensors here too."""
 
     def __init__(self, rknn: Path, inputs: Sequence[str], outputs: Sequence[str],
-                 dtypes: Mapping[str, np.dtype], core_mask: str = "auto"):
+                 dtypes: Mapping[str, np.dtype], core_mask: str = "auto", formats: Sequence[str] | None = None):
         from rknnlite.api import RKNNLite
 
+        if not RUNTIME_LIBRARY.exists():
+            raise ImportError(f"{RUNTIME_LIBRARY} not found: install Rockchip's NPU runtime (librknnrt) on this board")
         self.inputs, self.outputs, self.dtypes = list(inputs), list(outputs), dict(dtypes)
+        self.formats = list(formats or data_formats(len(self.inputs)))
         self.lite = RKNNLite(verbose=False)
         _check(self.lite.load_rknn(str(rknn)), f"load_rknn({rknn})")
         _check(self.lite.init_runtime(core_mask=getattr(RKNNLite, f"NPU_CORE_{core_mask.upper()}")),
@@ -50,11 +55,20 @@ class RknnLiteRunner(Runner):
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         inputs = [np.ascontiguousarray(feeds[name]) for name in self.inputs]
-        outputs = self.lite.inference(inputs=inputs, data_format=data_formats(inputs))
+        outputs = self.lite.inference(inputs=inputs, data_format=self.formats)
         return named_outputs(outputs, self.outputs, self.dtypes)
 
     def close(self) -> None:
         self.lite.release()
+
+
+def load_stage(folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool) -> Runner:
+    """A bundle's `.rknn` stage on this board's NPU, on the cores its `core_mask` names (the NPU has no
+    thread count, so `threads` and `exclusive` do not apply)."""
+    options = artifact["options"]
+    return RknnLiteRunner(folder / artifact["files"][0], options["inputs"], options["outputs"],
+                          {name: np.dtype(dtype) for name, dtype in options["dtypes"].items()},
+                          options["core_mask"], options["data_formats"])
 
 
 def _check(code: int, step: str) -> None:

@@ -1,0 +1,80 @@
+"""RKNN stages in bundles: `.rknn` files written by the toolkit, verified in Rockchip's simulator against
+ONNX Runtime, a board runtime named when it is missing, and a clear refusal without the toolkit."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from uhop_onnx.models import cnn
+from uhop_onnx.providers.rknn.setup import is_ready, venv_path
+from uhop_onnx.providers.rknn.table import FP16_TOLERANCE
+
+import uhop_onnx
+from uhop_onnx.bundle.manifest import BundleError
+from uhop_onnx.errors import ProviderError
+
+needs_toolkit = pytest.mark.skipif(
+    not is_ready(), reason=f"rknn-toolkit2 environment absent at {venv_path()}: create it with "
+                           "`uhop-onnx setup rknn`")
+
+
+def rknn_stage(bundle) -> dict:
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    (stage,) = [s for s in manifest["stages"] if s["provider"] == "rknn"]
+    return stage
+
+
+def simulated(report) -> dict:
+    (entry,) = [s for s in report["stages"] if s["provider"] == "rknn"]
+    assert entry["ran"] and entry["how"].startswith("simulator"), entry
+    return entry
+
+
+@needs_toolkit
+def test_fp16_stage_is_written_and_verified_in_the_simulator(tmp_path):
+    # The static cost model leaves a CNN this small on the CPU; keep it to the NPU here.
+    bundle = uhop_onnx.export_bundle(cnn(), "rk3588", tmp_path / "b", providers=["rknn"])
+    stage = rknn_stage(bundle)
+    artifact = stage["artifact"]
+    assert artifact["format"] == "rknn" and (bundle / artifact["files"][0]).read_bytes()[:4] == b"RKNN"
+    assert artifact["options"]["inputs"] == ["input"] and artifact["options"]["outputs"] == ["output"]
+    assert artifact["options"]["dtypes"] == {"output": "float32"} and artifact["options"]["target"] == "rk3588"
+    assert stage["tolerance"] == FP16_TOLERANCE and (bundle / stage["reference"]).is_file()
+    report = uhop_onnx.verify_bundle(bundle)
+    entry = simulated(report)
+    assert report["ok"] and entry["ok"], report
+    assert 0 < entry["outputs"]["output"]["max_abs_error"] < FP16_TOLERANCE["atol"]  # fp16, but close
+    try:
+        import rknnlite  # noqa: F401 - on a board the stage loads; elsewhere the runtime is named
+    except ImportError:
+        with pytest.raises(BundleError, match="rknn-toolkit-lite2"):
+            uhop_onnx.load_bundle(bundle)
+
+
+@needs_toolkit
+def test_int8_stage_carries_the_error_measured_on_its_calibration(tmp_path):
+    rng = np.random.default_rng(7)
+    np.savez(tmp_path / "calibration.npz", input=rng.standard_normal((6, 1, 3, 32, 32)).astype(np.float32))
+    profile = {"name": "rk3588-int8", "arch": "aarch64", "isa": ["neon"], "memory_gb": 8, "providers": [
+        {"id": "rknn", "options": {"target": "rk3588", "dtype": "int8",
+                                   "calibration": str(tmp_path / "calibration.npz")},
+         "version": "rknn-toolkit-lite2 2.3", "required": True, "gflops": 1000, "gbps": 8, "stage_ms": 0.6}]}
+    (tmp_path / "profile.json").write_text(json.dumps(profile))
+    bundle = uhop_onnx.export_bundle(cnn(), str(tmp_path / "profile.json"), tmp_path / "b")
+    stage = rknn_stage(bundle)
+    assert stage["artifact"]["options"]["dtype"] == "int8"
+    assert stage["tolerance"]["atol"] > FP16_TOLERANCE["atol"], "int8 errs more than fp16 on this CNN"
+    report = uhop_onnx.verify_bundle(bundle)
+    entry = simulated(report)
+    assert report["ok"] and entry["ok"], report
+    assert entry["outputs"]["output"]["max_abs_error"] > FP16_TOLERANCE["atol"]  # quantized for real
+
+
+def test_without_the_toolkit_export_names_the_setup_command(tmp_path, monkeypatch):
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("UHOP_RKNN_VENV", str(tmp_path / "empty"))
+    with pytest.raises(ProviderError, match="rk3588 needs rknn.*uhop-onnx setup rknn"):
+        uhop_onnx.export_bundle(cnn(), "rk3588", tmp_path / "b")
+    assert not (tmp_path / "b").exists()
