@@ -65,6 +65,8 @@ def test_int8_stage_carries_the_error_measured_on_its_calibration(tmp_path):
     bundle = uhop_onnx.export_bundle(cnn(), str(tmp_path / "profile.json"), tmp_path / "b")
     stage = rknn_stage(bundle)
     assert stage["artifact"]["options"]["dtype"] == "int8"
+    carried = bundle / stage["artifact"]["files"][1]
+    assert carried.read_bytes() == (tmp_path / "calibration.npz").read_bytes()
     assert stage["tolerance"]["atol"] > FP16_TOLERANCE["atol"], "int8 errs more than fp16 on this CNN"
     report = uhop_onnx.verify_bundle(bundle)
     entry = simulated(report)

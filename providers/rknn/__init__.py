@@ -106,13 +106,18 @@ class Rknn(Provider):
 
     def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
         """The stage as an `.rknn` file for `target` and `dtype`, with the names, dtypes, layouts and cores
-        the board's runner needs, and its tolerance (see the module's docstring)."""
+        the board's runner needs, and its tolerance (see the module's docstring). An int8 stage carries its
+        calibration samples too (`stem.calibration.npz`), so that a simulator elsewhere rebuilds the same model."""
+        import shutil
+
         from .converter import convert, convert_measured, model_inputs
 
-        path = folder / f"{stem}.rknn"
+        path, files = folder / f"{stem}.rknn", [f"{stem}.rknn"]
         if self.dtype == "int8":
             error = convert_measured(model, path, self.target, self.dtype, self.samples())
             tolerance = {"rtol": FP16_TOLERANCE["rtol"], "atol": max(INT8_MARGIN * error, FP16_TOLERANCE["atol"])}
+            files.append(f"{stem}.calibration.npz")
+            shutil.copyfile(Path(self.options["calibration"]).expanduser(), folder / files[-1])
         else:
             convert(model, path, self.target, self.dtype)
             tolerance = FP16_TOLERANCE
@@ -120,7 +125,7 @@ class Rknn(Provider):
         options = {"target": self.target, "dtype": self.dtype, "core_mask": self.core_mask, "inputs": inputs,
                    "outputs": [o.name for o in model.graph.output], "data_formats": data_formats(len(inputs)),
                    "dtypes": {name: dtype.name for name, dtype in output_dtypes(model).items()}}
-        return Artifact("rknn", [path.name], options, dict(tolerance))
+        return Artifact("rknn", files, options, dict(tolerance))
 
     def query(self, model: onnx.ModelProto) -> dict[str, Support]:
         """The list's shape remarks, then the converter's word: a model the toolkit cannot build raises,
