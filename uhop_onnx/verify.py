@@ -59,6 +59,8 @@ def _check_stage(folder, stage: dict, feeds: dict[str, np.ndarray]) -> tuple[dic
         results = {name: np.asarray(v) for name, v in runner.run(feeds).items()}
     except Exception as error:  # noqa: BLE001 - a failing stage is a failed check, reported
         return {"ran": True, "how": how, "ok": False, "error": first_line(error)}, reference
+    finally:
+        runner.close()
     compared = {name: _compare(results[name], reference[name], stage["tolerance"]) for name in stage["outputs"]}
     ok = all(c["ok"] for c in compared.values())
     return {"ran": True, "how": how, "ok": ok, "outputs": compared}, results
@@ -76,10 +78,17 @@ def _host_runner(folder, stage: dict):
 
         from .providers import create
 
-        provider = create(simulate(stage["options"]))
+        options = dict(stage["options"])
+        carried = [f for f in stage["artifact"]["files"] if f.endswith(".calibration.npz")]
+        if carried:  # an int8 stage rebuilds with the calibration samples the bundle carries
+            options["calibration"] = str(folder / carried[0])
+        provider = create(simulate(options))
         if not provider.present:
             return None, f"cannot run here: {first_line(native)}; no simulator: {provider.availability.reason}"
-        return provider.compile(onnx.load(folder / stage["reference"])), "simulator, rebuilt from the stage's ONNX"
+        try:
+            return provider.compile(onnx.load(folder / stage["reference"])), "simulator, rebuilt from the stage's ONNX"
+        except UhopError as error:
+            return None, f"cannot run here: {first_line(native)}; the simulator failed: {first_line(error)}"
 
 
 def _compare(got: np.ndarray, want: np.ndarray, tolerance: dict[str, float]) -> dict[str, Any]:
