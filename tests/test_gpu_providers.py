@@ -18,7 +18,7 @@ from uhop_onnx.partitioner.extract import extract
 from uhop_onnx.providers import REGISTRY, create, devices
 from uhop_onnx.providers.capability import Support
 from uhop_onnx.providers.ort import DeviceTensor, OrtCpu, OrtCuda, OrtGpuProvider, OrtRocm, OrtTensorRT
-from uhop_onnx.session import _handoff
+from uhop_onnx.executor import _handoff
 
 from .conftest import assert_matches, random_feeds, reference
 
