@@ -3,6 +3,7 @@ ONNX Runtime, on the local engine and on Ray Serve."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -144,15 +145,16 @@ def spans():
     return exporter
 
 
-@pytest.fixture(scope="module")
-def local_url(plan, spans):
+@contextlib.contextmanager
+def local_server(plan, name: str, **options):
+    """`local_app(plan, ...)` under uvicorn in a thread of this process; yields its host:port."""
     import uvicorn
 
     from uhop_onnx.serve.local import local_app
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(local_app(plan, "mlp", replicas=2, max_request_bytes=LIMIT),
-                                           host=HOST, port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(local_app(plan, name, **options), host=HOST, port=port,
+                                           log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"{HOST}:{port}"
@@ -162,6 +164,12 @@ def local_url(plan, spans):
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def local_url(plan, spans):
+    with local_server(plan, "mlp", replicas=2, max_request_bytes=LIMIT) as url:
+        yield url
 
 
 def test_health_and_metadata_through_tritonclient(local_url):
@@ -203,11 +211,23 @@ def test_burst_of_concurrent_requests_all_answered_correctly(local_url, model, s
         (0, "openvino"), (1, "ort-cpu"), (2, "openvino")}
 
 
+def test_spans_continue_the_callers_trace(local_url, spans):
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    got, _ = post(local_url, "/v2/models/mlp/infer", json_request(np.zeros((4, 64), np.float32)),
+                  {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})
+    assert got == 200
+    joined = [s for s in spans.get_finished_spans() if f"{s.context.trace_id:032x}" == trace_id]
+    assert sorted(s.name for s in joined) == ["infer", "stage 0", "stage 1", "stage 2"]
+
+
 @pytest.mark.parametrize(("path", "body", "headers", "status", "message"), [
-    ("/v2/models/nope/infer", json_request(np.zeros((4, 64))), {}, 404, "unknown model 'nope'; this server serves: mlp"),
+    ("/v2/models/nope/infer", json_request(np.zeros((4, 64))), {}, 404,
+     "unknown model 'nope'; this server serves: mlp"),
     ("/v2/models/mlp/versions/2/infer", json_request(np.zeros((4, 64))), {}, 404, "no version '2'"),
-    ("/v2/models/mlp/infer", json_request(np.zeros((4, 64)), name="x"), {}, 400, "unknown input 'x'; the model's inputs: input (FP32 [4, 64])"),
-    ("/v2/models/mlp/infer", json_request(np.zeros((4, 64)), datatype="FP64"), {}, 400, "datatype 'FP64'; the model expects FP32"),
+    ("/v2/models/mlp/infer", json_request(np.zeros((4, 64)), name="x"), {}, 400,
+     "unknown input 'x'; the model's inputs: input (FP32 [4, 64])"),
+    ("/v2/models/mlp/infer", json_request(np.zeros((4, 64)), datatype="FP64"), {}, 400,
+     "datatype 'FP64'; the model expects FP32"),
     ("/v2/models/mlp/infer", json_request(np.zeros((2, 64))), {}, 400, "shape [2, 64]; the model expects [4, 64]"),
     ("/v2/models/mlp/infer", json_request(np.zeros((4, 64)), shape=[4, 32]), {}, 400, "shape [4, 32]"),
     ("/v2/models/mlp/infer", json_request(np.zeros((4, 32)), shape=[4, 64]), {}, 400, "128 values for shape [4, 64]"),
@@ -251,6 +271,31 @@ def test_wrong_method_and_path_are_json_errors(local_url):
         assert caught.value.code == status and "error" in json.loads(caught.value.read())
 
 
+def test_a_failing_stage_is_a_500_error_and_counted(tmp_path):
+    from onnx import TensorProto, helper
+
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [d]) for n, d in (("a", "n"), ("b", "m"))]
+    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["sum"], name="add")], "adder", inputs,
+                              [helper.make_tensor_value_info("sum", TensorProto.FLOAT, ["k"])])
+    adder = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    plan = optimize(adder, providers=["ort-cpu"], profile=False)
+    with local_server(plan, "adder") as url:
+        client = httpclient.InferenceServerClient(url)
+        assert client.get_model_metadata("adder")["inputs"][0]["shape"] == [-1]
+        feeds = [httpclient.InferInput(n, [k], "FP32") for n, k in (("a", 3), ("b", 2))]
+        for tensor, k in zip(feeds, (3, 2)):
+            tensor.set_data_from_numpy(np.ones(k, np.float32))
+        from tritonclient.utils import InferenceServerException
+
+        with pytest.raises(InferenceServerException, match=r"stage 0 \(ort-cpu\) failed") as caught:
+            client.infer("adder", feeds)
+        assert caught.value.status() == "500"
+        assert metric(url, "uhop_stage_errors_total", stage=0, provider="ort-cpu") == 1
+        feeds[1] = httpclient.InferInput("b", [3], "FP32")
+        feeds[1].set_data_from_numpy(np.full(3, 2, np.float32))
+        np.testing.assert_array_equal(client.infer("adder", feeds).as_numpy("sum"), np.full(3, 3, np.float32))
+
+
 def test_serve_command_on_a_model_file_names_the_model_after_its_stem(tmp_path, model):
     path = tmp_path / "tiny_mlp.onnx"
     onnx.save(model, path)
@@ -273,7 +318,7 @@ def test_ray_engine_one_deployment_per_stage(plan, model):
     ray = pytest.importorskip("ray")
     from ray import serve
 
-    from uhop_onnx.serve.ray_engine import deploy, ray_app
+    from uhop_onnx.serve.ray_engine import deploy, ray_app, stop
 
     ray.init(address="local", num_cpus=2, _node_ip_address=HOST, include_dashboard=False, log_to_driver=False)
     try:
@@ -297,5 +342,22 @@ def test_ray_engine_one_deployment_per_stage(plan, model):
         assert_matches([infer(client, x)], reference(model, {"input": x}))
         assert metric(url, "uhop_stage_seconds_count", stage=1, provider="ort-cpu") >= 201
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        stop("mlp", started=True)
+
+
+@pytest.mark.parametrize(("provider", "options", "expected"), [
+    ("ort-cpu", {}, {"num_cpus": 0.5}),
+    ("openvino", {"device": "CPU"}, {"num_cpus": 0.5}),
+    ("ort-cuda", {"device_id": 0}, {"num_cpus": 0.5, "num_gpus": 0.25}),
+    ("ort-tensorrt", {}, {"num_cpus": 0.5, "num_gpus": 0.25}),
+    ("openvino", {"device": "GPU.1"}, {"num_cpus": 0.5, "num_gpus": 0.25}),
+    ("openvino", {"device": "NPU"}, {"num_cpus": 0.5, "resources": {"npu": 0.25}}),
+    ("rknn", {}, {"num_cpus": 0.5, "resources": {"rknn": 0.25}}),
+])
+def test_stage_resources_follow_the_provider(provider, options, expected):
+    pytest.importorskip("ray")
+    from uhop_onnx.plan import Stage
+    from uhop_onnx.serve.ray_engine import stage_resources
+
+    stage = Stage(provider=provider, options=options, nodes=["n"], inputs=["x"], outputs=["y"], file="s.onnx")
+    assert stage_resources(stage, 0.5, 0.25) == expected

@@ -99,8 +99,9 @@ def test_validation_catches_broken_wiring_and_bad_syntax(tmp_path, plan):
     repo = export_triton(plan, tmp_path / "repo")
     config = repo / "mlp" / "config.pbtxt"
     text = config.read_text()
-    config.write_text(text.replace('value: "/fc0/relu/Relu_output_0"', 'value: "nowhere"', 1))
-    with pytest.raises(PlanError, match="uses /fc0/relu/Relu_output_0 before any step makes it"):
+    handed = plan.stages[0].outputs[0]
+    config.write_text(text.replace(f'value: "{handed}"', 'value: "nowhere"', 1))
+    with pytest.raises(PlanError, match=f"uses {handed} before any step makes it"):
         validate_repository(repo)
     config.write_text(text.replace("platform:", "platfrom:"))
     with pytest.raises(PlanError, match="not a valid Triton model config"):

@@ -117,9 +117,9 @@ def _write_stage(plan: Plan, k: int, stage: Stage, name: str, repo: Path, instan
     if engine == "openvino":
         import openvino as ov
 
-        from .providers.openvino import read_model
-
-        ov.save_model(read_model(model.SerializeToString()), version / "model.xml", compress_to_fp16=False)
+        # Core.read_model, not convert_model: the converter also reports telemetry.
+        ir = ov.Core().read_model(model.SerializeToString())
+        ov.save_model(ir, version / "model.xml", compress_to_fp16=False)
         config.backend = "openvino"
     else:
         (version / "model.onnx").write_bytes(model.SerializeToString())

@@ -2,5 +2,6 @@
 
 Modules: `protocol` (the JSON and binary tensor codec), `pipeline` (stages as asynchronous calls),
 `app` (the Starlette app), `local` and `ray_engine` (the engines), `metrics` (Prometheus, OpenTelemetry),
-`cli` (`serve`, mounted as `uhop-onnx serve`). Needs the `serve` extra: `pip install uhop-onnx[serve]`.
+`source` (a plan, a plan folder or a model), `cli` (`serve`, mounted as `uhop-onnx serve`).
+Needs the `serve` extra: `pip install uhop-onnx[serve]`.
 """

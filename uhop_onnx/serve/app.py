@@ -21,7 +21,15 @@ from .. import __version__
 from ..errors import StageError
 from .metrics import Metrics, span
 from .pipeline import Pipeline, StageCall
-from .protocol import DEFAULT_MAX_REQUEST_BYTES, HEADER_LENGTH, ProtocolError, decode_request, encode_response, error_body, tensor_metadata
+from .protocol import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    HEADER_LENGTH,
+    ProtocolError,
+    decode_request,
+    encode_response,
+    error_body,
+    tensor_metadata,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +79,7 @@ def create_app(pipeline: Pipeline, call: StageCall, name: str, *,
             check_model(request)
             body = await _read_body(request, max_request_bytes)
             decoded = decode_request(body, request.headers.get(HEADER_LENGTH), pipeline.inputs, pipeline.outputs)
-            with span("infer", model=name):
+            with span("infer", request.headers, model=name):
                 values = await pipeline.run(decoded.feeds, [n for n, _ in decoded.outputs], call, metrics)
             content, headers = encode_response(name, decoded, values, pipeline.outputs)
         except ProtocolError as error:

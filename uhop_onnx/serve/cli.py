@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -18,7 +18,7 @@ from .source import load_plan
 log = logging.getLogger(__name__)
 
 
-class Engine(str, Enum):
+class Engine(StrEnum):
     local = "local"
     ray = "ray"
 
@@ -58,19 +58,19 @@ def serve(
         log.info("serving %s on http://%s:%d/v2/models/%s", name, host, port, name)
         run_local(local_app(plan, name, replicas, threads, max_request_bytes), host, port)
         return
-    from ray import serve as ray_serve
+    from .ray_engine import deploy, ray_app, start_ray, stop
 
-    from .ray_engine import deploy, ray_app, start_ray
-
-    start_ray(host, port)
-    deploy(ray_app(plan, name, replicas, scaling, num_cpus, threads=threads, max_request_bytes=max_request_bytes),
-           name)
-    log.info("serving %s on http://%s:%d/v2/models/%s with Ray Serve", name, host, port, name)
+    started = start_ray(host, port)
     try:
+        deploy(ray_app(plan, name, replicas, scaling, num_cpus, threads=threads,
+                       max_request_bytes=max_request_bytes), name)
+        log.info("serving %s on http://%s:%d/v2/models/%s with Ray Serve", name, host, port, name)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        ray_serve.delete(name)
+        pass
+    finally:
+        stop(name, started)
 
 
 def _autoscaling(text: str | None) -> dict | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from ..errors import UhopError
 
@@ -57,14 +57,16 @@ class Metrics:
 
 
 @contextlib.contextmanager
-def span(name: str, **attributes) -> Iterator[None]:
-    """An OpenTelemetry span when the API is installed (a no-op unless a tracer provider is configured)."""
+def span(name: str, carrier: Mapping[str, str] | None = None, **attributes) -> Iterator[None]:
+    """An OpenTelemetry span when the API is installed (a no-op unless a tracer provider is configured);
+    `carrier` (request headers) continues the caller's trace when it holds a `traceparent`."""
     try:
-        from opentelemetry import trace
+        from opentelemetry import propagate, trace
     except ImportError:
         yield
         return
-    with trace.get_tracer("uhop_onnx.serve").start_as_current_span(name, attributes=attributes):
+    context = propagate.extract(carrier) if carrier is not None else None
+    with trace.get_tracer("uhop_onnx.serve").start_as_current_span(name, context=context, attributes=attributes):
         yield
 
 

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import StageError, first_line
-from ..plan import Plan, TensorSig
+from ..dtypes import TensorSig
+from ..plan import Plan
 from .metrics import Metrics, span
 
 # Calls stage `k` with its feeds; returns its outputs and the seconds it spent running.

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from ..plan import TensorSig
+from ..dtypes import TensorSig
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024

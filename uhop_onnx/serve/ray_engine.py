@@ -108,19 +108,33 @@ def cpu_share(replicas: int) -> float:
     return max(0.01, min(1.0, math.floor(100 * total / replicas) / 100))
 
 
-def start_ray(host: str, port: int) -> None:
-    """Join the cluster at RAY_ADDRESS, or start a local Ray instance; then start Serve's HTTP proxy."""
+def start_ray(host: str, port: int) -> bool:
+    """Join the cluster at RAY_ADDRESS, or start a local Ray instance (True then); start Serve's HTTP proxy."""
     import ray
 
+    started = False
     if not ray.is_initialized():
         address = os.environ.get("RAY_ADDRESS")
         if address:
             ray.init(address=address, log_to_driver=False)
         else:
             ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False)
+            started = True
     serve.start(http_options={"host": host, "port": port})
+    return started
 
 
 def deploy(app, name: str) -> None:
     """Deploy (or update) the application `name` at the root path and wait until it is running."""
-    serve.run(app, name=name, route_prefix="/")
+    serve.run(app, name=name, route_prefix="/", logging_config={"enable_access_log": False})
+
+
+def stop(name: str, started: bool) -> None:
+    """Remove the application; shut Serve and Ray down too when this process started Ray."""
+    import ray
+
+    if started:
+        serve.shutdown()
+        ray.shutdown()
+    else:
+        serve.delete(name)

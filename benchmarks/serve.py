@@ -1,0 +1,195 @@
+"""Serving throughput and latency: `serve --engine local`, `--engine ray` with 1 and 2 replicas per stage, and a
+plain ONNX Runtime loop in one process, at a few concurrency levels.
+
+    python benchmarks/serve.py [--model cnn] [--size 32] [--concurrency 1,4,16] [--requests 200] [--rounds 3]
+
+The model is split into three stages (OpenVINO, ONNX Runtime, OpenVINO) so that requests cross stages. Each
+candidate runs in its own process (a server started with `uhop_onnx.serve.cli.serve`, or the ONNX Runtime loop),
+one after the other in alternating rounds; `tritonclient.http` clients in this process send `--requests`
+requests per level (bounded by `--seconds`). Reported per candidate and level: the best round's requests/s,
+and the minimum over rounds of the round's p50 and p99 latency.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import onnx
+import typer
+
+HOST = "127.0.0.1"
+CANDIDATES = {"ort": {}, "local": {"engine": "local"}, "ray-1": {"engine": "ray", "replicas": 1},
+              "ray-2": {"engine": "ray", "replicas": 2}}
+
+
+def load(call, concurrency: int, count: int, seconds: float) -> dict[str, float]:
+    """`count` calls from `concurrency` threads (stopping early after `seconds`): requests/s, p50, p99 (ms)."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    issued = [0]
+    deadline = time.monotonic() + seconds
+
+    def worker() -> None:
+        state: dict = {}
+        while time.monotonic() < deadline:
+            with lock:
+                if issued[0] >= count:
+                    return
+                issued[0] += 1
+            start = time.perf_counter()
+            call(state)
+            with lock:
+                latencies.append(time.perf_counter() - start)
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    ms = np.array(latencies) * 1e3
+    return {"rps": len(ms) / wall, "p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)),
+            "n": len(ms)}
+
+
+def feeds_for(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {i.name: rng.standard_normal([d.dim_value or 1 for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+            for i in model.graph.input}
+
+
+def ort_worker(model_file: str, levels: list[int], count: int, seconds: float) -> None:
+    """The ONNX Runtime loop: one session, `concurrency` threads calling it; prints JSON results."""
+    import onnxruntime as ort
+
+    model = onnx.load(model_file)
+    session = ort.InferenceSession(model_file, providers=["CPUExecutionProvider"])
+    feeds = feeds_for(model)
+    session.run(None, feeds)
+    print(json.dumps({c: load(lambda _: session.run(None, feeds), c, count, seconds) for c in levels}))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def start_server(plan_dir: Path, options: dict, port: int) -> subprocess.Popen:
+    code = (f"from uhop_onnx.serve.cli import serve; serve({str(plan_dir)!r}, host={HOST!r}, port={port}, "
+            + ", ".join(f"{k}={v!r}" for k, v in options.items()) + ")")
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited: {process.stderr.read().decode()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{port}/v2/models/{plan_dir.name}/ready", timeout=2):
+                return process
+        except OSError:
+            time.sleep(0.5)
+    stop_server(process)
+    raise RuntimeError("server not ready within 240 s")
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def measure_server(plan_dir: Path, options: dict, model: onnx.ModelProto, levels: list[int], count: int,
+                   seconds: float) -> dict[int, dict[str, float]]:
+    import tritonclient.http as httpclient
+
+    port = free_port()
+    process = start_server(plan_dir, options, port)
+    try:
+        (name, x), = feeds_for(model).items()
+        tensor = httpclient.InferInput(name, list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        url, model_name = f"{HOST}:{port}", plan_dir.name
+
+        def call(state: dict):
+            if "client" not in state:
+                state["client"] = httpclient.InferenceServerClient(url, network_timeout=60)
+            return state["client"].infer(model_name, [tensor])
+
+        import onnxruntime as ort
+
+        expected = ort.InferenceSession(model.SerializeToString()).run(None, {name: x})[0]
+        got = call({}).as_numpy(model.graph.output[0].name)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+        load(call, max(levels), 2 * max(levels), seconds)  # warm up every replica
+        return {c: load(call, c, count, seconds) for c in levels}
+    finally:
+        stop_server(process)
+
+
+def main(
+    model: str = typer.Option("cnn", help="A reference model from uhop_onnx.models.BUILDERS."),
+    size: int = typer.Option(32, help="Input height and width, for the image models."),
+    concurrency: str = typer.Option("1,4,16", help="Concurrent clients, comma-separated."),
+    requests: int = typer.Option(200, help="Requests per level and round."),
+    rounds: int = typer.Option(3, help="Alternating rounds over the candidates."),
+    seconds: float = typer.Option(60.0, help="Time bound per level and round."),
+    candidates: str = typer.Option(",".join(CANDIDATES), help="Which of: " + ", ".join(CANDIDATES)),
+    worker: str = typer.Option("", hidden=True),
+    model_file: str = typer.Option("", hidden=True),
+) -> None:
+    levels = [int(c) for c in concurrency.split(",")]
+    if worker == "ort":
+        ort_worker(model_file, levels, requests, seconds)
+        return
+    from uhop_onnx.models import BUILDERS
+    from uhop_onnx.optimizer import optimize
+
+    onnx_model = BUILDERS[model](size=size) if model in ("cnn", "resnet", "mobilenet") else BUILDERS[model]()
+    nodes = [n.name for n in onnx_model.graph.node]
+    middle = {n: "ort-cpu" for n in nodes[len(nodes) // 3: 2 * len(nodes) // 3]}
+    plan = optimize(onnx_model, providers=["openvino", "ort-cpu"], assign=middle, profile=False)
+    chosen = candidates.split(",")
+    results: dict[str, list] = {c: [] for c in chosen}
+    with tempfile.TemporaryDirectory() as tmp:
+        plan_dir = plan.save(Path(tmp) / model)
+        model_path = Path(tmp) / f"{model}.onnx"
+        onnx.save(onnx_model, model_path)
+        print(f"{model}: {len(plan.stages)} stages ({', '.join(s.label for s in plan.stages)}); "
+              f"{os.cpu_count()} CPUs", file=sys.stderr)
+        for r in range(rounds):
+            for name in chosen:
+                if name == "ort":
+                    out = subprocess.run([sys.executable, __file__, "--worker", "ort", "--model-file", str(model_path),
+                                          "--concurrency", concurrency, "--requests", str(requests),
+                                          "--seconds", str(seconds)], check=True, capture_output=True, text=True)
+                    figures = {int(k): v for k, v in json.loads(out.stdout).items()}
+                else:
+                    figures = measure_server(plan_dir, CANDIDATES[name], onnx_model, levels, requests, seconds)
+                results[name].append(figures)
+                print(f"round {r + 1} {name}: " + "  ".join(f"c={c} {f['rps']:.0f}/s p50 {f['p50']:.2f} ms"
+                                                            for c, f in figures.items()), file=sys.stderr)
+    print(f"\n{'candidate':<10}{'clients':>8}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}")
+    for name in chosen:
+        for c in levels:
+            rounds_c = [r[c] for r in results[name]]
+            print(f"{name:<10}{c:>8}{max(f['rps'] for f in rounds_c):>10.0f}"
+                  f"{min(f['p50'] for f in rounds_c):>10.2f}{min(f['p99'] for f in rounds_c):>10.2f}")
+
+
+if __name__ == "__main__":
+    typer.run(main)
