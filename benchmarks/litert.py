@@ -42,7 +42,7 @@ def models() -> dict:
     return {
         **{name: build for name, build in BUILDERS.items()},
         "resnet18-224": resnet18,
-        "mobilenet-224": lambda: mobilenet(size=224, widths=(32, 64, 128, 256, 512), classes=1000),
+        "mobilenet-224": lambda: mobilenet(size=224, widths=(32, 64, 128), classes=1000),
         "encoder-128x128": lambda: transformer(seq=128, hidden=128, heads=2),
         "encoder-vit-tiny": lambda: transformer(seq=197, hidden=192, heads=3),
         "yolo-like-320": lambda: yolo_like(size=320),

@@ -94,7 +94,7 @@ class Lowering:
 
     def const(self, name: str, what: str = "") -> np.ndarray:
         if name not in self.consts:
-            raise Unsupported(f"{what or 'input'} {name!r} must be a constant initializer")
+            raise Unsupported(f"{what or 'input'} {name!r} must be constant (an initializer, or computed from them)")
         return self.consts[name]
 
     def perm(self, name: str) -> tuple[int, ...]:
