@@ -172,7 +172,7 @@ class KernelsRunner(Runner):
             for name in n.input:
                 readers[name] = readers.get(name, 0) + 1
         self.steps: list[Step] = []
-        self._schedules: dict[Any, Any] = {}
+        self.schedules: dict[tuple[str, int], Any] = {}  # (op key, threads) -> Schedule
         by_output: dict[str, Step] = {}
         for n in model.graph.node:
             attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
@@ -228,11 +228,11 @@ class KernelsRunner(Runner):
 
     def _schedule(self, op):
         key = (op.key, self.threads)
-        if key not in self._schedules:
+        if key not in self.schedules:
             from uhop_onnx.custom_ops.autotune import schedule_for
 
-            self._schedules[key] = schedule_for(self.lib, op, self.threads, self.tune)
-        return self._schedules[key]
+            self.schedules[key] = schedule_for(self.lib, op, self.threads, self.tune)
+        return self.schedules[key]
 
     def _conv(self, node, attrs):
         from uhop_onnx.custom_ops.spec import OpSpec

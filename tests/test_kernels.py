@@ -214,7 +214,7 @@ def test_fusion_and_threads_in_the_runner(lib):
     feeds = random_feeds(stage)
     got = runner.run(feeds)
     assert_matches(list(got.values()), reference(stage, feeds))
-    assert {schedule.threads for schedule in runner._schedules.values()} == {2}
+    assert {schedule.threads for schedule in runner.schedules.values()} == {2}
 
 
 def test_autotune_caches_the_winner_per_device(lib):
