@@ -260,3 +260,68 @@ def test_aarch64_build_runs_under_qemu():
         want = verify.conv_reference(x, w, bias[:6], (2, 1), (1, 1, 1, 0), (1, 2), 2)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert cross.build_library(spec).read_bytes()[18] == 183  # ELF e_machine EM_AARCH64
+
+
+def _single_node_model(node: onnx.NodeProto, inputs: dict[str, tuple], constants: dict[str, np.ndarray],
+                       opset: int = 17) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [node], "one", [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in inputs.items()],
+        [helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(value, name) for name, value in constants.items()])
+    return onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8))
+
+
+_R = np.random.default_rng(7)
+NODE_CASES = {
+    "gemm transA transB alpha beta full C": (
+        helper.make_node("Gemm", ["a", "b", "c"], ["y"], transA=1, transB=1, alpha=0.7, beta=-1.5),
+        {"a": (13, 9), "b": (17, 13)}, {"c": _R.standard_normal((9, 17)).astype(np.float32)}),
+    "gemm computed operands, column C": (
+        helper.make_node("Gemm", ["a", "b", "c"], ["y"]), {"a": (5, 7), "b": (7, 3)},
+        {"c": _R.standard_normal((5, 1)).astype(np.float32)}),
+    "batched matmul with broadcasting": (
+        helper.make_node("MatMul", ["a", "b"], ["y"]), {"a": (2, 1, 5, 6), "b": (3, 6, 4)}, {}),
+    "matmul of a rank-3 input by constant weights": (
+        helper.make_node("MatMul", ["a", "w"], ["y"]), {"a": (2, 5, 6)},
+        {"w": _R.standard_normal((6, 11)).astype(np.float32)}),
+    "conv valid padding, no bias": (
+        helper.make_node("Conv", ["x", "w"], ["y"], auto_pad="VALID", strides=[2, 2]), {"x": (1, 3, 9, 8)},
+        {"w": _R.standard_normal((4, 3, 3, 3)).astype(np.float32)}),
+    "clip with only a maximum": (
+        helper.make_node("Clip", ["x", "", "hi"], ["y"]), {"x": (3, 4)}, {"hi": np.array(0.25, np.float32)}),
+    "channel bias add": (
+        helper.make_node("Add", ["bias", "x"], ["y"]), {"x": (2, 3, 4, 5)},
+        {"bias": _R.standard_normal((3, 1, 1)).astype(np.float32)}),
+    "scalar bias add": (
+        helper.make_node("Add", ["x", "bias"], ["y"]), {"x": (2, 3)}, {"bias": np.array([0.5], np.float32)}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NODE_CASES))
+def test_each_op_form_matches_onnx_runtime(lib, case):
+    node, inputs, constants = NODE_CASES[case]
+    model = _single_node_model(node, inputs, constants)
+    runner = create("kernels", threads=2).compile(model)
+    feeds = random_feeds(model)
+    assert_matches([runner.run(feeds)["y"]], reference(model, feeds))
+
+
+def test_fused_chains_match_onnx_runtime(lib):
+    """MatMul -> bias Add -> Clip fuses into one call; a second reader of the product prevents fusion."""
+    w, bias = _R.standard_normal((6, 4)).astype(np.float32), _R.standard_normal(4).astype(np.float32)
+    lo, hi = np.array(-0.2, np.float32), np.array(0.3, np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "bias"], ["q"]),
+             helper.make_node("Clip", ["q", "lo", "hi"], ["y"]), helper.make_node("Relu", ["p"], ["r"]),
+             helper.make_node("MatMul", ["x", "w"], ["p2"]), helper.make_node("Add", ["p2", "bias"], ["y2"])]
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (5, 6))],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "r", "y2")],
+                              [numpy_helper.from_array(v, n) for n, v in
+                               {"w": w, "bias": bias, "lo": lo, "hi": hi}.items()])
+    model = onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    runner = create("kernels", threads=1).compile(model)
+    assert [s.kind for s in runner.steps] == ["MatMul", "Add", "Clip", "Relu", "MatMul"]
+    feeds = random_feeds(model)
+    got = runner.run(feeds)
+    assert_matches([got["y"], got["r"], got["y2"]], reference(model, feeds))
