@@ -58,6 +58,25 @@ def test_activations_biases_and_gelu_fold_into_single_ops():
     assert litert_ops(BUILDERS["resnet"]()).count("TRANSPOSE") == 1  # NCHW -> NHWC at the input only
 
 
+def test_max_pool_after_relu_pads_with_zeros():
+    """PyTorch's stride-2 pads differ from SAME: the pool input is padded explicitly, with zeros when it
+    cannot be negative (XNNPACK runs PAD, not PADV2), else with the lowest float."""
+    rng = np.random.default_rng(3)
+    for relu in (True, False):
+        nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1] * 4)]
+        if relu:
+            nodes.append(helper.make_node("Relu", ["c"], ["r"], name="relu"))
+        nodes.append(helper.make_node("MaxPool", ["r" if relu else "c"], ["y"], name="pool", kernel_shape=[3, 3],
+                                      strides=[2, 2], pads=[1] * 4))
+        graph = helper.make_graph(nodes, "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 4])],
+                                  [numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32), "w")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+        assert ("PAD" if relu else "PADV2") in litert_ops(model)
+        feeds = random_feeds(model)
+        assert_matches(session_on(model, ["litert"]).run(None, feeds), reference(model, feeds))
+
+
 def yolo_like(size: int = 32, anchors: int = 2, classes: int = 3) -> onnx.ModelProto:
     """A YOLOv5-style detector: Conv+SiLU backbone with a split/concat block, SPPF max pools, nearest
     upsampling into a second scale, and heads decoded with sigmoid, grid and anchors; a TopK picks the

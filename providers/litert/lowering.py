@@ -78,6 +78,7 @@ class Lowering:
         self.values: dict[str, Value] = {}
         self.unavailable: dict[str, str] = {}  # tensor -> why it has no LiteRT tensor
         self.fusable: dict[str, Operator] = {}  # value -> the op writing it, which can take a fused activation
+        self.nonnegative: set[str] = set()  # values known to be >= 0 (after ReLU, say)
         self._layouts: dict[tuple[str, tuple[int, ...] | None], int] = {}
 
     # ---- what is known about ONNX tensors

@@ -51,9 +51,14 @@ UNARY = {"Relu": "RELU", "Sigmoid": "LOGISTIC", "Tanh": "TANH", "HardSwish": "HA
          "Cos": "COS", "Elu": "ELU"}
 
 
+NONNEGATIVE = frozenset({"Relu", "Sigmoid", "Exp", "Abs", "Sqrt"})
+
+
 @lowers(*UNARY)
 def unary(cx: Lowering, node: Node) -> None:
     x, y = node.inputs[0], node.outputs[0]
+    if node.op in NONNEGATIVE:
+        cx.nonnegative.add(y)
     if node.op == "Relu" and cx.fuse(x, RELU):
         cx.alias(y, x)
         return
@@ -132,6 +137,8 @@ def clip(cx: Lowering, node: Node) -> None:
         lo = float(cx.const(node.input(1), "Clip min").reshape(())) if node.input(1) else -math.inf
         hi = float(cx.const(node.input(2), "Clip max").reshape(())) if node.input(2) else math.inf
     named = {(0.0, 6.0): ("RELU6", RELU6), (0.0, math.inf): ("RELU", RELU), (-1.0, 1.0): ("RELU_N1_TO_1", RELU_N1_TO_1)}
+    if lo >= 0.0:
+        cx.nonnegative.add(y)
     if (lo, hi) in named:
         code, activation = named[(lo, hi)]
         if cx.fuse(x, activation):
@@ -296,8 +303,10 @@ def pool(cx: Lowering, node: Node) -> None:
     strides, dilations = spatial(node, cx.rank(x), kernel)
     if dilations != [1, 1]:
         raise Unsupported(f"dilations={dilations}; LiteRT pools need 1")
-    if node.op == "MaxPool":
-        code, pad_value, same_ok = "MAX_POOL_2D", FLOAT_MIN, True
+    if node.op == "MaxPool":  # a window always holds an element, so zero pads are exact on values >= 0
+        code, pad_value, same_ok = "MAX_POOL_2D", 0.0 if x in cx.nonnegative else FLOAT_MIN, True
+        if x in cx.nonnegative:
+            cx.nonnegative.add(y)
     else:
         include = bool(node.attrs.get("count_include_pad", 0))
         code, pad_value, same_ok = "AVERAGE_POOL_2D", 0.0 if include else None, not include
