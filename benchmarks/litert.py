@@ -1,10 +1,11 @@
 """LiteRT (our ONNX -> .tflite converter, XNNPACK) beside ONNX Runtime CPU, and the optimized mix.
 
-    python benchmarks/litert.py [--threads 2] [--rounds 3] [--mix/--no-mix] [--budget 20]
+    python benchmarks/litert.py [--threads 2] [--rounds 3] [--repeats 30] [--mix/--no-mix] [--budget 20]
+                                [--only resnet18-224,encoder-vit-tiny]
 
 Models: the reference models at their test sizes, and models of the sizes people deploy (a ResNet-18, a
 MobileNet at 224x224, an encoder block whose sequence length equals its hidden size, a ViT-tiny-sized
-encoder block, a YOLO-style detector at 320x320). Each candidate runs in its own process, in alternating
+encoder block, the YOLO-style detector of tests/test_litert.py at 320x320). Each candidate runs in its own process, in alternating
 rounds; a round's figure is the median of `--repeats` calls, and a candidate's figure is the minimum over
 rounds. Candidates: `onnxruntime` (its own session, nothing of ours), `ort-cpu` (a uhop-onnx session on
 ONNX Runtime: the same session overhead as the next two), `litert` (the model placed on LiteRT alone, ops it
