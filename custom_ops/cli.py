@@ -39,7 +39,7 @@ def bench(threads: Annotated[str, typer.Option(help="Comma-separated thread coun
     for case in result["cases"]:
         cells = [result["threads"][t][lib].get(case) for t in counts for lib in LIBRARIES]
         table.add_row(case, *("-" if c is None else f"{c:.1f}" for c in cells))
-    out.print(table, width=max(out.width, 48 + 11 * len(counts) * len(LIBRARIES)))
+    Console(width=max(out.width, 48 + 11 * len(counts) * len(LIBRARIES))).print(table)  # wide enough to read
 
 
 @app.command()
