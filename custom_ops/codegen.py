@@ -118,10 +118,62 @@ static void pack_b(int NR, idx kc, idx nc, const float *b, idx rsb, idx csb, flo
 }
 
 typedef struct { int mc, kc, nc; } blocks_t;
+typedef struct conv_s {
+    const kernel_t *k; blocks_t bl; idx N, C, H, W, OC, KH, KW, sh, sw, pt, pl, dh, dw, G, OH, OW;
+    const float *x, *w, *bias; float *y; int clamp; float lo, hi; int inner_threads; const float *packed;
+    idx HP, WP;  /* padded input plane for the direct algorithm */
+} conv_t;
+
+/* Append count values (from src, or zeros when src is NULL) to a panel row being packed: NR floats per panel,
+   consecutive panels NR * kc apart. */
+static void emit(float **panel, int *jj, int NR, idx kc, const float *src, idx count) {
+    while (count > 0) {
+        idx take = imin(count, NR - *jj);
+        if (src) { memcpy(*panel + *jj, src, sizeof(float) * take); src += take; }
+        else memset(*panel + *jj, 0, sizeof(float) * take);
+        *jj += (int)take;
+        count -= take;
+        if (*jj == NR) { *jj = 0; *panel += NR * kc; }
+    }
+}
+
+/* Pack rows [pc, pc + kc) and columns [jc, jc + nc) of the im2col matrix of one image and group (at x) into
+   NR-column panels, straight from the image: the matrix itself is never written. At unit stride each output
+   row is a run of zeros, one contiguous copy of the input row, and zeros. */
+static void pack_b_conv(const conv_t *cv, const float *x, int NR, idx pc, idx kc, idx jc, idx nc, float *bp) {
+    for (idx p = 0; p < kc; p++) {
+        idx k = pc + p, c = k / (cv->KH * cv->KW), kh = k / cv->KW % cv->KH, kw = k % cv->KW;
+        const float *xc = x + c * cv->H * cv->W;
+        float *panel = bp + p * NR;
+        int jj = 0;
+        idx oh = jc / cv->OW, ow = jc % cv->OW, shift = kw * cv->dw - cv->pl;  /* iw = ow * sw + shift */
+        for (idx j = jc, end = jc + nc; j < end; oh++, ow = 0) {
+            idx run = imin(cv->OW - ow, end - j), ih = oh * cv->sh - cv->pt + kh * cv->dh;
+            j += run;
+            if (ih < 0 || ih >= cv->H) { emit(&panel, &jj, NR, kc, NULL, run); continue; }
+            const float *xr = xc + ih * cv->W;
+            if (cv->sw == 1) {
+                idx lo = imin(run, imax(0, -shift - ow)), hi = imax(lo, imin(run, cv->W - shift - ow));
+                emit(&panel, &jj, NR, kc, NULL, lo);
+                emit(&panel, &jj, NR, kc, xr + ow + lo + shift, hi - lo);
+                emit(&panel, &jj, NR, kc, NULL, run - hi);
+                continue;
+            }
+            for (idx t = 0; t < run; t++) {
+                idx iw = (ow + t) * cv->sw + shift;
+                panel[jj] = iw >= 0 && iw < cv->W ? xr[iw] : 0.0f;
+                if (++jj == NR) { jj = 0; panel += NR * kc; }
+            }
+        }
+        emit(&panel, &jj, NR, kc, NULL, jj ? NR - jj : 0);
+    }
+}
+
 typedef struct {
     const kernel_t *k; blocks_t bl; idx M, N, K; const float *A; idx rsa, csa; const float *B; idx rsb, csb;
     float *C; idx rsc; epi_t e; const float *bias; int split_n;
     const float *packed;  /* A packed whole by uk_pack_a, or NULL to pack per block */
+    const struct conv_s *conv;  /* when set, B is the implicit im2col matrix of conv over the image at B */
 } gemm_t;
 
 static idx round_up(idx x, idx to) { return (x + to - 1) / to * to; }
@@ -140,7 +192,8 @@ static void gemm_serial(const gemm_t *g, idx m0, idx m1, idx n0, idx n1, float *
         for (idx pc = 0; pc < K || pc == 0; pc += g->bl.kc) {
             idx kb = imin(g->bl.kc, K - pc);
             int first = pc == 0, last = pc + kb >= K;
-            pack_b(NR, kb, nb, g->B + pc * g->rsb + jc * g->csb, g->rsb, g->csb, bp);
+            if (g->conv) pack_b_conv(g->conv, g->B, NR, pc, kb, jc, nb, bp);
+            else pack_b(NR, kb, nb, g->B + pc * g->rsb + jc * g->csb, g->rsb, g->csb, bp);
             for (idx ic = m0; ic < m1; ic += g->bl.mc) {
                 idx mb = imin(g->bl.mc, m1 - ic);
                 const float *a = g->packed ? g->packed + pc * round_up(g->M, MR) + ic * kb : ap;
@@ -232,36 +285,12 @@ int uk_gemm(int variant, int threads, int mc, int kc, int nc, idx M, idx N, idx 
     if (variant < 0 || variant >= uk_variants()) return UK_BAD_VARIANT;
     if (M < 0 || N < 0 || K < 0 || rsc < N) return UK_BAD_SHAPE;
     gemm_t g = {&KERNELS[variant], {mc, kc, nc}, M, N, K, A, rsa, csa, B, rsb, csb, C, rsc,
-                {alpha, brs, bcs, clamp, lo, hi}, bias, 1, packed};
+                {alpha, brs, bcs, clamp, lo, hi}, bias, 1, packed, NULL};
     if (!check_blocks(g.k, g.bl)) return UK_BAD_BLOCKS;
     if (M == 0 || N == 0) return UK_OK;
     return gemm_run(&g, threads);
 }
 
-typedef struct {
-    const kernel_t *k; blocks_t bl; idx N, C, H, W, OC, KH, KW, sh, sw, pt, pl, dh, dw, G, OH, OW;
-    const float *x, *w, *bias; float *y; int clamp; float lo, hi; int inner_threads; const float *packed;
-    idx HP, WP;  /* padded input plane for the direct algorithm */
-} conv_t;
-
-static void im2col(const conv_t *cv, const float *x, float *col) {
-    idx Cg = cv->C / cv->G, P = cv->OH * cv->OW;
-    for (idx c = 0; c < Cg; c++)
-        for (idx kh = 0; kh < cv->KH; kh++)
-            for (idx kw = 0; kw < cv->KW; kw++) {
-                float *row = col + ((c * cv->KH + kh) * cv->KW + kw) * P;
-                for (idx oh = 0; oh < cv->OH; oh++) {
-                    idx ih = oh * cv->sh - cv->pt + kh * cv->dh;
-                    float *r = row + oh * cv->OW;
-                    if (ih < 0 || ih >= cv->H) { memset(r, 0, sizeof(float) * cv->OW); continue; }
-                    const float *xr = x + (c * cv->H + ih) * cv->W;
-                    for (idx ow = 0; ow < cv->OW; ow++) {
-                        idx iw = ow * cv->sw - cv->pl + kw * cv->dw;
-                        r[ow] = iw >= 0 && iw < cv->W ? xr[iw] : 0.0f;
-                    }
-                }
-            }
-}
 
 static int is_pointwise(const conv_t *cv) {
     return cv->KH == 1 && cv->KW == 1 && cv->sh == 1 && cv->sw == 1 && cv->pt == 0 && cv->pl == 0 &&
@@ -269,25 +298,23 @@ static int is_pointwise(const conv_t *cv) {
 }
 
 /* One (image, group) of an im2col convolution: Y_g = W_g col + bias. */
-static void conv_gemm_item(const conv_t *cv, idx item, float *col, float *ap, float *bp, int threads) {
+static void conv_gemm_item(const conv_t *cv, idx item, float *ap, float *bp, int threads) {
     idx n = item / cv->G, gi = item % cv->G, Cg = cv->C / cv->G, OCg = cv->OC / cv->G;
     idx Kg = Cg * cv->KH * cv->KW, P = cv->OH * cv->OW;
     const float *x = cv->x + (n * cv->C + gi * Cg) * cv->H * cv->W;
-    if (!is_pointwise(cv)) { im2col(cv, x, col); x = col; }
     gemm_t g = {cv->k, cv->bl, OCg, P, Kg, cv->w + gi * OCg * Kg, Kg, 1, x, P, 1,
                 cv->y + (n * cv->OC + gi * OCg) * P, P, {1.0f, 1, 0, cv->clamp, cv->lo, cv->hi},
                 cv->bias ? cv->bias + gi * OCg : NULL, 1,
-                cv->packed ? cv->packed + gi * round_up(OCg, cv->k->mr) * Kg : NULL};
+                cv->packed ? cv->packed + gi * round_up(OCg, cv->k->mr) * Kg : NULL, is_pointwise(cv) ? NULL : cv};
     if (threads > 1) gemm_run(&g, threads); else gemm_serial(&g, 0, g.M, 0, g.N, ap, bp);
 }
 
 static void conv_gemm_range(void *ctx, idx begin, idx end) {
     const conv_t *cv = (const conv_t *)ctx;
-    idx Cg = cv->C / cv->G, Kg = Cg * cv->KH * cv->KW, P = cv->OH * cv->OW, kb = imin(cv->bl.kc, imax(Kg, 1));
-    float *col = alloc_floats(Kg * P), *ap = alloc_floats((idx)cv->bl.mc * kb), *bp = alloc_floats((idx)cv->bl.nc * kb);
-    if (col && ap && bp)
-        for (idx item = begin; item < end; item++) conv_gemm_item(cv, item, col, ap, bp, cv->inner_threads);
-    free(col);
+    idx kb = imin(cv->bl.kc, imax(cv->C / cv->G * cv->KH * cv->KW, 1));
+    float *ap = alloc_floats((idx)cv->bl.mc * kb), *bp = alloc_floats((idx)cv->bl.nc * kb);
+    if (ap && bp)
+        for (idx item = begin; item < end; item++) conv_gemm_item(cv, item, ap, bp, cv->inner_threads);
     free(ap);
     free(bp);
 }
