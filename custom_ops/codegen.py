@@ -1,8 +1,9 @@
 """Lowering: a `LibrarySpec` to C source for its target (AVX2/FMA, NEON, or portable scalar C).
 
 The source holds, for every micro-kernel of the spec, a register-blocked kernel whose accumulators are named
-variables (an array would be spilled), the packing routines, a blocked GEMM with a fused epilogue, an im2col
-and a direct convolution, a bias+clamp kernel and a naive GEMM for comparison. Work is split over POSIX
+variables (an array would be spilled), the packing routines, a blocked GEMM with a fused epilogue, a GEMM
+convolution that packs its im2col panels straight from the image, a direct convolution, a bias+clamp kernel
+and a naive GEMM for comparison. Work is split over POSIX
 threads. Every exported function checks its arguments and returns a nonzero code instead of touching memory
 it was not given.
 """
@@ -399,7 +400,7 @@ static void conv_direct_range(void *ctx, idx begin, idx end) {
     free(xp);
 }
 
-/* NCHW convolution with OIHW weights, groups, strides, pads, dilations; algo 0 im2col+GEMM, 1 direct. */
+/* NCHW convolution with OIHW weights, groups, strides, pads, dilations; algo 0 GEMM over implicit im2col, 1 direct. */
 int uk_conv2d(int variant, int threads, int mc, int kc, int nc, int algo,
               idx N, idx C, idx H, idx W, idx OC, idx KH, idx KW, idx sh, idx sw, idx pt, idx pl, idx pb, idx pr,
               idx dh, idx dw, idx G, const float *x, const float *w, const float *bias, float *y,
