@@ -319,6 +319,18 @@ def test_plan_with_litert_saves_and_runs_again(tmp_path):
     assert_matches(again.run(None, feeds), reference(model, feeds))
 
 
+def test_bundle_for_an_arm_board_carries_tflite_stages(tmp_path):
+    model = BUILDERS["mobilenet"]()
+    uhop_onnx.export_bundle(model, "arm64", tmp_path / "bundle")
+    bundle = uhop_onnx.load_bundle(tmp_path / "bundle")
+    stages = bundle.manifest["stages"]
+    assert [s["artifact"]["format"] for s in stages] == ["tflite"]
+    blob = (tmp_path / "bundle" / stages[0]["artifact"]["files"][0]).read_bytes()
+    assert blob[4:8] == b"TFL3"
+    feeds = random_feeds(model)
+    assert_matches(bundle.run(None, feeds), reference(model, feeds))
+
+
 def test_the_runner_imports_only_numpy_and_its_runtime():
     code = ("import sys, uhop_onnx.providers.litert.runner as r; r.interpreter_module(); "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'onnx', 'onnxruntime', 'tflite', 'openvino'}))")

@@ -4,7 +4,6 @@ external delegate. Every converted stage is checked against ONNX Runtime when it
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import TYPE_CHECKING
 
@@ -12,12 +11,14 @@ import numpy as np
 
 from uhop_onnx.errors import ProviderError
 
-from ..base import Absent, Provider, Runner
+from ..base import Absent, Artifact, Provider, Runner
 from ..capability import Support
 from .runner import LiteRtRunner, interpreter_module
 from .table import LITERT_TABLE
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import onnx
 
 log = logging.getLogger(__name__)
@@ -72,14 +73,40 @@ class LiteRt(Provider):
         start = time.perf_counter()
         blob = convert(model, fp16=bool(self.options.get("fp16")))
         converted = time.perf_counter()
-        # LiteRT's own default is one thread; ONNX Runtime's, every core: default to every core too.
-        threads = self.threads or os.cpu_count() or 1
-        runner = LiteRtRunner(blob, threads, self.options.get("delegate"), self.options.get("delegate_options"),
-                              bool(self.options.get("allow_fallback")))
+        runner = LiteRtRunner(blob, self.threads, **self.delegate_options())
         runner.error = verify(model, runner, self.tolerance)
         log.info("litert: %s converted in %.2f s (%d bytes), verified in %.2f s; max abs error %.3g",
                  model.graph.name, converted - start, len(blob), time.perf_counter() - converted, runner.error)
         return runner
+
+
+    def delegate_options(self) -> dict:
+        return {"delegate": self.options.get("delegate"), "delegate_options": self.options.get("delegate_options"),
+                "allow_fallback": bool(self.options.get("allow_fallback"))}
+
+    def export_blocker(self) -> str | None:
+        try:
+            import tflite  # noqa: F401 - the converter writes with its schema
+        except ImportError as error:
+            return f"the tflite package is not installed on this host ({error}); pip install tflite"
+        return None
+
+    def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
+        """The stage as a `.tflite` file with its delegate settings (for the board); checked against ONNX
+        Runtime on XNNPACK first where LiteRT runs on this host."""
+        from .converter import convert
+
+        fp16 = bool(self.options.get("fp16"))
+        blob = convert(model, fp16=fp16)
+        try:
+            interpreter_module()
+        except ImportError:
+            log.info("litert: %s written unchecked: no LiteRT interpreter on this host", stem)
+        else:
+            verify(model, LiteRtRunner(blob, self.threads), self.tolerance)
+        (folder / f"{stem}.tflite").write_bytes(blob)
+        options = {k: v for k, v in self.delegate_options().items() if v}
+        return Artifact("tflite", [f"{stem}.tflite"], options, FP16_TOLERANCE if fp16 else None)
 
 
 def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], seed: int = 0) -> float:

@@ -4,7 +4,9 @@ have only that), with XNNPACK on CPU or an external delegate."""
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,6 +37,7 @@ class LiteRtRunner(Runner):
                  delegate_options: Mapping[str, Any] | None = None, allow_fallback: bool = False):
         lite = interpreter_module()
         self.model = model
+        threads = threads or os.cpu_count() or 1  # LiteRT's own default is one thread; ONNX Runtime's, every core
         loaded = load_delegate(lite, delegate, delegate_options, allow_fallback) if delegate else None
         self.delegates = [loaded] if loaded is not None else []
         self.interpreter = lite.Interpreter(model_content=model, num_threads=threads,
@@ -52,6 +55,13 @@ class LiteRtRunner(Runner):
     def close(self) -> None:
         self.interpreter = None
         self.delegates = []
+
+
+def load_stage(folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool) -> LiteRtRunner:
+    """A bundle's `.tflite` stage, with the delegate it was exported with."""
+    options = artifact.get("options", {})
+    return LiteRtRunner((Path(folder) / artifact["files"][0]).read_bytes(), threads, options.get("delegate"),
+                        options.get("delegate_options"), bool(options.get("allow_fallback")))
 
 
 def load_delegate(lite, library: str, options: Mapping[str, Any] | None, allow_fallback: bool):
