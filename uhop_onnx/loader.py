@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,8 @@ from onnx import external_data_helper, shape_inference
 
 from .errors import ModelError, first_line
 from .graph import outer_inputs
+
+log = logging.getLogger(__name__)
 
 MIN_OPSET = 7
 MIN_IR_VERSION = 3
@@ -38,9 +41,30 @@ def load(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.ModelProto:
     _check_structure(proto.graph, where)
     try:
         onnx.checker.check_model(proto)
-        return shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
-    except (onnx.checker.ValidationError, shape_inference.InferenceError) as error:
+    except onnx.checker.ValidationError as error:
         raise ModelError(f"{where}: {first_line(error)}") from None
+    return _infer_shapes(proto, where)
+
+
+def _infer_shapes(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
+    """Shapes inferred strictly; an error inside the body of a standard op's function (onnx's own bodies
+    do not all pass strict inference) is logged and inference redone leniently."""
+    try:
+        return shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+    except shape_inference.InferenceError as error:
+        if not _in_function_body(str(error)):
+            raise ModelError(f"{where}: {first_line(error)}") from None
+        log.warning("%s: shape inference failed inside a function body (%s); using partial shapes",
+                    where, first_line(error))
+    try:
+        return shape_inference.infer_shapes(model, check_type=True, strict_mode=False, data_prop=True)
+    except shape_inference.InferenceError as error:
+        raise ModelError(f"{where}: {first_line(error)}") from None
+
+
+def _in_function_body(message: str) -> bool:
+    """Whether a strict inference error is nested: raised by a node of an op's function body."""
+    return message.count("(op_type:") > 1
 
 
 def name_nodes(graph: onnx.GraphProto) -> None:
