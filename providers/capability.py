@@ -94,6 +94,7 @@ def check(table: CapabilityTable, node: Node, graph: Graph) -> Support:
         if rank not in rule.ranks:
             return Support(False, f"input rank {rank}; supported ranks: {', '.join(map(str, rule.ranks))}")
     for position in rule.constant_inputs:
-        if position < len(node.inputs) and node.inputs[position] not in graph.initializers:
-            return Support(False, f"input {position} ({node.inputs[position]!r}) must be a constant initializer")
+        name = node.inputs[position] if position < len(node.inputs) else ""
+        if name and name not in graph.initializers:
+            return Support(False, f"input {position} ({name!r}) must be a constant initializer")
     return YES

@@ -44,8 +44,20 @@ def main() -> None:
         sys.exit(error.exit_code)
 
 
-def _providers(text: str | None) -> list[str] | None:
-    return [p.strip() for p in text.split(",") if p.strip()] if text else None
+LiteRtFp16Option = Annotated[bool, typer.Option("--litert-fp16", help="LiteRT stages keep float16 weights "
+                             "(checked against ONNX Runtime within rtol 1e-2, atol 1e-3).")]
+
+
+def _providers(text: str | None, litert_fp16: bool = False) -> list | None:
+    """Provider specs from `--providers` (None: every one present); `--litert-fp16` sets litert's option."""
+    specs = [p.strip() for p in text.split(",") if p.strip()] if text else None
+    if not litert_fp16:
+        return specs
+    if specs is None:
+        from .providers import REGISTRY
+
+        specs = [ident for ident, cls in REGISTRY.items() if cls().present]
+    return [("litert", {"fp16": True}) if s == "litert" else s for s in specs]
 
 
 def _print_json(data: Any) -> None:
@@ -128,13 +140,13 @@ def optimize(model: Path, output: Annotated[Path, typer.Option("--output", "-o",
              threads: ThreadsOption = None,
              budget: Annotated[float, typer.Option("--budget", min=0, help="Seconds the measured search may "
                                                    "spend improving the plan.")] = 60.0,
-             as_json: JsonOption = False) -> None:
+             litert_fp16: LiteRtFp16Option = False, as_json: JsonOption = False) -> None:
     """Place a model's nodes on providers and write the plan folder."""
     from .optimizer import optimize as run_optimize
 
     with _steps("optimizing", not as_json) as step:
-        plan = run_optimize(model, _providers(providers), profile=not no_profile, threads=threads, budget=budget,
-                            progress=step)
+        plan = run_optimize(model, _providers(providers, litert_fp16), profile=not no_profile, threads=threads,
+                            budget=budget, progress=step)
         step("writing the plan")
         plan.save(output)
     if as_json:
@@ -169,7 +181,8 @@ def _print_candidates(profile: dict) -> None:
 def run(model: Annotated[Path, typer.Argument(help="A plan folder or an .onnx model.")],
         inputs: Annotated[Path, typer.Option("--inputs", "-i", help="An .npz file with one array per model input.")],
         output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the outputs to this .npz.")] = None,
-        providers: ProvidersOption = None, threads: ThreadsOption = None, as_json: JsonOption = False) -> None:
+        providers: ProvidersOption = None, threads: ThreadsOption = None, litert_fp16: LiteRtFp16Option = False,
+        as_json: JsonOption = False) -> None:
     """Run a plan folder or a model on the inputs of an .npz file."""
     import numpy as np
 
@@ -178,7 +191,8 @@ def run(model: Annotated[Path, typer.Argument(help="A plan folder or an .onnx mo
     feeds = _read_npz(inputs)
     with _steps("running", not as_json) as step:
         step("compiling stages")
-        session = InferenceSession(str(model), providers=_providers(providers), profile=False, threads=threads)
+        session = InferenceSession(str(model), providers=_providers(providers, litert_fp16), profile=False,
+                                   threads=threads)
         step("running")
         results = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
     if output is not None:
