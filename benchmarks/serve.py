@@ -105,7 +105,7 @@ def start_server(plan_dir: Path, options: dict, port: int) -> subprocess.Popen:
 
 
 def stop_server(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signal.SIGTERM)
     try:
         process.wait(timeout=60)
     except subprocess.TimeoutExpired:
@@ -136,9 +136,29 @@ def measure_server(plan_dir: Path, options: dict, model: onnx.ModelProto, levels
         got = call({}).as_numpy(model.graph.output[0].name)
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
         load(call, max(levels), 2 * max(levels), seconds)  # warm up every replica
-        return {c: load(call, c, count, seconds) for c in levels}
+        figures = {c: load(call, c, count, seconds) for c in levels}
+        print(f"  {options}: mean ms inside the server: {breakdown(url)}", file=sys.stderr)
+        return figures
     finally:
         stop_server(process)
+
+
+def breakdown(url: str) -> str:
+    """Mean time per request at the server's entry and per stage on its provider, from `/metrics`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    sums: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in ("uhop_request_seconds", "uhop_stage_seconds"):
+            continue
+        for sample in family.samples:
+            if sample.name.endswith(("_sum", "_count")):
+                labels = sample.labels
+                key = f"stage {labels['stage']} {labels['provider']}" if "stage" in labels else "request"
+                sums.setdefault(key, [0.0, 0.0])[sample.name.endswith("_count")] += sample.value
+    return ", ".join(f"{key} {1e3 * total / count:.2f}" for key, (total, count) in sums.items() if count)
 
 
 def main(

@@ -318,12 +318,13 @@ def test_ray_engine_one_deployment_per_stage(plan, model):
     ray = pytest.importorskip("ray")
     from ray import serve
 
-    from uhop_onnx.serve.ray_engine import deploy, ray_app, stop
+    from uhop_onnx.serve.ray_engine import deploy, ray_app, start_ray, stop
 
-    ray.init(address="local", num_cpus=2, _node_ip_address=HOST, include_dashboard=False, log_to_driver=False)
+    if ray.is_initialized() or os.environ.get("RAY_ADDRESS"):
+        pytest.skip("needs a Ray instance of its own")
+    port = free_port()
+    assert start_ray(HOST, port)  # a local instance, as `serve --engine ray` starts it
     try:
-        port = free_port()
-        serve.start(http_options={"host": HOST, "port": port})
         with ThreadPoolExecutor(1) as pool:
             pool.submit(deploy, ray_app(plan, "mlp", replicas=2, max_request_bytes=LIMIT), "mlp").result(timeout=180)
         url = f"{HOST}:{port}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import time
 from enum import StrEnum
 from pathlib import Path
@@ -65,12 +66,18 @@ def serve(
         deploy(ray_app(plan, name, replicas, scaling, num_cpus, threads=threads,
                        max_request_bytes=max_request_bytes), name)
         log.info("serving %s on http://%s:%d/v2/models/%s with Ray Serve", name, host, port, name)
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
+        _wait_for_signal()
     finally:
         stop(name, started)
+
+
+def _wait_for_signal() -> None:
+    """Block until SIGINT or SIGTERM, even where the parent left SIGINT ignored (a background job)."""
+    received: list[int] = []
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, lambda n, _: received.append(n))
+    while not received:
+        time.sleep(0.5)
 
 
 def _autoscaling(text: str | None) -> dict | None:
