@@ -2,7 +2,8 @@
 
 The cache key is the hash of the source, the flags and the compiler's version banner, so a new compiler or a
 changed generator rebuilds. Files are written under a temporary name and renamed, so a concurrent build or an
-interrupted one never leaves a half-written library in place.
+interrupted one never leaves a half-written library in place; a sidecar holds the SHA-256 of each build, and a
+cached file that no longer matches it is rebuilt.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def build(source: str, target: str | None = None, *, shared: bool = True, libs: 
     version = compiler_version(command[0])
     key = hashlib.sha256("\0".join([source, *command, *libs, version]).encode()).hexdigest()[:24]
     out = cache_dir() / "kernels" / f"{target}-{key}{'.so' if shared else ''}"
-    if out.is_file() and out.stat().st_size > 0:
+    if _intact(out):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
@@ -69,11 +70,31 @@ def build(source: str, target: str | None = None, *, shared: bool = True, libs: 
                                 check=False)
         if result.returncode != 0:
             raise BuildError(f"{command[0]} failed to build the {target} kernels:\n{result.stderr[-2000:]}")
+        digest = Path(tmp) / "digest"
+        digest.write_text(_digest(binary))
         os.replace(binary, out)
+        os.replace(digest, _sidecar(out))
     log.info("built %s", out)
     return out
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _intact(path: Path) -> bool:
+    """Whether a cached build exists and still has the content it was built with."""
+    try:
+        return _sidecar(path).read_text() == _digest(path)
+    except OSError:
+        return False
 
 
 def evict(path: Path) -> None:
     """Remove a cached build that failed to load or verify, so the next `build` compiles it afresh."""
     path.unlink(missing_ok=True)
+    _sidecar(path).unlink(missing_ok=True)

@@ -13,6 +13,20 @@ from __future__ import annotations
 from .spec import LibrarySpec, MicroKernel, Target, check_library
 
 VECTOR_MACROS = {
+    "x86-64-avx512": """
+typedef __m512 vf;
+#define LANES 16
+#define VZERO() _mm512_setzero_ps()
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VSTORE(p, v) _mm512_storeu_ps(p, v)
+#define VSET1(x) _mm512_set1_ps(x)
+#define VBCAST(p) _mm512_set1_ps(*(p))
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VADD(a, b) _mm512_add_ps(a, b)
+#define VMUL(a, b) _mm512_mul_ps(a, b)
+#define VMAX(a, b) _mm512_max_ps(a, b)
+#define VMIN(a, b) _mm512_min_ps(a, b)
+""",
     "x86-64-avx2": """
 typedef __m256 vf;
 #define LANES 8

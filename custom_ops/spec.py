@@ -31,6 +31,7 @@ class Target:
 
 
 TARGETS = {
+    "x86-64-avx512": Target("x86-64-avx512", 16, 32, "cc", ("-mavx512f", "-mavx2", "-mfma"), "#include <immintrin.h>"),
     "x86-64-avx2": Target("x86-64-avx2", 8, 16, "cc", ("-mavx2", "-mfma"), "#include <immintrin.h>"),
     "aarch64-neon": Target("aarch64-neon", 4, 32, "aarch64-linux-gnu-gcc", (), "#include <arm_neon.h>"),
     "scalar": Target("scalar", 1, 32, "cc", (), ""),
@@ -51,6 +52,7 @@ class MicroKernel:
 
 # Micro-kernels per target, best first: 6x16 keeps 12 AVX2 accumulators plus 2 B vectors and 1 A broadcast.
 MICRO_KERNELS = {
+    "x86-64-avx512": (MicroKernel(14, 32), MicroKernel(8, 32), MicroKernel(6, 64), MicroKernel(1, 32)),
     "x86-64-avx2": (MicroKernel(6, 16), MicroKernel(4, 24), MicroKernel(8, 8), MicroKernel(1, 16)),
     "aarch64-neon": (MicroKernel(8, 12), MicroKernel(4, 16), MicroKernel(1, 16)),
     "scalar": (MicroKernel(4, 4), MicroKernel(1, 8)),
@@ -136,20 +138,25 @@ class Schedule:
 ALGORITHMS = ("im2col", "direct")
 
 
-def host_target() -> str:
-    """The best target this host runs: AVX2+FMA on x86-64, NEON on aarch64, else portable scalar C."""
+def host_targets() -> list[str]:
+    """Every target this host runs, best first: AVX-512, AVX2+FMA on x86-64, NEON on aarch64; scalar C always."""
     machine = platform.machine().lower()
     if machine in ("aarch64", "arm64"):
-        return "aarch64-neon"
-    if machine in ("x86_64", "amd64"):
-        try:
-            with open("/proc/cpuinfo") as f:
-                flags = next((line.split() for line in f if line.startswith("flags")), [])
-        except OSError:
-            flags = []
-        if "avx2" in flags and "fma" in flags:
-            return "x86-64-avx2"
-    return "scalar"
+        return ["aarch64-neon", "scalar"]
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next((line.split() for line in f if line.startswith("flags")), []))
+    except OSError:
+        flags = set()
+    found = []
+    if machine in ("x86_64", "amd64") and {"avx2", "fma"} <= flags:
+        found = ["x86-64-avx512", "x86-64-avx2"] if "avx512f" in flags else ["x86-64-avx2"]
+    return [*found, "scalar"]
+
+
+def host_target() -> str:
+    """The best target this host runs."""
+    return host_targets()[0]
 
 
 def check_library(spec: LibrarySpec) -> Target:
