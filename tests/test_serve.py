@@ -362,3 +362,40 @@ def test_stage_resources_follow_the_provider(provider, options, expected):
 
     stage = Stage(provider=provider, options=options, nodes=["n"], inputs=["x"], outputs=["y"], file="s.onnx")
     assert stage_resources(stage, 0.5, 0.25) == expected
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_codec_round_trips_every_datatype_through_tritonclient(binary):
+    """tritonclient's own request encoder and response parser against our codec, one tensor per datatype."""
+    from uhop_onnx.dtypes import TensorSig
+    from uhop_onnx.serve.protocol import decode_request, encode_response
+
+    rng = np.random.default_rng(5)
+    values = {
+        "FP32": rng.standard_normal((2, 3)).astype(np.float32), "FP16": rng.standard_normal(4).astype(np.float16),
+        "FP64": rng.standard_normal((1, 2)), "INT64": rng.integers(-9, 9, (3,)), "INT8": np.array([-3, 4], np.int8),
+        "UINT8": np.array([[0, 255]], np.uint8), "BOOL": np.array([True, False, True]),
+        "BYTES": np.array([b"a", b"", "naïve".encode()], dtype=np.object_),
+    }
+    onnx_types = {"FP32": "float", "FP16": "float16", "FP64": "double", "INT64": "int64", "INT8": "int8",
+                  "UINT8": "uint8", "BOOL": "bool", "BYTES": "string"}
+    signatures = [TensorSig(f"t_{k}", f"tensor({onnx_types[k]})", [-1] * v.ndim) for k, v in values.items()]
+    inputs = []
+    for kind, value in values.items():
+        tensor = httpclient.InferInput(f"t_{kind}", list(value.shape), kind)
+        tensor.set_data_from_numpy(value, binary_data=binary)
+        inputs.append(tensor)
+    outputs = [httpclient.InferRequestedOutput(s.name, binary_data=binary) for s in signatures]
+    body, header_length = httpclient.InferenceServerClient.generate_request_body(inputs, outputs, request_id="7")
+    request = decode_request(body, None if header_length is None else str(header_length), signatures, signatures)
+    assert request.id == "7" and request.outputs == [(s.name, binary) for s in signatures]
+    content, headers = encode_response("m", request, request.feeds, signatures)
+    result = httpclient.InferResult.from_response_body(content, header_length=headers.get(
+        "Inference-Header-Content-Length") and int(headers["Inference-Header-Content-Length"]))
+    for kind, value in values.items():
+        got = result.as_numpy(f"t_{kind}")
+        assert got.shape == value.shape and result.get_output(f"t_{kind}")["datatype"] == kind
+        if kind == "BYTES":
+            assert [g if isinstance(g, bytes) else g.encode() for g in got.reshape(-1)] == list(value.reshape(-1))
+        else:
+            np.testing.assert_array_equal(got.astype(value.dtype), value)
