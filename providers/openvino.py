@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +30,7 @@ IsInf IsNaN LRN LayerNormalization LeakyRelu Less LessOrEqual Log LogSoftmax Loo
 MatMul MatMulInteger Max Mean MeanVarianceNormalization Min Mish Mod Mul Neg NegativeLogLikelihoodLoss
 NonZero Not OneHot Or PRelu Pad Pow QLinearConv QLinearMatMul QuantizeLinear RMSNormalization
 RNN Range Reciprocal ReduceProd
-Reshape ReverseSequence RoiAlign RotaryEmbedding Round Scan Scatter
+Relu Reshape ReverseSequence RoiAlign RotaryEmbedding Round Scan Scatter
 ScatterElements ScatterND Selu Shape Shrink Sigmoid Sign Sin Sinh Size Slice Softmax SoftmaxCrossEntropyLoss
 Softplus Softsign Split Sqrt Squeeze Sub Sum Swish Tan Tanh ThresholdedRelu Transpose
 Trilu Unique Unsqueeze Upsample Where Xor
@@ -73,7 +72,7 @@ DEVICE_SETUP = {
 def read_model(model_bytes: bytes):
     import openvino as ov
 
-    return ov.convert_model(io.BytesIO(model_bytes))
+    return ov.Core().read_model(model_bytes)  # convert_model would also send usage telemetry
 
 
 class OpenVinoRunner(Runner):
