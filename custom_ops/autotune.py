@@ -8,40 +8,26 @@ the CPU model and flags, the core count and the library build, so a new machine 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from functools import cache
 from pathlib import Path
 
 import numpy as np
 
-from .build import cache_dir
+from uhop_onnx.cache import JsonTable, cache_dir, device_fingerprint
+from uhop_onnx.samples import sample_feeds
+
 from .library import Library
 from .spec import ALGORITHMS, OpSpec, Schedule, default_schedule
 
 log = logging.getLogger(__name__)
 
 
-@cache
-def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = [line for line in f if line.startswith(("model name", "flags", "Features", "CPU part"))]
-    except OSError:
-        lines = []
-    return "".join(sorted(set(lines))) or platform.processor()
-
-
 def fingerprint(lib: Library) -> str:
     """A short hash of what makes timings comparable: CPU, cores, machine and the exact library build."""
-    text = "\0".join([_cpu(), str(os.cpu_count()), platform.machine(), lib.path.name])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return device_fingerprint(lib.path.name)
 
 
 def cache_file(lib: Library) -> Path:
@@ -52,28 +38,15 @@ def _key(op: OpSpec, threads: int) -> str:
     return f"{op.key}|threads={threads}"
 
 
-def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def cached(lib: Library, op: OpSpec, threads: int) -> Schedule | None:
-    entry = _read(cache_file(lib)).get(_key(op, threads))
+    entry = JsonTable(cache_file(lib)).get(_key(op, threads))
     return Schedule(**entry["schedule"]) if entry else None
 
 
 def store(lib: Library, op: OpSpec, schedule: Schedule, seconds: float) -> None:
     """Add one winner to the device's cache file (rewritten atomically)."""
-    path = cache_file(lib)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = _read(path)
-    table[_key(op, schedule.threads)] = {"schedule": schedule.to_json(), "seconds": seconds,
-                                         "gflops": op.flops / seconds / 1e9}
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    JsonTable(cache_file(lib)).update({_key(op, schedule.threads): {
+        "schedule": schedule.to_json(), "seconds": seconds, "gflops": op.flops / seconds / 1e9}})
 
 
 def schedule_for(lib: Library, op: OpSpec, threads: int, tune: bool = False) -> Schedule:
@@ -170,16 +143,9 @@ def tune_model(model, threads: int | None = None) -> list[dict]:
 
     from .verify import host_library
 
-    path = cache_file(host_library())
-    before = set(_read(path))
+    table = JsonTable(cache_file(host_library()))
+    before = set(table.read())
     session = InferenceSession(model, providers=[("kernels", {"tune": True}), "ort-cpu"], profile=False,
                                threads=threads)
-    rng = np.random.default_rng(0)
-    feeds = {}
-    for sig in session.get_inputs():
-        shape = [d if isinstance(d, int) else 1 for d in sig.shape or []]
-        dtype = sig.dtype or np.float32
-        feeds[sig.name] = (rng.standard_normal(shape) if np.issubdtype(dtype, np.floating)
-                           else np.zeros(shape)).astype(dtype)
-    session.run(None, feeds)
-    return [{"op": key, **entry} for key, entry in sorted(_read(path).items()) if key not in before]
+    session.run(None, sample_feeds(session.get_inputs()))
+    return [{"op": key, **entry} for key, entry in sorted(table.read().items()) if key not in before]

@@ -17,6 +17,7 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
+from uhop_onnx.cache import cache_dir
 from uhop_onnx.errors import UhopError
 
 from .spec import TARGETS, host_target
@@ -28,14 +29,6 @@ BASE_FLAGS = ("-O3", "-std=c11", "-fno-math-errno", "-pthread", "-D_POSIX_C_SOUR
 
 class BuildError(UhopError):
     """The C compiler is missing or rejected the generated source."""
-
-
-def cache_dir() -> Path:
-    """`$UHOP_CACHE_DIR`, else `$XDG_CACHE_HOME/uhop-onnx`, else `~/.cache/uhop-onnx`."""
-    if os.environ.get("UHOP_CACHE_DIR"):
-        return Path(os.environ["UHOP_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "uhop-onnx"
 
 
 @cache

@@ -11,7 +11,6 @@ import venv
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 
 import uhop_onnx

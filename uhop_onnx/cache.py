@@ -6,10 +6,11 @@ import hashlib
 import json
 import os
 import platform
-import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from .files import atomic_file
 
 
 def cache_dir() -> Path:
@@ -57,13 +58,6 @@ class JsonTable:
     def update(self, entries: dict[str, Any]) -> None:
         if not entries:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         table = self.read() | entries
-        fd, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w") as handle:
-                json.dump(table, handle, indent=1, sort_keys=True)
-            os.replace(temporary, self.path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        with atomic_file(self.path) as handle:
+            json.dump(table, handle, indent=1, sort_keys=True)

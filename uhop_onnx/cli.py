@@ -218,20 +218,12 @@ def _read_npz(path: Path) -> dict:
 
 
 def _write_npz(path: Path, arrays: dict) -> None:
-    import os
-    import tempfile
-
     import numpy as np
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            np.savez(handle, **arrays)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    from .files import atomic_file
+
+    with atomic_file(path, "wb") as handle:
+        np.savez(handle, **arrays)
 
 
 @app.command()

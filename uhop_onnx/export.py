@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
@@ -19,8 +18,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from .bundle.manifest import FP32_TOLERANCE, MANIFEST, SCHEMA, hash_files, write_atomically
+from .bundle.manifest import FP32_TOLERANCE, MANIFEST, SCHEMA, hash_files
 from .errors import ProviderError, UhopError
+from .files import new_folder, write_archive
 from .optimizer import Analysis, analyze, build_plan
 from .partitioner.blocks import blocks
 from .partitioner.profiler import Measurement
@@ -37,23 +37,22 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str, out: 
     """Write a bundle for `target` (a built-in profile name or a JSON profile path) to `out`: a folder
     (absent or empty) or a file ending `.tar.gz`. Returns `out`."""
     out = Path(out)
-    if out.exists() and (out.is_file() or any(out.iterdir())):
+    archive = out.name.endswith(".tar.gz")
+    if out.exists() and (archive or out.is_file() or any(out.iterdir())):
         raise UhopError(f"{out}: exists; give a new folder or .tar.gz path")
-    out.parent.mkdir(parents=True, exist_ok=True)
     profile = load_target(target)
     entries, chosen = _providers(profile, providers, threads)
     a = analyze(model, assign=assign, threads=threads, progress=progress, chosen=chosen)
     progress("placing for the target with its static cost model")
     plan = build_plan(a, _static_placement(a, entries), threads)
     plan.placement = f"static cost model of target {profile.name}"
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with (tempfile.TemporaryDirectory() if archive else new_folder(out)) as staging:
+        staging = Path(staging)
         manifest = _write(staging, a, plan, profile, entries, progress)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        return write_atomically(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        if archive:
+            write_archive(staging, out)
+    return out
 
 
 def _providers(profile: Target, only: Sequence[str] | None, threads: int | None) -> tuple[list[TargetProvider], list[Provider]]:

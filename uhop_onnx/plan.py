@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from .errors import PlanError
+from .files import atomic_file, new_folder
 from .dtypes import TensorSig
 from .report import write_report
 
@@ -96,33 +95,22 @@ class Plan:
         """Mark stage `index` as re-run on `provider`, in the plan folder too when there is one."""
         self.stages[index].fallback = provider
         if self.folder is not None:
-            _write_atomically(self.folder / PLAN_FILE, json.dumps(self.to_json(), indent=2) + "\n")
+            with atomic_file(self.folder / PLAN_FILE) as handle:
+                handle.write(json.dumps(self.to_json(), indent=2) + "\n")
 
     def save(self, folder: str | os.PathLike) -> Path:
-        """Write `plan.json`, the stage models and constants into `folder`, which must be absent or empty.
+        """Write `plan.json`, the stage models, constants and the report into `folder`, which must be absent
+        or empty; it appears whole or not at all."""
+        import onnx
 
-        Everything is written to a temporary folder beside it and renamed into place.
-        """
         target = Path(folder)
-        if target.exists() and (not target.is_dir() or any(target.iterdir())):
-            raise PlanError(f"{target}: exists and is not an empty folder; choose a new output folder")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
-            import onnx
-
+        with new_folder(target, PlanError) as staging:
             for stage in self.stages:
                 onnx.save(self.stage_model(stage), staging / stage.file)
             if self.constants:
                 np.savez(staging / CONSTANTS_FILE, **self.constants)
             (staging / PLAN_FILE).write_text(json.dumps(self.to_json(), indent=2) + "\n")
             write_report(self, staging)
-            if target.exists():
-                target.rmdir()
-            staging.rename(target)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
         self.folder = target
         return target
 
@@ -163,8 +151,3 @@ class Plan:
         except (ValueError, KeyError, TypeError, OSError) as error:
             raise PlanError(f"{path}: not a valid plan ({type(error).__name__}: {error})") from None
 
-
-def _write_atomically(path: Path, text: str) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)

@@ -9,12 +9,11 @@ Triton's own model-config protobuf and parsed back before the repository is rena
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from .errors import PlanError
+from .files import new_folder
 from .plan import Plan, Stage
 
 CONFIG = "config.pbtxt"
@@ -47,16 +46,12 @@ def export_triton(model_or_plan: Any, repo_dir: str | os.PathLike, model_name: s
     plan, default_name = load_plan(model_or_plan, providers, threads)
     name = model_name or default_name
     target = Path(repo_dir)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise PlanError(f"{target}: exists and is not an empty folder; choose a new repository folder")
     if plan.constants:
         raise PlanError(f"outputs {', '.join(sorted(plan.constants))} are constants no stage computes; a Triton "
                         "ensemble cannot give them")
     for k, stage in enumerate(plan.stages):
         _target(k, stage)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+    with new_folder(target, PlanError) as staging:
         configs = [_write_stage(plan, k, stage, f"{name}_stage_{k}", staging, instances)
                    for k, stage in enumerate(plan.stages)]
         configs.append(_ensemble(plan, name, configs))
@@ -64,12 +59,6 @@ def export_triton(model_or_plan: Any, repo_dir: str | os.PathLike, model_name: s
         for config in configs:
             (staging / config.name / CONFIG).write_text(text_format.MessageToString(config))
         validate_repository(staging)
-        if target.exists():
-            target.rmdir()
-        staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return target
 
 

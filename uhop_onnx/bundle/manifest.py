@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
@@ -97,26 +96,6 @@ def extract(archive: Path, folder: Path) -> None:
             tar.extractall(folder, members=members, filter="data")
     except (tarfile.TarError, OSError, EOFError) as error:
         raise BundleError(f"{archive}: not a readable .tar.gz bundle ({error})") from None
-
-
-def write_atomically(staging: Path, out: Path) -> Path:
-    """Move a finished bundle folder to `out` (a folder, or a file ending `.tar.gz`) in one rename."""
-    if out.name.endswith(".tar.gz"):
-        fd, temporary = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-        os.close(fd)
-        try:
-            with tarfile.open(temporary, "w:gz") as tar:
-                for path in sorted(staging.rglob("*")):
-                    tar.add(path, arcname=path.relative_to(staging).as_posix(), recursive=False)
-            os.replace(temporary, out)
-        finally:
-            Path(temporary).unlink(missing_ok=True)
-            shutil.rmtree(staging, ignore_errors=True)
-    else:
-        if out.exists():
-            out.rmdir()  # empty, checked before the export began
-        staging.rename(out)
-    return out
 
 
 def _inside(folder: Path, name: str) -> Path:

@@ -1,0 +1,51 @@
+"""Writes that land whole or not at all: a file or a folder is built beside its target and renamed onto it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+from .errors import UhopError
+
+
+@contextmanager
+def atomic_file(path: Path, mode: str = "w") -> Iterator[IO]:
+    """An open temporary file beside `path`, renamed to `path` when the block ends without error."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as handle:
+            yield handle
+        os.replace(temporary, path)
+    finally:
+        Path(temporary).unlink(missing_ok=True)
+
+
+@contextmanager
+def new_folder(target: Path, error: type[UhopError] = UhopError) -> Iterator[Path]:
+    """A temporary folder beside `target`, renamed to it when the block ends without error and removed
+    otherwise. `target` must be absent or an empty folder (else `error`)."""
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise error(f"{target}: exists and is not an empty folder; choose a new output path")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        yield staging
+        if target.exists():
+            target.rmdir()
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # only what a failed block left
+
+
+def write_archive(folder: Path, out: Path) -> None:
+    """`folder`'s files as a `.tar.gz` at `out`, written atomically."""
+    with atomic_file(out, "wb") as handle, tarfile.open(fileobj=handle, mode="w:gz") as tar:
+        for path in sorted(folder.rglob("*")):
+            tar.add(path, arcname=path.relative_to(folder).as_posix(), recursive=False)
