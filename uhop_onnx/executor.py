@@ -45,14 +45,14 @@ class Executor:
         produced = {name for stage in self.stages for name in stage.outputs}
         # Initializers declared as graph inputs: a feed overrides them, as in ONNX Runtime.
         self._overridable = set(self._last_use) - produced - set(self._signatures)
-        self._all_stages = self._stages_for(self.outputs)
+        self._all_stages = stages_for(self.stages, self.outputs)
 
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any]) -> list[np.ndarray]:
         """The model's outputs in `output_names` order (all outputs when None)."""
         wanted = self._check_outputs(output_names)
         values: dict[str, Any] = {**self._check_feeds(input_feed), **self.constants}
         origin: dict[str, Runner] = {}
-        for k in self._all_stages if output_names is None else self._stages_for(wanted):
+        for k in self._all_stages if output_names is None else stages_for(self.stages, wanted):
             stage, runner = self.stages[k], self.runners[k]
             feeds = {name: _handoff(values[name], origin.get(name), runner) for name in stage.inputs if name in values}
             results = self._run_stage(k, feeds)
@@ -84,15 +84,6 @@ class Executor:
                 raise ProviderError(f"output {name!r} has shape {list(shape)}, expected {expected}")
         return results
 
-    def _stages_for(self, wanted: Sequence[str]) -> list[int]:
-        """The stages needed to compute `wanted`, in run order."""
-        needed, chosen = set(wanted), []
-        for k in range(len(self.stages) - 1, -1, -1):
-            if needed.intersection(self.stages[k].outputs):
-                chosen.append(k)
-                needed.update(self.stages[k].inputs)
-        return chosen[::-1]
-
     def _check_outputs(self, output_names: Sequence[str] | None) -> list[str]:
         if output_names is None:
             return self.outputs
@@ -122,6 +113,16 @@ class Executor:
                 _check_value(self._signatures[name], value)
             checked[name] = value
         return checked
+
+
+def stages_for(stages: Sequence[Any], wanted: Sequence[str]) -> list[int]:
+    """Indices of the stages (objects with `inputs` and `outputs`) needed to compute `wanted`, in run order."""
+    needed, chosen = set(wanted), []
+    for k in range(len(stages) - 1, -1, -1):
+        if needed.intersection(stages[k].outputs):
+            chosen.append(k)
+            needed.update(stages[k].inputs)
+    return chosen[::-1]
 
 
 def _check_value(sig: TensorSig, value: np.ndarray) -> None:

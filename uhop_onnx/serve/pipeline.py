@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import StageError, first_line
 from ..dtypes import TensorSig
+from ..executor import stages_for
 from ..plan import Plan
 from .metrics import Metrics, span
 
@@ -45,12 +46,7 @@ class Pipeline:
 
     def stages_for(self, wanted: Sequence[str]) -> list[int]:
         """Indices of the stages needed for `wanted`, in run order."""
-        needed, chosen = set(wanted), []
-        for k in range(len(self.routes) - 1, -1, -1):
-            if needed.intersection(self.routes[k].outputs):
-                chosen.append(k)
-                needed.update(self.routes[k].inputs)
-        return chosen[::-1]
+        return stages_for(self.routes, wanted)
 
     async def run(self, feeds: Mapping[str, np.ndarray], wanted: Sequence[str], call: StageCall,
                   metrics: Metrics | None = None) -> dict[str, np.ndarray]:
