@@ -146,8 +146,9 @@ def _check_value(sig: TensorSig, value: np.ndarray) -> None:
 
 
 def _handoff(value: Any, source: Runner | None, target: Runner | None) -> Any:
-    """A value as `target` takes it: left on its device when both runners share one, else on the host."""
-    if source is None or (target is not None and source.device == target.device):
+    """A value as `target` takes it: left on an accelerator both runners share, else a host array (a runtime's
+    numpy scalar becomes a 0-d array)."""
+    if source is None or (target is not None and source.device == target.device != "cpu"):
         return value
     return source.to_host(value)
 
