@@ -210,6 +210,7 @@ CORPUS = [
     Case("png magic", model_file(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4), False, "not an ONNX model"),
     Case("zip magic", model_file(b"PK\x03\x04" + b"\0" * 200), False, "not an ONNX model"),
     Case("text", model_file(b"ir_version: 8\ngraph { node { op_type: 'Relu' } }\n"), False, "not an ONNX model"),
+    Case("a name that is not UTF-8", model_file(VALID.replace(b"relu", b"\xffelu")), False, "not valid UTF-8"),
     Case("random bytes", model_file(np.random.default_rng(0).bytes(4096)), False, "not an ONNX model"),
     Case("a folder, not a file", lambda folder: (folder / "dir.onnx").mkdir() or folder / "dir.onnx", False,
          "no such file|not a plan"),

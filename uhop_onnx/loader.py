@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 from onnx import external_data_helper, shape_inference
 
 from .errors import ModelError, first_line
@@ -96,7 +96,27 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
         raise ModelError(f"{where}: not an ONNX model or truncated ({first_line(error)})") from None
     if not proto.HasField("graph") or proto.ir_version == 0:
         raise ModelError(f"{where}: not an ONNX model (no graph or no IR version)")
+    _check_text(proto, where)
     return proto
+
+
+def _check_text(message, where: str) -> None:
+    """Refuse a string field that is not UTF-8 (protobuf hands such a field back as bytes, and fails only
+    when it is written). Bytes fields, such as tensor data, are not read."""
+    for field in message.DESCRIPTOR.fields:
+        if field.type == field.TYPE_STRING:
+            value = getattr(message, field.name)
+            bad = next((v for v in ([value] if isinstance(value, (str, bytes)) else value) if isinstance(v, bytes)), None)
+            if bad is not None:
+                raise ModelError(f"{where}: {message.DESCRIPTOR.name}.{field.name} {bad[:40]!r} is not valid UTF-8; "
+                                 "the file is corrupt")
+        elif field.type == field.TYPE_MESSAGE:
+            value = getattr(message, field.name)
+            if not isinstance(value, Message):
+                for item in value:
+                    _check_text(item, where)
+            elif message.HasField(field.name):
+                _check_text(value, where)
 
 
 def _check_versions(model: onnx.ModelProto, where: str) -> None:
