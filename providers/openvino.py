@@ -140,10 +140,13 @@ class OpenVino(Provider):
             for n in model.graph.node
             if unplaced.intersection(n.output)
         }
-        # The CPU plugin compiles no Parameter of unknown rank (query_model accepts it).
-        unranked = {i.name for i in model.graph.input if not i.type.tensor_type.HasField("shape")}
-        for n in model.graph.node:
-            for name in unranked.intersection(n.input):
+        # The CPU plugin compiles no Parameter of unknown rank (query_model accepts it); a tensor whose rank
+        # inference could not find may become one at a stage boundary.
+        g = model.graph
+        ranked = {v.name for v in (*g.input, *g.value_info, *g.output) if v.type.tensor_type.HasField("shape")}
+        ranked |= {t.name for t in g.initializer}
+        for n in g.node:
+            for name in set(filter(None, n.input)) - ranked:
                 verdicts[n.name] = Support(False, f"input {name!r} has unknown rank; OpenVINO needs a known rank",
                                            "runtime")
         return verdicts
