@@ -1,12 +1,13 @@
 """Timing candidates fairly on a shared machine: warm up, then alternate candidates in rounds.
 
-Each round times every candidate once (a few calls, their median), in an order rotated each round, so
-that a slow phase of the machine hits every candidate alike. A candidate's figure is the minimum of its
+Each round times every candidate once (a few calls, their median), in a fresh (seeded) order each round,
+so that a slow phase of the machine, or the threads a runtime leaves spinning, hit every candidate alike. A candidate's figure is the minimum of its
 round medians; `spread` is how far its round medians scattered, the noise a decision must beat.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable, Hashable, Mapping
@@ -46,8 +47,9 @@ class Profiler:
             return {}
         calls = {k: self._calibrate(candidates[k]) for k in keys}
         medians: dict[K, list[float]] = {k: [] for k in keys}
+        order = random.Random(0)
         for r in range(self.max_rounds):
-            for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+            for k in order.sample(keys, len(keys)):
                 medians[k].append(self._round(candidates[k], calls[k]))
             if r + 1 >= self.rounds and max(_spread(m) for m in medians.values()) <= self.noisy:
                 break

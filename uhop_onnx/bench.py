@@ -1,14 +1,17 @@
 """Side-by-side latency of a model: raw runtimes, each provider alone through uhop-onnx, and the optimized plan.
 
 Every candidate lives in its own worker process. The coordinator asks the workers for one round each in
-turn, rotating the order every round; a round is several calls and reports their median. A candidate's
-figure is the minimum of its round medians, and ratios are taken between figures of the same run.
+turn, in a fresh (seeded) order every round and with a pause between them, so that no candidate always
+follows one whose runtime leaves threads spinning; a round is several calls and reports their median.
+A candidate's figure is the minimum of its round medians, and ratios are taken between figures of the
+same run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+SETTLE_SECONDS = 0.05  # between candidates: worker threads the previous one left spinning go to sleep
 RAW = {"onnxruntime": "ort-cpu", "openvino": "openvino"}  # raw runtime -> the provider that wraps it
 
 
@@ -114,8 +118,10 @@ def time_candidates(candidates: list[Candidate], model: str | None, inputs: list
                 logs[name].seek(0)
                 errors[name] = logs[name].read().strip()[-500:] or "the worker exited"
         names = [c.name for c in candidates if c.name not in errors]
-        for r in range(rounds if names else 0):
-            for name in names[r % len(names):] + names[:r % len(names)]:
+        order = random.Random(0)
+        for _ in range(rounds if names else 0):
+            for name in order.sample(names, len(names)):
+                time.sleep(SETTLE_SECONDS)
                 workers[name].stdin.write("round\n")
                 workers[name].stdin.flush()
                 medians[name].append(float(_expect(workers[name], "median")))
