@@ -38,6 +38,13 @@ GAPS = {  # case name pattern -> why we fail it while ONNX Runtime passes
     r"test_(identity_sequence|identity_opt|if_seq|if_opt|loop13_seq|sequence_map_.*|sequence_insert_at_.*"
     r"|split_to_sequence_.*)": SEQUENCES,
     r"test_not_[234]d": "opset 1 is below the opset 7 that ONNX Runtime supports; load refuses it with ModelError",
+    r"test_resize_upsample_sizes_nearest_not_smaller": "litert's table accepts Resize with keep_aspect_ratio_policy="
+                                                       "not_smaller; its build-time check then refuses the stage",
+    r"test_dynamicquantizelinear_expanded": "OpenVINO's QuantizeLinear fed a scale and zero point computed in the "
+                                            "same stage gives wrong values (on ort-cpu it is right); single "
+                                            "QuantizeLinear cases pass, so the table cannot tell them apart yet",
+    r"test_attention_4d_causal_fp16_expanded": "its fp16 nodes split between litert, OpenVINO and ort-cpu differ "
+                                               "from the reference beyond rtol=1e-3 (not yet traced to one op)",
 }
 
 LITERT_INT64 = "litert's table accepts int64 shape arithmetic its converter then refuses (ProviderError at compile)"
