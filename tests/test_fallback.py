@@ -95,8 +95,6 @@ def test_failure_names_the_stage_and_provider(faulty):
     assert all(s.fallback is None for s in session.plan.stages)
 
 
-@pytest.mark.xfail(reason="Executor passes the stage label ('faulty, 1 nodes from ...') as StageError.provider, "
-                          "not the provider id", strict=True)
 def test_stage_error_provider_is_the_provider_id(faulty):
     session = InferenceSession(chain(), providers=["faulty"], profile=False)
     with pytest.raises(StageError) as raised:

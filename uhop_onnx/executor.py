@@ -26,6 +26,7 @@ class StageIO:
     inputs: list[str]
     outputs: list[str]
     declared: list[tuple[str, Dims]]
+    provider: str = ""  # the provider id, for `StageError.provider`
 
 
 # Called with (stage index, error, feeds) when a stage fails; returns the stage's results or raises.
@@ -69,7 +70,7 @@ class Executor:
         except Exception as error:  # noqa: BLE001 - a runtime may fail in any way; say which stage
             if self.on_failure is None:
                 raise StageError(f"stage {k} ({self.stages[k].label}) failed: {first_line(error)}", k,
-                                 self.stages[k].label) from error
+                                 self.stages[k].provider or self.stages[k].label) from error
             return self.on_failure(k, error, feeds)
 
     def checked(self, k: int, results: dict[str, Any]) -> dict[str, Any]:

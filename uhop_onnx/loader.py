@@ -39,6 +39,7 @@ def load(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.ModelProto:
     _load_external_data(proto, folder, where)
     name_nodes(proto.graph)
     _check_structure(proto.graph, where)
+    _check_sizes(proto.graph, where)
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as error:
@@ -171,6 +172,18 @@ def _load_external_data(model: onnx.ModelProto, folder: Path | None, where: str)
         external_data_helper.load_external_data_for_model(model, str(folder))
     except (OSError, ValueError) as error:
         raise ModelError(f"{where}: cannot read external data ({first_line(error)})") from None
+
+
+def _check_sizes(graph: onnx.GraphProto, where: str) -> None:
+    """Graph inputs and outputs whose fixed dimensions multiply past what an int64 can count."""
+    for value in (*graph.input, *graph.output):
+        dims = [d.dim_value for d in value.type.tensor_type.shape.dim if d.HasField("dim_value")]
+        elements = 1
+        for d in dims:
+            elements *= d
+        if elements >= 2**63:
+            raise ModelError(f"{where}: tensor {value.name!r} declares shape {dims}, more elements than any runtime "
+                             "can address; fix the model's declared dimensions")
 
 
 def _check_structure(graph: onnx.GraphProto, where: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import TensorSig
-from .errors import StageError, first_line
+from .errors import StageError, UhopError, first_line
 from .executor import Executor, StageIO
 from .plan import PLAN_FILE, Plan, Stage
 from .providers import LAST_RESORT, Runner, create
@@ -41,8 +41,8 @@ class InferenceSession:
         self.threads = threads if threads is not None else self.plan.threads
         self._exclusive = len(self.plan.stages) == 1
         runners = [self._compile(stage, stage.fallback or stage.provider) for stage in self.plan.stages]
-        stages = [StageIO(f"{s.label}, {len(s.nodes)} nodes from {s.nodes[0]!r}", s.inputs, s.outputs,
-                          _declared_outputs(self.plan.stage_model(s))) for s in self.plan.stages]
+        stages = [StageIO(_describe(s), s.inputs, s.outputs, _declared_outputs(self.plan.stage_model(s)), s.provider)
+                  for s in self.plan.stages]
         self._executor = Executor(stages, runners, self.plan.inputs, [o.name for o in self.plan.outputs],
                                   self.plan.constants, self._fall_back if fallback else None)
         self._warned = False
@@ -64,7 +64,14 @@ class InferenceSession:
         options = stage.options if provider_id == stage.provider else {}
         provider = create((provider_id, options), self.threads)
         provider.require()
-        return provider.compile(self.plan.stage_model(stage), exclusive=self._exclusive)
+        try:
+            return provider.compile(self.plan.stage_model(stage), exclusive=self._exclusive)
+        except UhopError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a runtime may refuse a stage in any way; say which
+            k = self.plan.stages.index(stage)
+            raise StageError(f"stage {k} ({_describe(stage)}) could not be compiled on {provider_id}: "
+                             f"{first_line(error)}", k, provider_id) from error
 
     def _fall_back(self, k: int, error: Exception, feeds: dict[str, Any]) -> dict[str, Any]:
         """Re-run a failed stage on the last resort, warn once, and record it in the plan."""
@@ -80,6 +87,10 @@ class InferenceSession:
         self.plan.record_fallback(k, LAST_RESORT)
         feeds = {name: np.asarray(value) for name, value in feeds.items()}
         return self._executor.checked(k, self._executor.runners[k].run(feeds))
+
+
+def _describe(stage: Stage) -> str:
+    return f"{stage.label}, {len(stage.nodes)} nodes from {stage.nodes[0]!r}"
 
 
 def _declared_outputs(model) -> list[tuple[str, tuple[int | None, ...] | None]]:
