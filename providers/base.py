@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from functools import cached_property
+from importlib import import_module
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -154,6 +155,15 @@ class Provider(ABC):
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
         """Build a runner for a standalone ONNX model. `exclusive` is False when other stages share the
         process, so the runtime must not keep spinning threads between calls."""
+
+
+def missing_module(module: str, install: str) -> str | None:
+    """Why `module` cannot be imported on this host, with its install command; None when it can."""
+    try:
+        import_module(module)
+    except ImportError as error:
+        return f"{module} is not installed on this host ({error}); {install}"
+    return None
 
 
 def output_dtypes(model: onnx.ModelProto) -> dict[str, np.dtype]:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .base import Absent, Artifact, Provider, Runner, output_dtypes
+from .base import Absent, Artifact, Provider, Runner, missing_module, output_dtypes
 from .capability import CapabilityTable, OpRule, Support
 
 if TYPE_CHECKING:
@@ -160,11 +160,7 @@ class OpenVino(Provider):
         return OpenVinoRunner(compiled, output_dtypes(model))
 
     def export_blocker(self) -> str | None:
-        try:
-            import openvino  # noqa: F401 - the IR is written by OpenVINO itself
-        except ImportError as error:
-            return f"openvino is not installed on this host ({error}); pip install openvino"
-        return None
+        return missing_module("openvino", self.install)  # the IR is written by OpenVINO itself
 
     def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
         """The stage as OpenVINO IR (`.xml` + `.bin`), weights kept in fp32."""

@@ -11,7 +11,7 @@ import numpy as np
 
 from uhop_onnx.errors import ProviderError
 
-from ..base import Absent, Artifact, Provider, Runner
+from ..base import Absent, Artifact, Provider, Runner, missing_module
 from ..capability import Support
 from .runner import LiteRtRunner, interpreter_module
 from .table import LITERT_TABLE
@@ -85,11 +85,7 @@ class LiteRt(Provider):
                 "allow_fallback": bool(self.options.get("allow_fallback"))}
 
     def export_blocker(self) -> str | None:
-        try:
-            import tflite  # noqa: F401 - the converter writes with its schema
-        except ImportError as error:
-            return f"the tflite package is not installed on this host ({error}); pip install tflite"
-        return None
+        return missing_module("tflite", "pip install tflite")  # the converter writes with its schema
 
     def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
         """The stage as a `.tflite` file with its delegate settings (for the board); checked against ONNX
