@@ -1,24 +1,29 @@
 """`kernels`: our own generated, verified and autotuned C kernels for Conv, Gemm, MatMul and their epilogues.
 
 A stage holds Conv, Gemm and MatMul nodes, and Relu, Clip and bias Adds (a constant vector along the last or
-the channel axis). At compile time each Relu, Clip or bias Add that alone reads a product is fused into that
-product's epilogue; the rest run as a bias+clamp kernel. Schedules come from the autotuner's cache for this
-device (or are tuned on first sight with the option `tune`), else from the default.
+the channel axis). `lower` turns a stage into plain data: steps, where each Relu, Clip or bias Add that alone
+reads a product is fused into that product's epilogue and the rest run as a bias+clamp kernel. A runner is
+built from those steps; a bundle carries them as JSON, the constants as `.npz` and the library built for the
+board's architecture, so the board needs only numpy and ctypes. Schedules come from the autotuner's cache for
+this device (or are tuned on first sight with the option `tune`), else from the default.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import platform
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from uhop_onnx.errors import ProviderError
 
-from .base import Absent, Provider, Runner
+from .base import Absent, Artifact, Provider, Runner
 from .capability import CapabilityTable, OpRule, Support
 
 if TYPE_CHECKING:
@@ -41,6 +46,18 @@ KERNELS_TABLE = CapabilityTable(
     domains={"": (7, 28)},
 )
 PRODUCTS = ("Conv", "Gemm", "MatMul")
+# A board's CPU architecture -> the kernel target a bundle ships for it and the package of its compiler.
+# x86-64 boards get AVX2+FMA (what the x86-64 profile promises), not whatever more this host has.
+ARCH_TARGETS = {
+    "x86_64": ("x86-64-avx2", "apt-get install -y gcc"),
+    "aarch64": ("aarch64-neon", "apt-get install -y gcc-aarch64-linux-gnu"),
+}
+
+
+def host_arch() -> str:
+    """This host's CPU architecture, spelled as target profiles spell it: x86_64 or aarch64."""
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
 
 
 def bias_axis(bias_shape: tuple[int, ...], rank: int) -> int | None:
@@ -70,7 +87,7 @@ class KernelsProvider(Provider):
     id = "kernels"
     install = "apt-get install -y gcc  (any C11 compiler reachable as `cc`)"
     table = KERNELS_TABLE
-    option_names = frozenset({"tune"})
+    option_names = frozenset({"tune", "arch"})  # arch: the board's, for bundles
 
     def probe(self) -> tuple[str, str]:
         from uhop_onnx.custom_ops.build import BuildError, compiler_version
@@ -109,8 +126,71 @@ class KernelsProvider(Provider):
         except (VerificationError, BuildError) as error:
             raise ProviderError(f"kernels: no library built and passed verification on this host: {error}") from None
         threads = self.threads or len(os.sched_getaffinity(0))
-        return KernelsRunner(model, lib, threads, bool(self.options.get("tune", False)))
+        return KernelsRunner(*lower(model), lib, threads, bool(self.options.get("tune", False)))
 
+    def export_blocker(self) -> str | None:
+        """None when this host can build the library for the option `arch` (the host's by default)."""
+        from uhop_onnx.custom_ops.spec import TARGETS
+
+        arch = self.options.get("arch", host_arch())
+        if arch not in ARCH_TARGETS:
+            return f"kernels: unknown arch {arch!r}; valid: {', '.join(ARCH_TARGETS)}"
+        target, install = ARCH_TARGETS[arch]
+        compiler = TARGETS[target].compiler
+        if compiler == "cc" and arch != host_arch():
+            return f"kernels for {arch} are built with this host's `cc`, and this host is {host_arch()}"
+        if shutil.which(compiler) is None:
+            return f"kernels for {arch} need the C compiler {compiler}, which is not on PATH; install: {install}"
+        return None
+
+    def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
+        """The stage's steps as `stem.json`, its constants as `stem.npz` and the library for the board's
+        architecture as `kernels_<target>.so`, verified here when this host runs its ISA."""
+        blocker = self.export_blocker()
+        if blocker:
+            raise ProviderError(blocker)
+        target = ARCH_TARGETS[self.options.get("arch", host_arch())][0]
+        program, constants = lower(model)
+        used = sorted({name for s in program["steps"] for name in (*s["inputs"], s["bias"]) if name in constants})
+        library = f"kernels_{target}.so"  # one copy, shared by the bundle's kernels stages
+        if not (folder / library).exists():
+            shutil.copyfile(_library(target), folder / library)
+        (folder / f"{stem}.json").write_text(json.dumps({**program, "constants": used}, indent=1) + "\n")
+        np.savez(folder / f"{stem}.npz", *[constants[name] for name in used])
+        return Artifact("kernels", [f"{stem}.json", f"{stem}.npz", library],
+                        {"target": target, "tune": bool(self.options.get("tune", False))})
+
+
+def _library(target: str) -> Path:
+    """The built library for `target`: loaded and verified when this host runs that ISA, else built only."""
+    from uhop_onnx.custom_ops import build, codegen
+    from uhop_onnx.custom_ops.spec import LibrarySpec, host_targets
+    from uhop_onnx.custom_ops.verify import VerificationError, load
+
+    spec = LibrarySpec(target)
+    try:
+        return load(spec).path if target in host_targets() else build.build(codegen.generate(spec), target)
+    except (VerificationError, build.BuildError) as error:
+        raise ProviderError(f"kernels: the {target} library for the bundle failed: {error}") from None
+
+
+def load_stage(folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool) -> KernelsRunner:
+    """A bundle's kernels stage: its steps and constants over its library, checked against numpy first."""
+    from uhop_onnx.custom_ops.library import Library
+    from uhop_onnx.custom_ops.spec import LibrarySpec, host_targets
+    from uhop_onnx.custom_ops.verify import verify
+
+    files = {Path(name).suffix: Path(folder) / name for name in artifact["files"]}
+    options = artifact["options"]
+    if options["target"] not in host_targets():
+        raise ProviderError(f"the stage's kernels are built for {options['target']}; this host runs "
+                            f"{', '.join(host_targets())}")
+    program = json.loads(files[".json"].read_text())
+    with np.load(files[".npz"], allow_pickle=False) as stored:
+        constants = {name: stored[f"arr_{i}"] for i, name in enumerate(program["constants"])}
+    lib = Library(files[".so"], LibrarySpec(options["target"]))
+    verify(lib)
+    return KernelsRunner(program, constants, lib, threads or len(os.sched_getaffinity(0)), bool(options.get("tune")))
 
 def _rank(graph, name: str) -> int | None:
     info = graph.tensors.get(name)
@@ -139,6 +219,85 @@ def _refusal(node, graph, constants: Mapping[str, np.ndarray]) -> str:
     return ""
 
 
+def lower(model: onnx.ModelProto) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The stage as plain data, and its constants. Data: `outputs`, and `steps` of `op`, `inputs`, `output`,
+    `attrs`, the clamp `lo`/`hi` (None when unbounded) and `bias` (a fused bias Add's constant, or None)."""
+    from onnx import helper
+
+    unknown = sorted({n.op_type for n in model.graph.node} - {r.op for r in KERNELS_TABLE.rules})
+    if unknown:
+        raise ProviderError(f"kernels cannot run {', '.join(unknown)}; "
+                            f"it runs {', '.join(r.op for r in KERNELS_TABLE.rules)}")
+    constants = _constants(model)
+    outputs = [o.name for o in model.graph.output]
+    readers: dict[str, int] = {}
+    for n in model.graph.node:
+        for name in n.input:
+            readers[name] = readers.get(name, 0) + 1
+    steps: list[dict[str, Any]] = []
+    by_output: dict[str, dict[str, Any]] = {}
+    for n in model.graph.node:
+        source = next((name for name in n.input if name not in constants), n.input[0])
+        producer = by_output.get(source)
+        if n.op_type in PRODUCTS:
+            attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+            step = {"op": n.op_type, "inputs": list(n.input), "output": n.output[0],
+                    "attrs": _attributes(n.op_type, attrs), "lo": None, "hi": None, "bias": None}
+        elif producer and readers.get(source) == 1 and source not in outputs and _fuse(producer, n, constants):
+            del by_output[source]
+            producer["output"] = n.output[0]
+            by_output[producer["output"]] = producer
+            continue
+        else:
+            lo, hi = (None, None) if n.op_type == "Add" else _bounds(n, constants)
+            bias = _bias_name(n, constants) if n.op_type == "Add" else None
+            step = {"op": n.op_type, "inputs": [source], "output": n.output[0], "attrs": {}, "lo": lo, "hi": hi,
+                    "bias": bias}
+        steps.append(step)
+        by_output[step["output"]] = step
+    return {"steps": steps, "outputs": outputs}, constants
+
+
+def _attributes(op: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """A product's attributes with defaults applied, as JSON values."""
+    if op == "Conv":
+        explicit = attrs.get("auto_pad", b"NOTSET") == b"NOTSET"
+        return {"strides": list(attrs.get("strides", (1, 1))), "dilations": list(attrs.get("dilations", (1, 1))),
+                "pads": list(attrs.get("pads", (0, 0, 0, 0))) if explicit else [0] * 4,
+                "group": int(attrs.get("group", 1))}
+    if op == "Gemm":
+        return {"transA": int(attrs.get("transA", 0)), "transB": int(attrs.get("transB", 0)),
+                "alpha": float(attrs.get("alpha", 1.0)), "beta": float(attrs.get("beta", 1.0))}
+    return {}
+
+
+def _fuse(step: dict[str, Any], node, constants: Mapping[str, np.ndarray]) -> bool:
+    """Fold a Relu, Clip or bias Add into a product's epilogue (a bias only before any clamp)."""
+    if step["op"] not in PRODUCTS or step["lo"] is not None or step["hi"] is not None:
+        return False
+    if node.op_type in ("Relu", "Clip"):
+        step["lo"], step["hi"] = _bounds(node, constants)
+        return True
+    name = _bias_name(node, constants)
+    bias = constants[name]
+    axis = bias_axis(bias.shape, 4 if step["op"] == "Conv" else bias.ndim)
+    if step["bias"] is not None or bias.size != 1 and axis != (1 if step["op"] == "Conv" else -1):
+        return False
+    step["bias"] = name
+    return True
+
+
+def _bounds(node, constants: Mapping[str, np.ndarray]) -> tuple[float | None, float | None]:
+    if node.op_type == "Relu":
+        return 0.0, None
+    names = [*node.input[1:], "", ""]
+    return tuple(float(constants[name]) if name else None for name in names[:2])
+
+
+def _bias_name(node, constants: Mapping[str, np.ndarray]) -> str:
+    return next(name for name in node.input if name in constants)
+
+
 @dataclass
 class Step:
     """One kernel call: computes `output` from `values`, with a fused epilogue and bias."""
@@ -154,75 +313,32 @@ class Step:
 
 
 class KernelsRunner(Runner):
-    """Runs a stage's nodes as a list of fused kernel calls."""
+    """Runs a stage's steps (from `lower`) as fused kernel calls; needs only numpy and the library."""
 
-    def __init__(self, model: onnx.ModelProto, lib: Library, threads: int, tune: bool):
-        from onnx import helper
+    def __init__(self, program: Mapping[str, Any], constants: Mapping[str, np.ndarray], lib: Library, threads: int,
+                 tune: bool):
         from uhop_onnx.custom_ops.spec import Epilogue
 
-        unknown = sorted({n.op_type for n in model.graph.node} - {r.op for r in KERNELS_TABLE.rules})
-        if unknown:
-            raise ProviderError(f"kernels cannot run {', '.join(unknown)}; "
-                                f"it runs {', '.join(r.op for r in KERNELS_TABLE.rules)}")
         self.lib, self.threads, self.tune = lib, threads, tune
-        self.constants = _constants(model)
-        self.outputs = [o.name for o in model.graph.output]
-        readers: dict[str, int] = {}
-        for n in model.graph.node:
-            for name in n.input:
-                readers[name] = readers.get(name, 0) + 1
-        self.steps: list[Step] = []
+        self.constants = dict(constants)
+        self.outputs = list(program["outputs"])
         self.schedules: dict[tuple[str, int], Any] = {}  # (op key, threads) -> Schedule
-        by_output: dict[str, Step] = {}
-        for n in model.graph.node:
-            attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
-            source = next((name for name in n.input if name not in self.constants), n.input[0])
-            producer = by_output.get(source)
-            if n.op_type in PRODUCTS:
-                step = Step(n.op_type, n.output[0], getattr(self, f"_{n.op_type.lower()}")(n, attrs), Epilogue())
-            elif producer and readers.get(source) == 1 and source not in self.outputs and self._fuse(producer, n):
-                del by_output[source]
-                producer.output = n.output[0]
-                by_output[producer.output] = producer
-                continue
+        self.steps: list[Step] = []
+        for s in program["steps"]:
+            lo, hi = (float(d if v is None else v) for v, d in ((s["lo"], "-inf"), (s["hi"], "inf")))
+            epilogue = Epilogue(lo, hi)
+            bias = None if s["bias"] is None else self.constants[s["bias"]].astype(np.float32)
+            if s["op"] in PRODUCTS:
+                fn = getattr(self, f"_{s['op'].lower()}")(s["inputs"], s["attrs"])
             else:
-                step = Step(n.op_type, n.output[0], self._elementwise(n, source), Epilogue())
-            self.steps.append(step)
-            by_output[step.output] = step
+                fn = self._elementwise(s["inputs"][0])
+            self.steps.append(Step(s["op"], s["output"], fn, epilogue, bias))
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         values = {**self.constants, **{k: np.asarray(v) for k, v in feeds.items()}}
         for step in self.steps:
             values[step.output] = step(values)
         return {name: values[name] for name in self.outputs}
-
-    # -- fusion --------------------------------------------------------------------------------------------
-
-    def _fuse(self, step: Step, node) -> bool:
-        """Fold a Relu, Clip or bias Add into a product's epilogue (a bias only before any clamp)."""
-        if step.kind not in PRODUCTS or step.epilogue.clamps:
-            return False
-        if node.op_type in ("Relu", "Clip"):
-            lo, hi = self._bounds(node)
-            step.epilogue = replace(step.epilogue, lo=lo, hi=hi)
-            return True
-        bias = self._bias_constant(node)
-        axis = bias_axis(bias.shape, 4 if step.kind == "Conv" else bias.ndim)
-        if step.bias is not None or bias.size != 1 and axis != (1 if step.kind == "Conv" else -1):
-            return False
-        step.bias = bias
-        return True
-
-    def _bounds(self, node) -> tuple[float, float]:
-        if node.op_type == "Relu":
-            return 0.0, float("inf")
-        names = [*node.input[1:], "", ""]
-        lo = float(self.constants[names[0]]) if names[0] else float("-inf")
-        hi = float(self.constants[names[1]]) if names[1] else float("inf")
-        return lo, hi
-
-    def _bias_constant(self, node) -> np.ndarray:
-        return next(self.constants[name] for name in node.input if name in self.constants).astype(np.float32)
 
     # -- kernels -------------------------------------------------------------------------------------------
 
@@ -234,15 +350,13 @@ class KernelsRunner(Runner):
             self.schedules[key] = schedule_for(self.lib, op, self.threads, self.tune)
         return self.schedules[key]
 
-    def _conv(self, node, attrs):
+    def _conv(self, inputs, attrs):
         from uhop_onnx.custom_ops.spec import OpSpec
 
-        x_name, w_name, *rest = node.input
+        x_name, w_name, *rest = inputs
         b_name = rest[0] if rest else ""
-        strides = tuple(attrs.get("strides", (1, 1)))
-        dilations = tuple(attrs.get("dilations", (1, 1)))
-        pads = tuple(attrs.get("pads", (0, 0, 0, 0))) if attrs.get("auto_pad", b"NOTSET") == b"NOTSET" else (0,) * 4
-        group = int(attrs.get("group", 1))
+        strides, pads, dilations = (tuple(attrs[key]) for key in ("strides", "pads", "dilations"))
+        group = attrs["group"]
 
         packs = {}  # (micro, kc) -> constant weights packed for that schedule
 
@@ -260,13 +374,12 @@ class KernelsRunner(Runner):
                                    group=group, epilogue=epilogue, packed=packed)
         return conv
 
-    def _gemm(self, node, attrs):
+    def _gemm(self, inputs, attrs):
         from uhop_onnx.custom_ops.spec import OpSpec
 
-        a_name, b_name, *rest = node.input
+        a_name, b_name, *rest = inputs
         c_name = rest[0] if rest else ""
-        trans_a, trans_b = int(attrs.get("transA", 0)), int(attrs.get("transB", 0))
-        alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+        trans_a, trans_b, alpha, beta = (attrs[key] for key in ("transA", "transB", "alpha", "beta"))
         # A constant right operand is laid out row-major once, so packing it is a row copy.
         b_const = self.constants.get(b_name)
         b_rows = None if b_const is None else np.ascontiguousarray(b_const.T if trans_b else b_const)
@@ -280,10 +393,10 @@ class KernelsRunner(Runner):
             return self.lib.gemm(a, b, self._schedule(op), alpha=alpha, bias=bias, epilogue=epilogue)
         return gemm
 
-    def _matmul(self, node, attrs):
+    def _matmul(self, inputs, _attrs):
         from uhop_onnx.custom_ops.spec import OpSpec
 
-        a_name, b_name = node.input
+        a_name, b_name = inputs
 
         def matmul(values, epilogue, fused):
             a, b = values[a_name], values[b_name]
@@ -302,15 +415,10 @@ class KernelsRunner(Runner):
             return out
         return matmul
 
-    def _elementwise(self, node, x_name: str):
+    def _elementwise(self, x_name: str):
         """A Relu, Clip or bias Add on its own, as one bias+clamp pass."""
-        from uhop_onnx.custom_ops.spec import Epilogue
 
-        bias = self._bias_constant(node) if node.op_type == "Add" else None
-        lo, hi = (float("-inf"), float("inf")) if node.op_type == "Add" else self._bounds(node)
-        epilogue = Epilogue(lo=lo, hi=hi)
-
-        def elementwise(values, _epilogue, _fused):
+        def elementwise(values, epilogue, bias):
             x = values[x_name]
             if bias is None:
                 return self.lib.bias_act(x, epilogue=epilogue)
@@ -318,7 +426,6 @@ class KernelsRunner(Runner):
             vector = np.full(x.shape[-1], bias.item(), np.float32) if bias.size == 1 else bias.reshape(-1)
             return self.lib.bias_act(x, bias=vector, axis=axis, epilogue=epilogue)
         return elementwise
-
 
 def _sum_bias(own: np.ndarray | None, fused: np.ndarray | None, channels: int) -> np.ndarray | None:
     """A Conv's bias plus a fused channel-bias Add, as one vector of `channels` values."""
