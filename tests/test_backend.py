@@ -33,10 +33,7 @@ from onnx.backend.test.runner import Runner
 from uhop_onnx.backend import Backend, BackendRep
 from uhop_onnx.session import InferenceSession
 
-SEQUENCES = "the session takes and returns numpy arrays only, not sequences or optionals"
 GAPS = {  # case name pattern -> why we fail it while ONNX Runtime passes
-    r"test_(identity_sequence|identity_opt|if_seq|if_opt|loop13_seq|sequence_map_.*|sequence_insert_at_.*"
-    r"|split_to_sequence_.*)": SEQUENCES,
     r"test_not_[234]d": "opset 1 is below the opset 7 that ONNX Runtime supports; load refuses it with ModelError",
     r"test_resize_upsample_sizes_nearest_not_smaller": "litert's table accepts Resize with keep_aspect_ratio_policy="
                                                        "not_smaller; its build-time check then refuses the stage",

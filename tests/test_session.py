@@ -109,3 +109,20 @@ def test_loading_a_folder_that_is_not_a_plan(tmp_path):
     (tmp_path / "plan.json").write_text("{not json")
     with pytest.raises(PlanError, match="not a valid plan"):
         uhop_onnx.Plan.load(tmp_path)
+
+
+def test_sequence_and_optional_values():
+    """A `seq(tensor)` input takes a list of arrays, an `optional` one may be None; both are checked."""
+    h, T = onnx.helper, onnx.TensorProto
+    seq = h.make_tensor_sequence_value_info("s", T.FLOAT, None)
+    opt = h.make_value_info("o", h.make_optional_type_proto(h.make_tensor_type_proto(T.FLOAT, [2])))
+    graph = h.make_graph([h.make_node("SequenceLength", ["s"], ["n"], name="length"),
+                          h.make_node("OptionalHasElement", ["o"], ["has"], name="has")], "g", [seq, opt],
+                         [h.make_tensor_value_info("n", T.INT64, []), h.make_tensor_value_info("has", T.BOOL, [])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 18)], ir_version=8)
+    session = uhop_onnx.InferenceSession(model, profile=False)
+    assert [s.type for s in session.get_inputs()] == ["seq(tensor(float))", "optional(tensor(float))"]
+    n, has = session.run(None, {"s": [np.zeros(2, np.float32)] * 3, "o": None})
+    assert int(n) == 3 and not bool(has)
+    with pytest.raises(InputError, match="pass a list of numpy arrays"):
+        session.run(None, {"s": np.zeros(2, np.float32), "o": None})

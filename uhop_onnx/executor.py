@@ -105,15 +105,7 @@ class Executor:
         missing = [n for n in self._signatures if n not in feeds]
         if missing:
             raise InputError(f"missing input(s) {', '.join(map(repr, missing))}; {_describe(self.inputs)}")
-        checked = {}
-        for name, value in feeds.items():
-            if not isinstance(value, (np.ndarray, np.generic)):
-                raise InputError(f"input {name!r} is a {type(value).__name__}; pass a numpy array")
-            value = np.asarray(value)
-            if name in self._signatures:
-                _check_value(self._signatures[name], value)
-            checked[name] = value
-        return checked
+        return {name: _checked_feed(self._signatures.get(name), name, value) for name, value in feeds.items()}
 
 
 def stages_for(stages: Sequence[Any], wanted: Sequence[str]) -> list[int]:
@@ -124,6 +116,26 @@ def stages_for(stages: Sequence[Any], wanted: Sequence[str]) -> list[int]:
             chosen.append(k)
             needed.update(stages[k].inputs)
     return chosen[::-1]
+
+
+def _checked_feed(sig: TensorSig | None, name: str, value: Any) -> Any:
+    """A feed as the runners take it: an array; a list of arrays for a `seq(...)` input; None allowed for an
+    `optional(...)` one."""
+    kind = sig.type if sig else "tensor"
+    if kind.startswith("optional("):
+        if value is None:
+            return None
+        kind = kind.removeprefix("optional(")
+    if kind.startswith("seq("):
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, np.ndarray) for v in value):
+            raise InputError(f"input {name!r} is a sequence ({sig.type}); pass a list of numpy arrays")
+        return list(value)
+    if not isinstance(value, (np.ndarray, np.generic)):
+        raise InputError(f"input {name!r} is a {type(value).__name__}; pass a numpy array")
+    value = np.asarray(value)
+    if sig is not None:
+        _check_value(sig, value)
+    return value
 
 
 def _check_value(sig: TensorSig, value: np.ndarray) -> None:
@@ -149,8 +161,9 @@ def _check_value(sig: TensorSig, value: np.ndarray) -> None:
 def _handoff(value: Any, source: Runner | None, target: Runner | None) -> Any:
     """A value as `target` takes it: left on an accelerator both runners share, else a host array (a runtime's
     numpy scalar becomes a 0-d array)."""
-    if source is None or (target is not None and source.device == target.device != "cpu"):
-        return value
+    if source is None or value is None or isinstance(value, list) or (
+            target is not None and source.device == target.device != "cpu"):
+        return value  # sequences and absent optionals go as they are
     return source.to_host(value)
 
 

@@ -14,18 +14,25 @@ from .dtypes import TensorSig
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """Element type (`"float"`, `"int64"`, ... as ONNX spells them) and shape (ints, symbols or None)."""
+    """Element type (`"float"`, `"int64"`, ... as ONNX spells them) and shape (ints, symbols or None); for a
+    sequence or optional value, its full ONNX type in `wrapped` (`"seq(tensor(float))"`)."""
 
     dtype: str | None
     shape: tuple[int | str | None, ...] | None
+    wrapped: str | None = None
 
     @property
     def type(self) -> str:
+        if self.wrapped:
+            return self.wrapped
         return f"tensor({self.dtype})" if self.dtype else "tensor(unknown)"
 
     @classmethod
     def from_type_proto(cls, type_proto: onnx.TypeProto) -> TensorInfo:
-        if type_proto.WhichOneof("value") != "tensor_type":
+        kind = type_proto.WhichOneof("value")
+        if kind in ("sequence_type", "optional_type"):
+            return cls(None, None, type_string(type_proto))
+        if kind != "tensor_type":
             return cls(None, None)
         tensor = type_proto.tensor_type
         dtype = onnx.TensorProto.DataType.Name(tensor.elem_type).lower() if tensor.elem_type else None
@@ -35,6 +42,18 @@ class TensorInfo:
             d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim
         )
         return cls(dtype, shape)
+
+
+def type_string(type_proto: onnx.TypeProto) -> str:
+    """ONNX's spelling of a type: `tensor(float)`, `seq(tensor(int64))`, `optional(seq(tensor(float)))`."""
+    kind = type_proto.WhichOneof("value")
+    if kind == "sequence_type":
+        return f"seq({type_string(type_proto.sequence_type.elem_type)})"
+    if kind == "optional_type":
+        return f"optional({type_string(type_proto.optional_type.elem_type)})"
+    if kind == "tensor_type" and type_proto.tensor_type.elem_type:
+        return f"tensor({onnx.TensorProto.DataType.Name(type_proto.tensor_type.elem_type).lower()})"
+    return "tensor(unknown)"
 
 
 @dataclass(frozen=True)
