@@ -26,7 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 import uhop_onnx
 from uhop_onnx import UhopError
 
-from .conftest import assert_matches, random_feeds, reference
+from .conftest import assert_matches, reference
 
 SECONDS = 120  # per case: far above what a healthy case takes on a loaded 2-core machine
 
