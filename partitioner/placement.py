@@ -1,17 +1,14 @@
-"""Placement: which provider runs each node. Placers are swappable functions of the same shape."""
+"""The placement without timing: each node on the first provider, in preference order, that runs it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from uhop_onnx.errors import PlanError, ProviderError
 from uhop_onnx.graph import Graph
 from uhop_onnx.providers import Support
 
 
-# (graph, support per provider in preference order, pinned node -> provider, provider names)
-#   -> for each node in graph order, the index of the provider that runs it.
-Placer = Callable[[Graph, Sequence[Mapping[str, Support]], Mapping[str, int], Sequence[str]], list[int]]
 
 
 def first_supported(graph: Graph, support: Sequence[Mapping[str, Support]], pinned: Mapping[str, int],
