@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from uhop_onnx.bench import bench
-from uhop_onnx.models import cnn, mlp, mobilenet, resnet, transformer
+from uhop_onnx.models import cnn, hybrid, mlp, mobilenet, resnet, transformer
 
 # Reference models at sizes where a run takes long enough to compare (0.1-20 ms on 2 cores).
 MODELS = {
@@ -28,6 +28,7 @@ MODELS = {
     "mobilenet": lambda: mobilenet(size=128, widths=(32, 64, 128)),
     "transformer": lambda: transformer(seq=64, hidden=128),
     "resnet-deep": lambda: resnet(size=40, width=64, blocks=24),  # about ResNet-50's node count and GFLOPs
+    "hybrid": lambda: hybrid(size=64),  # a CNN stem feeding encoder blocks: parts that favour different runtimes
 }
 
 

@@ -113,34 +113,58 @@ def mobilenet(size: int = 32, widths: tuple[int, ...] = (16, 32, 64), classes: i
 def transformer(seq: int = 16, hidden: int = 64, heads: int = 4, seed: int = 4) -> onnx.ModelProto:
     """One encoder block: multi-head self-attention and a Gelu (Erf) MLP, each with a residual and LayerNorm."""
     b = _Builder(seed)
-    head = hidden // heads
-    x = "input"
-
-    def project(src: str, name: str, n_in: int, n_out: int) -> str:
-        y = b.op("MatMul", [src, b.weight(f"{name}.weight", (n_in, n_out))], f"/attn/{name}")
-        return b.op("Add", [y, b.weight(f"{name}.bias", (n_out,), 0.1)], f"/attn/{name}")
-
-    split = b.const("heads.shape", np.array([1, seq, heads, head], np.int64))
-    q, k, v = (
-        b.op("Transpose", [b.op("Reshape", [project(x, n, hidden, hidden), split], f"/attn/{n}/split")],
-             f"/attn/{n}/heads", perm=perm)
-        for n, perm in (("query", [0, 2, 1, 3]), ("key", [0, 2, 3, 1]), ("value", [0, 2, 1, 3]))
-    )
-    scores = b.op("Mul", [b.op("MatMul", [q, k], "/attn/scores"), b.const("scale", np.float32(1 / np.sqrt(head)))],
-                  "/attn/scale")
-    context = b.op("MatMul", [b.op("Softmax", [scores], "/attn/softmax", axis=-1), v], "/attn/context")
-    merged = b.op("Reshape", [b.op("Transpose", [context], "/attn/merge", perm=[0, 2, 1, 3]),
-                              b.const("merge.shape", np.array([1, seq, hidden], np.int64))], "/attn/merge")
-    x = _layer_norm(b, b.op("Add", [x, project(merged, "out", hidden, hidden)], "/attn/residual"), "/ln1", hidden)
-    h = project(x, "fc1", hidden, 4 * hidden)
-    erf = b.op("Erf", [b.op("Div", [h, b.const("sqrt2", np.float32(np.sqrt(2)))], "/mlp/gelu")], "/mlp/gelu")
-    gate = b.op("Mul", [b.op("Add", [erf, b.const("one", np.float32(1))], "/mlp/gelu"), b.const("half", np.float32(0.5))],
-                "/mlp/gelu/half")
-    gelu = b.op("Mul", [h, gate], "/mlp/gelu")
-    y = b.op("Add", [x, project(gelu, "fc2", 4 * hidden, hidden)], "/mlp/residual")
-    out = _layer_norm(b, y, "/ln2", hidden)
+    out = _encoder(b, "input", seq, hidden, heads)
     b.nodes.append(helper.make_node("Identity", [out], ["output"], name="/output/Identity"))
     return b.model("transformer", [_io("input", [1, seq, hidden])], [_io("output", [1, seq, hidden])])
+
+
+def hybrid(size: int = 64, hidden: int = 64, heads: int = 4, blocks: int = 2, seed: int = 5) -> onnx.ModelProto:
+    """A convolutional stem (two stride-2 convs and two more at a quarter of the size) whose feature map becomes
+    tokens for encoder blocks: the CNN part and the attention part favour different runtimes."""
+    b = _Builder(seed)
+    x = b.conv("input", "/stem1", 3, hidden // 2, stride=2)
+    x = b.conv(x, "/stem2", hidden // 2, hidden, stride=2)
+    for i in range(2):
+        x = b.conv(x, f"/features{i}", hidden, hidden)
+    seq = (size // 4) ** 2
+    tokens = b.op("Reshape", [x, b.const("tokens.shape", np.array([1, hidden, seq], np.int64))], "/tokens")
+    x = b.op("Transpose", [tokens], "/tokens", perm=[0, 2, 1])
+    for i in range(blocks):
+        x = _encoder(b, x, seq, hidden, heads, scope=f"/encoder{i}")
+    b.nodes.append(helper.make_node("Identity", [x], ["output"], name="/output/Identity"))
+    return b.model("hybrid", [_io("input", [1, 3, size, size])], [_io("output", [1, seq, hidden])])
+
+
+def _encoder(b: _Builder, x: str, seq: int, hidden: int, heads: int, scope: str = "") -> str:
+    """Self-attention and a Gelu MLP, each with a residual and LayerNorm; node and weight names under `scope`."""
+    head = hidden // heads
+    key = scope.strip("/").replace("/", ".") + "." if scope else ""
+
+    def project(src: str, name: str, n_in: int, n_out: int) -> str:
+        y = b.op("MatMul", [src, b.weight(f"{key}{name}.weight", (n_in, n_out))], f"{scope}/attn/{name}")
+        return b.op("Add", [y, b.weight(f"{key}{name}.bias", (n_out,), 0.1)], f"{scope}/attn/{name}")
+
+    split = b.const(f"{key}heads.shape", np.array([1, seq, heads, head], np.int64))
+    q, k, v = (
+        b.op("Transpose", [b.op("Reshape", [project(x, n, hidden, hidden), split], f"{scope}/attn/{n}/split")],
+             f"{scope}/attn/{n}/heads", perm=perm)
+        for n, perm in (("query", [0, 2, 1, 3]), ("key", [0, 2, 3, 1]), ("value", [0, 2, 1, 3]))
+    )
+    scale = b.const(f"{key}scale", np.float32(1 / np.sqrt(head)))
+    scores = b.op("Mul", [b.op("MatMul", [q, k], f"{scope}/attn/scores"), scale], f"{scope}/attn/scale")
+    context = b.op("MatMul", [b.op("Softmax", [scores], f"{scope}/attn/softmax", axis=-1), v], f"{scope}/attn/context")
+    merged = b.op("Reshape", [b.op("Transpose", [context], f"{scope}/attn/merge", perm=[0, 2, 1, 3]),
+                              b.const(f"{key}merge.shape", np.array([1, seq, hidden], np.int64))], f"{scope}/attn/merge")
+    x = _layer_norm(b, b.op("Add", [x, project(merged, "out", hidden, hidden)], f"{scope}/attn/residual"),
+                    f"{scope}/ln1", hidden)
+    h = project(x, "fc1", hidden, 4 * hidden)
+    sqrt2 = b.const(f"{key}sqrt2", np.float32(np.sqrt(2)))
+    erf = b.op("Erf", [b.op("Div", [h, sqrt2], f"{scope}/mlp/gelu")], f"{scope}/mlp/gelu")
+    gate = b.op("Mul", [b.op("Add", [erf, b.const(f"{key}one", np.float32(1))], f"{scope}/mlp/gelu"),
+                        b.const(f"{key}half", np.float32(0.5))], f"{scope}/mlp/gelu/half")
+    gelu = b.op("Mul", [h, gate], f"{scope}/mlp/gelu")
+    y = b.op("Add", [x, project(gelu, "fc2", 4 * hidden, hidden)], f"{scope}/mlp/residual")
+    return _layer_norm(b, y, f"{scope}/ln2", hidden)
 
 
 def _layer_norm(b: _Builder, x: str, scope: str, hidden: int) -> str:
@@ -158,4 +182,5 @@ def _head(b: _Builder, x: str, width: int, classes: int, name: str, input_shape:
     return b.model(name, [_io("input", input_shape)], [_io("output", [input_shape[0], classes])])
 
 
-BUILDERS = {"mlp": mlp, "cnn": cnn, "resnet": resnet, "mobilenet": mobilenet, "transformer": transformer}
+BUILDERS = {"mlp": mlp, "cnn": cnn, "resnet": resnet, "mobilenet": mobilenet, "transformer": transformer,
+            "hybrid": hybrid}
