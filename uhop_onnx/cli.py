@@ -208,11 +208,10 @@ def run(model: Annotated[Path, typer.Argument(help="A plan folder or an .onnx mo
 
 
 def _read_npz(path: Path) -> dict:
-    import numpy as np
+    from .files import read_npz
 
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {name: data[name] for name in data.files}
+        return read_npz(path)
     except (OSError, ValueError) as error:
         raise InputError(f"{path}: cannot read inputs ({error}); give an .npz written by numpy.savez") from None
 

@@ -21,13 +21,14 @@ import onnx
 from .bundle.manifest import FP32_TOLERANCE, MANIFEST, SCHEMA, hash_files
 from .errors import ProviderError, UhopError
 from .files import new_folder, write_archive
+from .graph import declared_outputs
 from .optimizer import Analysis, analyze, build_plan
 from .partitioner.blocks import blocks
 from .partitioner.profiler import Measurement
 from .partitioner.search import allowed_providers, cheapest_path, expand
 from .partitioner.static_cost import flops, moved
 from .providers import Provider, create
-from .samples import sample_feeds
+from .samples import reference_outputs, sample_feeds
 from .targets import Target, TargetProvider, load_target
 
 
@@ -115,7 +116,7 @@ def _write(folder: Path, a: Analysis, plan, profile: Target, entries: list[Targe
     progress("computing reference outputs with ONNX Runtime")
     feeds = sample_feeds(plan.inputs)
     np.savez(folder / "samples" / "inputs.npz", **feeds)
-    np.savez(folder / "samples" / "outputs.npz", **_reference(a.loaded, feeds))
+    np.savez(folder / "samples" / "outputs.npz", **reference_outputs(a.loaded.SerializeToString(), feeds))
     if plan.constants:
         np.savez(folder / "constants.npz", **plan.constants)
     loosest = {key: max(s["tolerance"][key] for s in stages) for key in ("rtol", "atol")}
@@ -135,13 +136,5 @@ def _write(folder: Path, a: Analysis, plan, profile: Target, entries: list[Targe
 
 
 def _declared(model: onnx.ModelProto) -> list[list[Any]]:
-    from .session import _declared_outputs
+    return [[name, None if dims is None else list(dims)] for name, dims in declared_outputs(model)]
 
-    return [[name, None if dims is None else list(dims)] for name, dims in _declared_outputs(model)]
-
-
-def _reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))

@@ -44,6 +44,14 @@ def new_folder(target: Path, error: type[UhopError] = UhopError) -> Iterator[Pat
         shutil.rmtree(staging, ignore_errors=True)  # only what a failed block left
 
 
+def read_npz(path: str | os.PathLike) -> dict:
+    """The arrays of an `.npz` file by name (no pickled objects)."""
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as data:
+        return {name: data[name] for name in data.files}
+
+
 def write_archive(folder: Path, out: Path) -> None:
     """`folder`'s files as a `.tar.gz` at `out`, written atomically."""
     with atomic_file(out, "wb") as handle, tarfile.open(fileobj=handle, mode="w:gz") as tar:

@@ -188,3 +188,13 @@ def _free_names(graph: onnx.GraphProto) -> set[str]:
         defined |= set(n.output)
     free |= {o.name for o in graph.output if o.name not in defined}
     return free
+
+
+def declared_outputs(model: onnx.ModelProto) -> list[tuple[str, tuple[int | None, ...] | None]]:
+    """(name, fixed dimensions or None per axis) of each graph output; None where the shape is unknown."""
+    declared = []
+    for output in model.graph.output:
+        tensor = output.type.tensor_type
+        dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
+        declared.append((output.name, dims if tensor.HasField("shape") else None))
+    return declared

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .errors import PlanError
-from .files import atomic_file, new_folder
+from .files import atomic_file, new_folder, read_npz
 from .dtypes import TensorSig
 from .report import write_report
 
@@ -125,10 +125,8 @@ class Plan:
             data = json.loads(path.read_text())
             if data.get("schema") != SCHEMA:
                 raise PlanError(f"{path}: schema {data.get('schema')!r} is not {SCHEMA!r}; re-run optimize")
-            constants = {}
-            if data.get("constants"):
-                with np.load(folder / CONSTANTS_FILE, allow_pickle=False) as stored:
-                    constants = {name: stored[name] for name in data["constants"]}
+            stored = read_npz(folder / CONSTANTS_FILE) if data.get("constants") else {}
+            constants = {name: stored[name] for name in data.get("constants") or ()}
             stages = [Stage(**s) for s in data["stages"]]
             for stage in stages:
                 if Path(stage.file).name != stage.file or not (folder / stage.file).is_file():

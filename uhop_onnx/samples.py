@@ -1,7 +1,9 @@
-"""Sample inputs for timing and checking: random, reproducible, of the declared types and shapes."""
+"""Sample inputs for timing and checking (random, reproducible, of the declared types and shapes), and ONNX
+Runtime's outputs on them, the reference every provider is checked against."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 import numpy as np
@@ -19,3 +21,12 @@ def sample_feeds(inputs: Iterable, seed: int = 0) -> dict[str, np.ndarray]:
         shape = [d if isinstance(d, int) and d > 0 else 1 for d in (sig.shape or ())]
         feeds[sig.name] = (rng.standard_normal(shape) if dtype.kind == "f" else np.zeros(shape)).astype(dtype)
     return feeds
+
+
+def reference_outputs(model: str | os.PathLike | bytes, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """ONNX Runtime CPU's outputs of a model (its path or serialized bytes), by name."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model if isinstance(model, bytes) else str(model), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds), strict=True))

@@ -14,6 +14,7 @@ import numpy as np
 from .dtypes import TensorSig
 from .errors import StageError, UhopError, first_line
 from .executor import Executor, StageIO
+from .graph import declared_outputs
 from .plan import PLAN_FILE, Plan, Stage
 from .providers import LAST_RESORT, Runner, create
 
@@ -41,7 +42,7 @@ class InferenceSession:
         self.threads = threads if threads is not None else self.plan.threads
         self._exclusive = len(self.plan.stages) == 1
         runners = [self._compile(stage, stage.fallback or stage.provider) for stage in self.plan.stages]
-        stages = [StageIO(_describe(s), s.inputs, s.outputs, _declared_outputs(self.plan.stage_model(s)), s.provider)
+        stages = [StageIO(_describe(s), s.inputs, s.outputs, declared_outputs(self.plan.stage_model(s)), s.provider)
                   for s in self.plan.stages]
         self._executor = Executor(stages, runners, self.plan.inputs, [o.name for o in self.plan.outputs],
                                   self.plan.constants, self._fall_back if fallback else None)
@@ -91,13 +92,3 @@ class InferenceSession:
 
 def _describe(stage: Stage) -> str:
     return f"{stage.label}, {len(stage.nodes)} nodes from {stage.nodes[0]!r}"
-
-
-def _declared_outputs(model) -> list[tuple[str, tuple[int | None, ...] | None]]:
-    """(name, fixed dimensions or None per axis) of each graph output; None where the shape is unknown."""
-    declared = []
-    for output in model.graph.output:
-        tensor = output.type.tensor_type
-        dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
-        declared.append((output.name, dims if tensor.HasField("shape") else None))
-    return declared

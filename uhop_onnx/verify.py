@@ -15,6 +15,8 @@ import numpy as np
 from .bundle import load_stage
 from .bundle.manifest import BundleError, check_files, open_bundle, read_manifest
 from .errors import UhopError, first_line
+from .files import read_npz
+from .samples import reference_outputs
 
 # Providers with a simulator on the host: the provider spec that runs a stage's ONNX there.
 SIMULATORS = {"rknn": lambda options: ("rknn", {**options, "simulate": True})}
@@ -30,15 +32,15 @@ def verify_bundle(path: str | os.PathLike) -> dict[str, Any]:
         if problems:  # never load what does not match the manifest
             report["ok"] = False
             return report
-        values = _load_npz(folder / manifest["samples"]["inputs"])
+        values = read_npz(folder / manifest["samples"]["inputs"])
         if manifest.get("constants"):
-            values.update(_load_npz(folder / manifest["constants"]))
+            values.update(read_npz(folder / manifest["constants"]))
         for k, stage in enumerate(manifest["stages"]):
             feeds = {name: values[name] for name in stage["inputs"] if name in values}
             entry, produced = _check_stage(folder, stage, feeds)
             report["stages"].append({"index": k, "provider": stage["provider"], **entry})
             values.update(produced)
-        expected = _load_npz(folder / manifest["samples"]["outputs"])
+        expected = read_npz(folder / manifest["samples"]["outputs"])
         tolerance = manifest["tolerance"]
         report["outputs"] = {name: _compare(values[name], want, tolerance) for name, want in expected.items()}
         report["ok"] = all(s["ok"] is not False for s in report["stages"]) and all(
@@ -51,7 +53,7 @@ def verify_bundle(path: str | os.PathLike) -> dict[str, Any]:
 
 def _check_stage(folder, stage: dict, feeds: dict[str, np.ndarray]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """(what happened, the stage's outputs) for one stage."""
-    reference = _onnxruntime(folder / stage["reference"], feeds)
+    reference = reference_outputs(folder / stage["reference"], feeds)
     runner, how = _host_runner(folder, stage)
     if runner is None:
         return {"ran": False, "how": how, "ok": None}, reference
@@ -101,15 +103,3 @@ def _compare(got: np.ndarray, want: np.ndarray, tolerance: dict[str, float]) -> 
     ok = bool(np.allclose(got, want, rtol=tolerance["rtol"], atol=tolerance["atol"], equal_nan=True))
     return {"ok": ok, "max_abs_error": error}
 
-
-def _onnxruntime(path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds), strict=True))
-
-
-def _load_npz(path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as data:
-        return {name: data[name] for name in data.files}

@@ -148,10 +148,9 @@ class Rknn(Provider):
         path = self.options.get("calibration")
         if not path:
             return []
-        import numpy as np
+        from uhop_onnx.files import read_npz
 
-        with np.load(Path(path).expanduser()) as stacked:
-            arrays = {name: stacked[name] for name in stacked.files}
+        arrays = read_npz(Path(path).expanduser())
         count = min(len(a) for a in arrays.values())
         return [{name: a[k] for name, a in arrays.items()} for k in range(count)]
 

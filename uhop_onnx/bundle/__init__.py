@@ -19,6 +19,7 @@ import numpy as np
 
 from uhop_onnx.dtypes import TensorSig
 from uhop_onnx.executor import Executor, StageIO
+from uhop_onnx.files import read_npz
 
 from .manifest import BundleError, check_files, open_bundle, read_manifest
 
@@ -43,10 +44,7 @@ class Bundle:
             raise BundleError(f"{path}: refused, files do not match the manifest: {'; '.join(problems)}")
         stages = self.manifest["stages"]
         runners = [load_stage(self.folder, s, threads, exclusive=len(stages) == 1) for s in stages]
-        constants = {}
-        if self.manifest.get("constants"):
-            with np.load(self.folder / self.manifest["constants"], allow_pickle=False) as stored:
-                constants = {name: stored[name] for name in stored.files}
+        constants = read_npz(self.folder / self.manifest["constants"]) if self.manifest.get("constants") else {}
         ios = [StageIO(f"{s['provider']} ({s['artifact']['format']})", s["inputs"], s["outputs"],
                        [(name, None if dims is None else tuple(dims)) for name, dims in s["declared"]]) for s in stages]
         self._executor = Executor(ios, runners, self.get_inputs(), [o.name for o in self.get_outputs()], constants)

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 
 from uhop_onnx.errors import UhopError
+from uhop_onnx.files import read_npz
 
 from . import load_bundle
 
@@ -23,8 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         bundle = load_bundle(args.bundle, args.threads)
-        with np.load(args.inputs, allow_pickle=False) as data:
-            feeds = {name: data[name] for name in data.files}
+        feeds = read_npz(args.inputs)
         names = [o.name for o in bundle.get_outputs()]
         results = dict(zip(names, bundle.run(None, feeds), strict=True))
     except (UhopError, OSError, ValueError) as error:
