@@ -212,6 +212,55 @@ def test_shape_arithmetic_is_folded_into_the_litert_stage():
     assert_matches(session.run(None, feeds), reference(model, feeds))
 
 
+@pytest.mark.parametrize("first", [0, 1])
+def test_shape_arithmetic_split_over_stages_still_converts(first):
+    """What the query accepts converts in whatever stage it lands: a shape value from another provider is an
+    int64 variable, computed by LiteRT's integer kernels, or pinned to the static shape it restates."""
+    model = exported_flatten()
+    assign = {node.name: "ort-cpu" for node in model.graph.node[first::2]}
+    session = uhop_onnx.InferenceSession(model, providers=["litert"], assign=assign, profile=False)
+    assert len(session.plan.stages) >= 4 and "litert" in session.get_providers()
+    feeds = random_feeds(model)
+    assert_matches(session.run(None, feeds), reference(model, feeds))
+
+
+def test_integer_arithmetic_litert_lacks_is_declined_alone():
+    """Integer Div has no exact LiteRT kernel: declined even where, whole, it would fold into a constant."""
+    graph = helper.make_graph([
+        helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+        helper.make_node("Div", ["shape", "two"], ["half"], name="div"),
+        helper.make_node("Mul", ["shape", "two"], ["twice"], name="mul"),
+        helper.make_node("Range", ["zero", "half", "one"], ["steps"], name="range"),
+    ], "ints", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info(n, TensorProto.INT64, None) for n in ("twice", "steps")],
+        [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("two", 2), ("zero", 0), ("one", 1))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    declined = unconvertible(model)
+    assert sorted(declined) == ["div", "range"]
+    assert "integer" in declined["div"] and "variable" in declined["range"]
+
+
+def test_scalars_stay_scalars():
+    graph = helper.make_graph([helper.make_node("ReduceMin", ["x"], ["low"], name="min", keepdims=0),
+                               helper.make_node("Min", ["low", "zero"], ["y"], name="clamp")], "scalar",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+                              [numpy_helper.from_array(np.array(0, np.float32), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    session = uhop_onnx.InferenceSession(model, providers=["litert"], assign={"clamp": "ort-cpu"}, profile=False)
+    feeds = random_feeds(model)
+    assert_matches(session.run(None, feeds), reference(model, feeds))
+    assert LiteRtRunner(convert(model)).run(feeds)["y"].shape == ()
+
+
+def test_dimensions_past_int32_are_declined():
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "huge",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2**31, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2**31, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    assert "int32" in unconvertible(model)["relu"]
+
+
 def test_embeddings_and_masks_take_integer_inputs():
     """BERT-style inputs: token ids gathered from an embedding table (negative ids count from the end, as in
     ONNX), and an integer attention mask unsqueezed and cast to float."""

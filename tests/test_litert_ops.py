@@ -309,6 +309,18 @@ def test_resize_modes_litert_cannot_match_are_declined():
     assert "cubic" in unconvertible(op_model("Resize", inputs, {"mode": "cubic"}))["op"]
 
 
+@pytest.mark.parametrize("policy, sizes, exact", [("stretch", [5, 9], True), ("not_smaller", [7, 9], False),
+                                                  ("not_larger", [7, 9], True), ("not_smaller", [8, 12], True)])
+def test_resize_by_sizes_keeping_the_aspect_ratio(policy, sizes, exact):
+    """A kept aspect ratio maps coordinates by one scale (7/4 for H and W of a 4x6 input resized to at least
+    7x9, giving 7x11), which LiteRT matches only where it is each axis's output/input ratio."""
+    inputs = {"x": (1, 2, 4, 6), "roi": np.zeros(0, np.float32), "scales": np.zeros(0, np.float32),
+              "sizes": np.array(sizes, np.int64)}
+    model = op_model("Resize", inputs, {"axes": [2, 3], "keep_aspect_ratio_policy": policy, "mode": "linear"},
+                     opset=19)
+    assert check(model, must_convert=False) == exact
+
+
 @pytest.mark.parametrize("axis, bias", [(-1, True), (-2, True), (1, False)])
 def test_layer_normalization(axis, bias):
     shape = (2, 3, 4, 5)

@@ -67,10 +67,11 @@ class LiteRt(Provider):
 
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
         """Convert, load and check the stage against ONNX Runtime on random inputs."""
-        from .converter import convert
+        from .converter import convert, prepared
 
         self.require()
         start = time.perf_counter()
+        model = prepared(model)  # shape-only inputs pinned: random values for them would not be shapes
         blob = convert(model, fp16=bool(self.options.get("fp16")))
         converted = time.perf_counter()
         runner = LiteRtRunner(blob, self.threads, **self.delegate_options())
@@ -90,9 +91,10 @@ class LiteRt(Provider):
     def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
         """The stage as a `.tflite` file with its delegate settings (for the board); checked against ONNX
         Runtime on XNNPACK first where LiteRT runs on this host."""
-        from .converter import convert
+        from .converter import convert, prepared
 
         fp16 = bool(self.options.get("fp16"))
+        model = prepared(model)
         blob = convert(model, fp16=fp16)
         try:
             interpreter_module()

@@ -1,7 +1,7 @@
 """ONNX stage -> `.tflite` bytes, written directly with the `tflite` flatbuffer builders.
 
 `convert` lowers every node (see `ops`) or raises a `ProviderError` naming the node it cannot express;
-`unconvertible` answers, node by node, which ones it cannot express and why.
+`unconvertible` answers, node by node, which ones it cannot express and why, whatever stage each ends up in.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from uhop_onnx.errors import ProviderError
 from .lowering import Lowering, Node, Unsupported, identity
 from .ops import LOWERINGS
 
+SHAPE_ONLY = {"Reshape": 1, "Expand": 1, "Tile": 1, "Split": 1, "ConstantOfShape": 0, "Resize": 3}  # op -> input
 RANDOM = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
                     "Multinomial"})
 
 
 def convert(model: onnx.ModelProto, fp16: bool = False) -> bytes:
     """The stage as a `.tflite` model whose inputs and outputs are the stage's, by name, in ONNX layout."""
-    cx, _ = _lower(model, fp16, strict=True)
+    cx, _ = _lower(prepared(model), fp16, strict=True)
     try:
         return _finish(cx)
     except Unsupported as why:
@@ -31,12 +32,60 @@ def convert(model: onnx.ModelProto, fp16: bool = False) -> bytes:
 
 
 def unconvertible(model: onnx.ModelProto) -> dict[str, str]:
-    """Node name -> why the converter cannot express it, for every node it cannot."""
-    return _lower(model, fp16=False, strict=False)[1]
+    """Node name -> why the converter cannot express it, for every node it cannot.
+
+    Each node is judged on what it gets from outside any stage: initializers are constants, but what other
+    nodes compute (shape arithmetic too) may come from another provider, as a variable.
+    """
+    return _lower(prepared(model), fp16=False, strict=False)[1]
+
+
+def prepared(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with shapes inferred, and the inputs that only restate a static output shape (Reshape's
+    shape, Expand's, Tile's repeats, Split's sizes, ConstantOfShape's shape, Resize's sizes) replaced by
+    the constant the static shapes give. It computes what `model` does on every input its static shapes
+    admit; a stage cut from a model may get such a value from another provider, as a variable."""
+    model = onnx.shape_inference.infer_shapes(model)
+    known = {v.name: tuple(d.dim_value if d.HasField("dim_value") else 0 for d in v.type.tensor_type.shape.dim)
+             for v in (*model.graph.input, *model.graph.value_info, *model.graph.output)
+             if v.type.tensor_type.HasField("shape")}
+    known.update({t.name: tuple(t.dims) for t in model.graph.initializer})
+    fixed = {t.name for t in model.graph.initializer}
+    for node in model.graph.node:
+        position, value = _implied(node, known)
+        if value is None or node.input[position] in fixed:
+            continue
+        name = f"{node.input[position]}/static/{len(model.graph.initializer)}"
+        model.graph.initializer.append(numpy_helper.from_array(value, name))
+        node.input[position] = name
+    return model
+
+
+def _implied(node: onnx.NodeProto, known: dict[str, tuple[int, ...]]) -> tuple[int, np.ndarray | None]:
+    """The position of `node`'s input that only restates its static output shapes, and the value they give it
+    (None when there is none, or the shapes are not all static)."""
+    position = SHAPE_ONLY.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+    if position is None or position >= len(node.input) or not node.input[position]:
+        return 0, None
+    shapes = [known.get(name) for name in (node.input[0], *node.output)]
+    if any(s is None or not all(s) for s in shapes):
+        return position, None
+    source, out = shapes[0], shapes[1]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if node.op_type == "Tile":
+        value = [o // i for i, o in zip(source, out)] if all(o % i == 0 for i, o in zip(source, out)) else None
+    elif node.op_type == "Split":
+        axis = attrs.get("axis", 0) % len(source)
+        value = [s[axis] for s in shapes[1:]]
+    elif node.op_type == "Resize":
+        stretch = attrs.get("keep_aspect_ratio_policy", b"stretch") == b"stretch"
+        value = [out[a] for a in attrs.get("axes", range(len(out)))] if stretch else None
+    else:
+        value = list(out)
+    return position, None if value is None else np.array(value, np.int64)
 
 
 def _lower(model: onnx.ModelProto, fp16: bool, strict: bool) -> tuple[Lowering, dict[str, str]]:
-    model = onnx.shape_inference.infer_shapes(model)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     cx = Lowering(model, fp16)
     for value in model.graph.input:
@@ -46,6 +95,7 @@ def _lower(model: onnx.ModelProto, fp16: bool, strict: bool) -> tuple[Lowering, 
             except Unsupported as why:  # fine while only its shape is read (Shape); the reason for any other reader
                 cx.unavailable[value.name] = str(why)
     failures: dict[str, str] = {}
+    initializers = set(cx.consts)
     nodes, members = fuse_gelu([(Node.from_proto(n, opset), n.domain) for n in model.graph.node], cx)
     for node, proto_domain in nodes:
         try:
@@ -62,11 +112,24 @@ def _lower(model: onnx.ModelProto, fp16: bool, strict: bool) -> tuple[Lowering, 
                 raise ProviderError(f"litert cannot convert node {node.name!r} ({node.op}): {why}") from None
             failures.update(dict.fromkeys(members.get(node.name, [node.name]), str(why)))
             for name in node.outputs:  # stand-ins, so that the nodes after it are judged on their own
-                try:
-                    cx.write(name)
-                except Unsupported as missing:
-                    cx.unavailable[name] = str(missing)
+                _variable(cx, name)
+        else:
+            if not strict:  # the next node may be on another provider: what this one computed is a variable there
+                for name in node.outputs:
+                    if name in cx.consts and name not in initializers:
+                        del cx.consts[name]
+                        _variable(cx, name)
     return cx, failures
+
+
+def _variable(cx: Lowering, name: str) -> None:
+    """`name` as a LiteRT tensor computed at run time (or why it cannot be one)."""
+    if not name:
+        return
+    try:
+        cx.write(name, integer=True)
+    except Unsupported as why:
+        cx.unavailable[name] = str(why)
 
 
 def fold(cx: Lowering, node: Node, opsets) -> None:
@@ -89,7 +152,7 @@ def _finish(cx: Lowering) -> bytes:
     """Declare the graph outputs, in ONNX layout and under their ONNX names, and serialize."""
     for name in cx.outputs:
         shape = cx.shape(name)
-        index = cx.read(name, identity(len(shape)))
+        index = cx.read(name, identity(len(shape)), integer=True)
         if index in cx.writer.inputs or index in cx.writer.outputs or cx.writer.tensors[index].buffer:
             copy = cx.temp(shape, cx.writer.tensors[index].dtype)
             cx.op("RESHAPE", [index, cx.int32(shape)], [copy])

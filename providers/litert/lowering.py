@@ -20,6 +20,7 @@ from .writer import ModelWriter, Operator
 NHWC = (0, 2, 3, 1)
 FLOAT = onnx.TensorProto.FLOAT
 INTEGERS = {onnx.TensorProto.INT64: np.int64, onnx.TensorProto.INT32: np.int32}
+LARGEST = int(np.iinfo(np.int32).max)  # LiteRT's shapes are int32
 
 
 class Unsupported(Exception):
@@ -88,7 +89,16 @@ class Lowering:
         _, dims = self.types.get(name, (0, None))
         if dims is None or any(d is None or d <= 0 for d in dims):
             raise Unsupported(f"tensor {name!r} has no static shape ({dims}); LiteRT stages need static shapes")
+        if max(dims, default=0) > LARGEST or np.prod(dims, dtype=object) > LARGEST:
+            raise Unsupported(f"tensor {name!r} of shape {list(dims)} has more than {LARGEST} elements along an "
+                              "axis or in all; LiteRT's shapes and sizes are int32")
         return dims
+
+    def integer(self, name: str) -> bool:
+        """Whether the ONNX tensor `name` holds integers (int32 or int64)."""
+        if name in self.consts:
+            return self.consts[name].dtype.kind in "iu"
+        return self.types.get(name, (FLOAT, None))[0] in INTEGERS
 
     def rank(self, name: str) -> int:
         return len(self.shape(name))
@@ -139,7 +149,7 @@ class Lowering:
             self.op("TRANSPOSE", [index, self.int32(steps)], [out])
         return out
 
-    def broadcast(self, name: str, rank: int, perm) -> int:
+    def broadcast(self, name: str, rank: int, perm, integer: bool = False) -> int:
         """`name` read as an operand of a broadcasting op of `rank` whose result is held in `perm`."""
         shape = self.shape(name)
         if name in self.consts:
@@ -148,10 +158,11 @@ class Lowering:
                 return self.read_array(array.reshape(()), name)
             return self.read_array(array.reshape((1,) * (rank - array.ndim) + array.shape).transpose(perm), name)
         if len(shape) == rank:
-            return self.read(name, perm)
+            return self.read(name, perm, integer)
         full = (1,) * (rank - len(shape)) + shape
-        index = self.temp(full)
-        self.op("RESHAPE", [self.read(name, identity(len(shape))), self.int32(full)], [index])
+        source = self.read(name, identity(len(shape)), integer)
+        index = self.temp(full, self.writer.tensors[source].dtype)
+        self.op("RESHAPE", [source, self.int32(full)], [index])
         return self.relayout(index, full, identity(rank), tuple(perm))
 
     def read_array(self, array: np.ndarray, name: str) -> int:
@@ -188,7 +199,7 @@ class Lowering:
 
     def weight(self, array: np.ndarray, name: str) -> int:
         """A float weight; with fp16, stored as float16 and widened by DEQUANTIZE when the model loads."""
-        array = np.ascontiguousarray(array, np.float32)
+        array = np.require(array, np.float32, "C")
         if not self.fp16:
             return self.constant(array, name)
         out = self.temp(array.shape)

@@ -178,11 +178,15 @@ def binary(cx: Lowering, node: Node) -> None:
         return
     if node.op == "Add" and (fold_bias(cx, a, b, y) or fold_bias(cx, b, a, y)):
         return
-    rank = cx.rank(y)
+    rank, integer = cx.rank(y), cx.integer(y)
+    if integer and node.op in ("Div", "Pow"):
+        raise Unsupported(f"{node.op} of integer tensors; LiteRT raises only float32 to powers, has no int64 DIV, "
+                          "and its int32 division by zero is undefined (ONNX Runtime raises)")
     perm = next((cx.perm(n) for n in (a, b) if n not in cx.consts and cx.rank(n) == rank), identity(rank))
     code = BINARY[node.op]
-    op = cx.op(code, [cx.broadcast(n, rank, perm) for n in (a, b)], [cx.write(y, perm)], FUSABLE.get(code))
-    if code in FUSABLE:
+    op = cx.op(code, [cx.broadcast(n, rank, perm, integer) for n in (a, b)], [cx.write(y, perm, integer)],
+               FUSABLE.get(code))
+    if code in FUSABLE and not integer:
         cx.fusable[y] = op
 
 
@@ -424,16 +428,18 @@ def shape_op(cx: Lowering, node: Node) -> None:
 
 @lowers("Cast")
 def cast(cx: Lowering, node: Node) -> None:
-    """Integers to float32 by CAST; float32 to float32 is the value itself. Casts of constants are folded."""
-    x, y = node.inputs[0], node.outputs[0]
-    if node.attrs["to"] != onnx.TensorProto.FLOAT:
-        raise Unsupported(f"Cast to {onnx.TensorProto.DataType.Name(node.attrs['to'])} of a variable tensor; "
-                          "LiteRT stages compute float32")
+    """Integers to float32 or to integers by CAST; a cast to its own type is the value itself. Casts of
+    constants are folded."""
+    x, y, to = node.inputs[0], node.outputs[0], node.attrs["to"]
     source = cx.read(x, integer=True)
-    if cx.writer.tensors[source].dtype == np.float32:
+    have, want = cx.writer.tensors[source].dtype, onnx.helper.tensor_dtype_to_np_dtype(to)
+    if want not in (np.float32, np.int32, np.int64) or have == np.float32 != want:
+        raise Unsupported(f"Cast of a variable {have} tensor to {want}; LiteRT stages cast integers to float32 or "
+                          "to int32/int64")
+    if have == want:
         cx.alias(y, x)
     else:
-        cx.op("CAST", [source], [cx.write(y, cx.perm(x))])
+        cx.op("CAST", [source], [cx.write(y, cx.perm(x), integer=True)])
 
 
 @lowers("ConstantOfShape", "Range")
@@ -470,15 +476,16 @@ def expand(cx: Lowering, node: Node) -> None:
     cx.const(node.inputs[1], "Expand shape")
     rank = cx.rank(y)
     perm = cx.perm(x) if cx.rank(x) == rank and x not in cx.consts else identity(rank)
-    cx.op("BROADCAST_TO", [cx.broadcast(x, rank, perm), cx.int32([cx.shape(y)[a] for a in perm])],
-          [cx.write(y, perm)])
+    integer = cx.integer(x)
+    cx.op("BROADCAST_TO", [cx.broadcast(x, rank, perm, integer), cx.int32([cx.shape(y)[a] for a in perm])],
+          [cx.write(y, perm, integer)])
 
 
 @lowers("Tile")
 def tile(cx: Lowering, node: Node) -> None:
     x, y = node.inputs[0], node.outputs[0]
     repeats, perm = cx.const(node.inputs[1], "Tile repeats").reshape(-1), cx.perm(x)
-    cx.op("TILE", [cx.read(x), cx.int32([repeats[a] for a in perm])], [cx.write(y, perm)])
+    cx.op("TILE", [cx.read(x, integer=True), cx.int32([repeats[a] for a in perm])], [cx.write(y, perm, integer=True)])
 
 
 @lowers("Concat")
@@ -487,8 +494,8 @@ def concat(cx: Lowering, node: Node) -> None:
     rank = cx.rank(y)
     perm = next((cx.perm(n) for n in node.inputs if n not in cx.consts), identity(rank))
     axis = inverse(perm)[node.attrs["axis"] % rank]
-    cx.op("CONCATENATION", [cx.read(n, perm) for n in node.inputs], [cx.write(y, perm)], "ConcatenationOptions",
-          Axis=axis)
+    cx.op("CONCATENATION", [cx.read(n, perm, integer=True) for n in node.inputs], [cx.write(y, perm, integer=True)],
+          "ConcatenationOptions", Axis=axis)
 
 
 @lowers("Split")
@@ -497,8 +504,8 @@ def split(cx: Lowering, node: Node) -> None:
     rank, perm = cx.rank(x), cx.perm(x)
     axis = node.attrs.get("axis", 0) % rank
     sizes = [cx.shape(o)[axis] for o in node.outputs]
-    cx.op("SPLIT_V", [cx.read(x), cx.int32(sizes), cx.constant(np.int32(inverse(perm)[axis]))],
-          [cx.write(o, perm) for o in node.outputs], "SplitVOptions", NumSplits=len(sizes))
+    cx.op("SPLIT_V", [cx.read(x, integer=True), cx.int32(sizes), cx.constant(np.int32(inverse(perm)[axis]))],
+          [cx.write(o, perm, integer=True) for o in node.outputs], "SplitVOptions", NumSplits=len(sizes))
 
 
 @lowers("Slice")
@@ -522,8 +529,8 @@ def slice_op(cx: Lowering, node: Node) -> None:
         end[axis] = taken[-1] + (1 if step > 0 else -1)
         if end[axis] < 0:
             open_end.add(axis)
-    cx.op("STRIDED_SLICE", [cx.read(x), *(cx.int32([v[a] for a in perm]) for v in (begin, end, stride))],
-          [cx.write(y, perm)], "StridedSliceOptions",
+    cx.op("STRIDED_SLICE", [cx.read(x, integer=True), *(cx.int32([v[a] for a in perm]) for v in (begin, end, stride))],
+          [cx.write(y, perm, integer=True)], "StridedSliceOptions",
           EndMask=sum(1 << i for i, a in enumerate(perm) if a in open_end))
 
 
@@ -547,13 +554,14 @@ def gather(cx: Lowering, node: Node) -> None:
         index = emit(cx, "FLOOR_MOD", [index, cx.constant(np.array(shape[axis], dtype))], cx.shape(indices),
                      dtype=dtype)
         scalar_index = not cx.shape(indices)
-    inputs = [cx.read(data, identity(len(shape))), index]
+    inputs = [cx.read(data, identity(len(shape)), integer=True), index]
     if not scalar_index:
-        cx.op("GATHER", inputs, [cx.write(y)], "GatherOptions", Axis=axis)
+        cx.op("GATHER", inputs, [cx.write(y, integer=True)], "GatherOptions", Axis=axis)
         return
     # LiteRT keeps a unit axis for a scalar index: gather one, then drop that axis
-    picked = emit(cx, "GATHER", inputs, [*shape[:axis], 1, *shape[axis + 1:]], "GatherOptions", Axis=axis)
-    cx.op("RESHAPE", [picked, cx.int32(cx.shape(y))], [cx.write(y)])
+    picked = emit(cx, "GATHER", inputs, [*shape[:axis], 1, *shape[axis + 1:]], "GatherOptions", Axis=axis,
+                  dtype=cx.writer.tensors[inputs[0]].dtype)
+    cx.op("RESHAPE", [picked, cx.int32(cx.shape(y))], [cx.write(y, integer=True)])
 
 
 RESIZE_NEAREST = {  # (coordinate transform, nearest mode) -> (align_corners, half_pixel_centers)
@@ -566,6 +574,22 @@ RESIZE_LINEAR = {"asymmetric": (False, False), "half_pixel": (False, True), "pyt
                  "align_corners": (True, False)}
 
 
+def resize_scales(cx: Lowering, node: Node) -> list[float]:
+    """The scales ONNX maps H and W coordinates by: given, or sizes over input sizes (one for all axes when
+    the aspect ratio is kept)."""
+    axes = [a % 4 for a in node.attrs.get("axes", range(4))]
+    given = node.input(1) if node.opset < 11 else node.input(2)
+    scales = cx.const(given, "Resize scales").reshape(-1).astype(float) if given else np.zeros(0)
+    if not scales.size:
+        sizes, shape = cx.const(node.input(3), "Resize sizes").reshape(-1), cx.shape(node.inputs[0])
+        scales = np.array([s / shape[a] for a, s in zip(axes, sizes)])
+        policy = node.attrs.get("keep_aspect_ratio_policy", "stretch")
+        if policy != "stretch":
+            scales[:] = scales.max() if policy == "not_smaller" else scales.min()
+    by_axis = dict(zip(axes, scales.tolist()))
+    return [by_axis.get(a, 1.0) for a in (2, 3)]
+
+
 @lowers("Resize")
 def resize(cx: Lowering, node: Node) -> None:
     x, y = node.inputs[0], node.outputs[0]
@@ -576,6 +600,10 @@ def resize(cx: Lowering, node: Node) -> None:
         raise Unsupported("Resize of the batch or channel axis")
     if node.attrs.get("antialias", 0):
         raise Unsupported("antialias=1")
+    scales = resize_scales(cx, node)
+    if any(not math.isclose(s, o / i, rel_tol=1e-6) for s, i, o in zip(scales, (h, w), (oh, ow))):
+        raise Unsupported(f"scales {scales} for H and W, not the output/input ratios {[oh / h, ow / w]}; LiteRT "
+                          "maps coordinates by those ratios")
     mode = node.attrs.get("mode", "nearest")
     coordinates = node.attrs.get("coordinate_transformation_mode", "half_pixel")
     if mode == "nearest":

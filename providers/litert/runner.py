@@ -48,7 +48,7 @@ class LiteRtRunner(Runner):
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         for name, index, dtype in self.inputs:
-            self.interpreter.set_tensor(index, np.ascontiguousarray(feeds[name], dtype))
+            self.interpreter.set_tensor(index, np.require(feeds[name], dtype, "C"))
         self.interpreter.invoke()
         return {name: self.interpreter.get_tensor(index) for name, index in self.outputs}
 

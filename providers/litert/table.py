@@ -1,7 +1,7 @@
 """What the LiteRT converter can express, as a declarative capability table.
 
 The converter (`ops`) refines these answers per node through `LiteRt.query`: static shapes, padding that
-LiteRT can match, resize modes it computes the same way.
+LiteRT can match, resize modes it computes the same way, integer arithmetic LiteRT has kernels for.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ FOUR_D = (4,)  # 2-D windows on NCHW tensors: LiteRT's convolutions and pools ar
 
 def _rules() -> tuple[OpRule, ...]:
     # Integer tensors pass the table where shape arithmetic uses them: the converter folds nodes whose
-    # inputs are all constants (Shape is one, shapes being static) and declines integer variables.
+    # inputs are all constants (Shape is one, shapes being static) and computes the rest with LiteRT's
+    # integer kernels where there are some (no int64 DIV).
     arithmetic = [OpRule(op, dtypes=INDEX) for op in ["Add", "Sub", "Mul", "Div", "Max", "Min", "Concat", "Cast", "Shape", "Range"]]
     unary = "Pow Relu Sigmoid Tanh HardSwish HardSigmoid LeakyRelu Elu PRelu Erf Sqrt Exp Abs Neg Log Floor Ceil Sin Cos"
     plain = [OpRule(op, dtypes=FLOAT) for op in unary.split()]
@@ -23,7 +24,8 @@ def _rules() -> tuple[OpRule, ...]:
     return (
         *arithmetic,
         *plain,
-        OpRule("ConstantOfShape", dtypes=INDEX, constant_inputs=(0,)),
+        # Inputs that only restate a static output shape are taken from it (`converter.prepared`).
+        OpRule("ConstantOfShape", dtypes=INDEX),
         OpRule("Gelu", opsets=(20, 10_000), dtypes=FLOAT, attributes={"approximate": (b"none", b"tanh")},
                defaults={"approximate": b"none"}),
         OpRule("Dropout", dtypes=frozenset({"float", "bool"})),
@@ -41,10 +43,10 @@ def _rules() -> tuple[OpRule, ...]:
         OpRule("Softmax", dtypes=FLOAT),
         OpRule("LogSoftmax", dtypes=FLOAT),
         OpRule("Expand", dtypes=INDEX),
-        OpRule("Tile", dtypes=INDEX, constant_inputs=(1,)),
+        OpRule("Tile", dtypes=INDEX),
         OpRule("LayerNormalization", dtypes=FLOAT, constant_inputs=(1, 2)),
         *(OpRule(op, dtypes=INDEX, constant_inputs=(1,)) for op in ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"]),
-        OpRule("Split", dtypes=INDEX, constant_inputs=(1,)),
+        OpRule("Split", dtypes=INDEX),
         OpRule("Gather", dtypes=INDEX),
         # Shapes, axes and bounds exporters compute from Shape: the converter needs them constant once folded.
         *(OpRule(op, dtypes=INDEX) for op in ("Reshape", "Squeeze", "Unsqueeze", "Slice")),

@@ -57,7 +57,7 @@ class ModelWriter:
         return len(self.tensors) - 1
 
     def constant(self, name: str, array: np.ndarray) -> int:
-        array = np.ascontiguousarray(array)
+        array = np.require(array, requirements="C")  # keeps a scalar a scalar
         index = self.tensor(name, array.shape, array.dtype)
         self.buffers.append(array.tobytes())
         self.tensors[index].buffer = len(self.buffers) - 1
