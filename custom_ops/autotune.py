@@ -78,7 +78,7 @@ def prepare(lib: Library, op: OpSpec, schedule: Schedule, args: tuple[np.ndarray
         return lambda: lib.gemm(*args, schedule, epilogue=op.epilogue)
     *_, sh, sw, pt, pl, pb, pr, dh, dw, group = op.dims
     x, w, bias = args
-    packed = lib.pack(w.reshape(w.shape[0], -1), schedule, group) if schedule.algo == "im2col" else None
+    packed = lib.pack(w.reshape(w.shape[0], -1), schedule, group) if schedule.packs_weights else None
     return lambda: lib.conv2d(x, w, schedule, bias=bias, strides=(sh, sw), pads=(pt, pl, pb, pr),
                               dilations=(dh, dw), group=group, epilogue=op.epilogue, packed=packed)
 

@@ -1,11 +1,13 @@
-"""Lowering: a `LibrarySpec` to C source for its target (AVX2/FMA, NEON, or portable scalar C).
+"""Lowering: a `LibrarySpec` to C source for its target (AVX-512, AVX2/FMA, NEON, or portable scalar C).
 
 The source holds, for every micro-kernel of the spec, a register-blocked kernel whose accumulators are named
-variables (an array would be spilled), the packing routines, a blocked GEMM with a fused epilogue, a GEMM
-convolution that packs its im2col panels straight from the image, a direct convolution, a bias+clamp kernel
-and a naive GEMM for comparison. Work is split over POSIX
-threads. Every exported function checks its arguments and returns a nonzero code instead of touching memory
-it was not given.
+variables (an array would be spilled) and its twin that reads B in place through a row-offset table, the
+packing routines, a blocked GEMM with a fused epilogue, and three convolutions: a GEMM that packs its im2col
+panels straight from the image, an implicit GEMM that reads them in place from the image's zero-padded planes
+split by stride phase (so every tap reads a unit-stride run), and a direct one over the same planes for
+depthwise-like shapes; then a bias+residual+clamp kernel and a naive GEMM for comparison. Epilogues add a
+residual the output already holds before the clamp. Work is split over POSIX threads. Every exported function
+checks its arguments and returns a nonzero code instead of touching memory it was not given.
 """
 
 from __future__ import annotations
@@ -66,8 +68,8 @@ typedef float vf;
 #define VFMA(a, b, c) ((a) * (b) + (c))
 #define VADD(a, b) ((a) + (b))
 #define VMUL(a, b) ((a) * (b))
-#define VMAX(a, b) fmaxf(a, b)
-#define VMIN(a, b) fminf(a, b)
+#define VMAX(a, b) ((a) > (b) ? (a) : (b))
+#define VMIN(a, b) ((a) < (b) ? (a) : (b))
 """,
 }
 
@@ -81,10 +83,17 @@ typedef ptrdiff_t idx;
 typedef struct { float alpha; idx brs, bcs; int clamp; float lo, hi; } epi_t;
 typedef void (*micro_fn)(idx, const float *, const float *, float *, idx, int, int, int, int, const epi_t *,
                          const float *);
-typedef struct { int mr, nr; micro_fn fn; } kernel_t;
-enum { UK_OK = 0, UK_BAD_VARIANT = 1, UK_BAD_BLOCKS = 2, UK_NO_MEMORY = 3, UK_BAD_SHAPE = 4 };
+typedef void (*accum_fn)(idx, const float *, const float *, const idx *, float *);
+typedef struct { int mr, nr; micro_fn fn; accum_fn accum; } kernel_t;
+enum { UK_OK = 0, UK_BAD_VARIANT = 1, UK_BAD_BLOCKS = 2, UK_NO_MEMORY = 3, UK_BAD_SHAPE = 4, UK_BAD_ALGO = 5 };
 static idx imin(idx a, idx b) { return a < b ? a : b; }
 static idx imax(idx a, idx b) { return a > b ? a : b; }
+
+/* v clamped to [lo, hi], inlined (fminf and fmaxf are library calls); NaN becomes lo, as vector max makes it. */
+static inline float clampf(float v, float lo, float hi) {
+    v = v > lo ? v : lo;
+    return v < hi ? v : hi;
+}
 
 /* The generic epilogue of a partial tile t (m x n of an ldt-wide tile) into C. */
 static void tile_epilogue(const float *t, int ldt, float *c, idx rsc, int m, int n, int first, int last,
@@ -95,7 +104,7 @@ static void tile_epilogue(const float *t, int ldt, float *c, idx rsc, int m, int
             if (!first) v += c[i * rsc + j];
             if (last) {
                 if (bias) v += bias[i * e->brs + j * e->bcs];
-                if (e->clamp) v = fminf(fmaxf(v, e->lo), e->hi);
+                if (e->clamp) v = clampf(v, e->lo, e->hi);
             }
             c[i * rsc + j] = v;
         }
@@ -136,8 +145,11 @@ typedef struct { int mc, kc, nc; } blocks_t;
 typedef struct conv_s {
     const kernel_t *k; blocks_t bl; idx N, C, H, W, OC, KH, KW, sh, sw, pt, pl, dh, dw, G, OH, OW;
     const float *x, *w, *bias; float *y; int clamp; float lo, hi; int inner_threads; const float *packed;
-    idx HP, WP;  /* padded input plane for the direct algorithm */
+    int algo, accumulate;  /* accumulate: add what y holds (a residual) before the bias and clamp */
+    idx HPp, WPp;  /* one phase plane of the padded input (see fill_phases) */
+    const idx *boff;  /* per row k = (c, kh, kw) of the im2col matrix: where its run starts in the planes */
 } conv_t;
+enum { ALGO_IM2COL = 0, ALGO_DIRECT = 1, ALGO_IMPLICIT = 2 };
 
 /* Append count values (from src, or zeros when src is NULL) to a panel row being packed: NR floats per panel,
    consecutive panels NR * kc apart. */
@@ -189,6 +201,10 @@ typedef struct {
     float *C; idx rsc; epi_t e; const float *bias; int split_n;
     const float *packed;  /* A packed whole by uk_pack_a, or NULL to pack per block */
     const struct conv_s *conv;  /* when set, B is the implicit im2col matrix of conv over the image at B */
+    int accumulate;  /* C's contents are added: the first k block does not overwrite them */
+    const idx *boff;  /* when set, B(k, q) = B[boff[k] + q] over virtual columns q of rows vw wide, of which
+                         the first ow are kept: C row i, column q goes to C[i * rsc + q / vw * ow + q % vw] */
+    idx vw, ow;
 } gemm_t;
 
 static idx round_up(idx x, idx to) { return (x + to - 1) / to * to; }
@@ -198,16 +214,52 @@ static float *alloc_floats(idx n) {
     return (float *)aligned_alloc(64, bytes);
 }
 
+/* y = clamp(x + b + add) over n floats (add may be NULL, and may be y itself). */
+static void epilogue_row(idx n, const float *x, const float *add, float b, int clamp, float lo, float hi,
+                         float *y) {
+    vf vb = VSET1(b), vlo = VSET1(lo), vhi = VSET1(hi);
+    idx j = 0;
+    for (; j + LANES <= n; j += LANES) {
+        vf v = VADD(VLOAD(x + j), vb);
+        if (add) v = VADD(v, VLOAD(add + j));
+        if (clamp) v = VMIN(VMAX(v, vlo), vhi);
+        VSTORE(y + j, v);
+    }
+    for (; j < n; j++) {
+        float v = x[j] + b;
+        if (add) v += add[j];
+        y[j] = clamp ? clampf(v, lo, hi) : v;
+    }
+}
+
+/* Store tile t (m x n, ldt wide) of virtual columns [col, col + n) from row `row` into C, dropping the columns
+   past ow in each virtual row. */
+static void store_virtual(const gemm_t *g, const float *t, int ldt, idx row, idx col, int m, int n, int first,
+                          int last) {
+    for (idx q = col, end = col + n; q < end;) {
+        idx r = q / g->vw, c = q % g->vw, run = imin(end - q, g->vw - c), keep = imin(run, g->ow - c);
+        for (int i = 0; i < m && keep > 0; i++) {
+            float *dst = g->C + (row + i) * g->rsc + r * g->ow + c;
+            float b = last && g->bias ? g->bias[(row + i) * g->e.brs] : 0.0f;
+            epilogue_row(keep, t + i * ldt + (q - col), first ? NULL : dst, b, last && g->e.clamp, g->e.lo,
+                         g->e.hi, dst);
+        }
+        q += run;
+    }
+}
+
 /* C[M x N] = epilogue(alpha * A B), one thread, with caller's packing buffers. */
 static void gemm_serial(const gemm_t *g, idx m0, idx m1, idx n0, idx n1, float *ap, float *bp) {
     const int MR = g->k->mr, NR = g->k->nr;
     const idx K = g->K;
+    _Alignas(64) float t[MAX_TILE];
     for (idx jc = n0; jc < n1; jc += g->bl.nc) {
         idx nb = imin(g->bl.nc, n1 - jc);
         for (idx pc = 0; pc < K || pc == 0; pc += g->bl.kc) {
             idx kb = imin(g->bl.kc, K - pc);
-            int first = pc == 0, last = pc + kb >= K;
-            if (g->conv) pack_b_conv(g->conv, g->B, NR, pc, kb, jc, nb, bp);
+            int first = pc == 0 && !g->accumulate, last = pc + kb >= K;
+            if (g->boff) {}  /* B is read in place */
+            else if (g->conv) pack_b_conv(g->conv, g->B, NR, pc, kb, jc, nb, bp);
             else pack_b(NR, kb, nb, g->B + pc * g->rsb + jc * g->csb, g->rsb, g->csb, bp);
             for (idx ic = m0; ic < m1; ic += g->bl.mc) {
                 idx mb = imin(g->bl.mc, m1 - ic);
@@ -216,9 +268,15 @@ static void gemm_serial(const gemm_t *g, idx m0, idx m1, idx n0, idx n1, float *
                 for (idx jr = 0; jr < nb; jr += NR)
                     for (idx ir = 0; ir < mb; ir += MR) {
                         idx row = ic + ir, col = jc + jr;
+                        int m = (int)imin(MR, mb - ir), n = (int)imin(NR, nb - jr);
+                        if (g->boff) {
+                            g->k->accum(kb, a + ir * kb, g->B + col, g->boff + pc, t);
+                            store_virtual(g, t, NR, row, col, m, n, first, last);
+                            continue;
+                        }
                         const float *bias = g->bias ? g->bias + row * g->e.brs + col * g->e.bcs : NULL;
-                        g->k->fn(kb, a + ir * kb, bp + jr * kb, g->C + row * g->rsc + col, g->rsc,
-                                 (int)imin(MR, mb - ir), (int)imin(NR, nb - jr), first, last, &g->e, bias);
+                        g->k->fn(kb, a + ir * kb, bp + jr * kb, g->C + row * g->rsc + col, g->rsc, m, n, first,
+                                 last, &g->e, bias);
                     }
             }
         }
@@ -312,144 +370,183 @@ static int is_pointwise(const conv_t *cv) {
            cv->OH == cv->H && cv->OW == cv->W;
 }
 
-/* One (image, group) of an im2col convolution: Y_g = W_g col + bias. */
-static void conv_gemm_item(const conv_t *cv, idx item, float *ap, float *bp, int threads) {
+/* Floats of the phase planes of `channels` channels, with slack for the reads past the last plane: those of
+   three more rows (the direct algorithm's) or of a tile's virtual columns (the implicit GEMM's). */
+static idx phases_size(const conv_t *cv, idx channels) {
+    return channels * cv->sh * cv->sw * cv->HPp * cv->WPp + 4 * cv->WPp + MAX_TILE + LANES;
+}
+
+static float *alloc_phases(const conv_t *cv, idx channels) {
+    idx size = phases_size(cv, channels);
+    float *xp = alloc_floats(size);
+    if (xp) memset(xp, 0, sizeof(float) * size);  /* padding and slack stay zero; fill_phases writes the rest */
+    return xp;
+}
+
+/* Copy `channels` channels of an image (at x) into phase planes: zero-padded, then split by stride phase, so
+   every tap of a strided or dilated convolution reads unit-stride runs. Padded pixel (ih, iw) of channel c goes
+   to plane ((c * sh + ih % sh) * sw + iw % sw), each HPp x WPp, at (ih / sh, iw / sw). */
+static void fill_phases(const conv_t *cv, const float *x, idx channels, float *xp) {
+    enum { MAX_STRIDE = 16 };  /* wider strides are copied a pixel at a time */
+    idx sh = cv->sh, sw = cv->sw, W = cv->W, WPp = cv->WPp, plane = cv->HPp * WPp;
+    idx first[MAX_STRIDE], count[MAX_STRIDE], at[MAX_STRIDE];  /* per column phase: first w, how many, where */
+    for (idx pw = 0; pw < sw && sw <= MAX_STRIDE; pw++) {
+        first[pw] = ((pw - cv->pl) % sw + sw) % sw;
+        count[pw] = first[pw] < W ? (W - first[pw] + sw - 1) / sw : 0;
+        at[pw] = pw * plane + (first[pw] + cv->pl) / sw;
+    }
+    for (idx c = 0; c < channels; c++)
+        for (idx h = 0, ph = cv->pt % sh, r = cv->pt / sh; h < cv->H; h++, r += ph == sh - 1,
+             ph = ph == sh - 1 ? 0 : ph + 1) {  /* padded row h + pt is row r of row phase ph */
+            const float *src = x + (c * cv->H + h) * W;
+            float *row = xp + (c * sh + ph) * sw * plane + r * WPp;
+            if (sw == 1) {
+                memcpy(row + cv->pl, src, sizeof(float) * W);
+            } else if (sw > MAX_STRIDE) {
+                for (idx w = 0, iw = cv->pl; w < W; w++, iw++) row[iw % sw * plane + iw / sw] = src[w];
+            } else {
+                for (idx pw = 0; pw < sw; pw++) {
+                    const float *restrict from = src + first[pw];
+                    float *restrict to = row + at[pw];
+                    if (sw == 2) for (idx j = 0; j < count[pw]; j++) to[j] = from[2 * j];  /* vectorized */
+                    else for (idx j = 0; j < count[pw]; j++) to[j] = from[j * sw];
+                }
+            }
+        }
+}
+
+/* Where row k = (c, kh, kw) of the im2col matrix starts in the phase planes: output (oh, ow), at virtual column
+   q = oh * WPp + ow, reads the planes at boff[k] + q. */
+static void tap_offsets(const conv_t *cv, idx Cg, idx *boff) {
+    idx plane = cv->HPp * cv->WPp;
+    for (idx c = 0; c < Cg; c++)
+        for (idx kh = 0; kh < cv->KH; kh++)
+            for (idx kw = 0; kw < cv->KW; kw++) {
+                idx ih = kh * cv->dh, iw = kw * cv->dw;
+                boff[(c * cv->KH + kh) * cv->KW + kw] = ((c * cv->sh + ih % cv->sh) * cv->sw + iw % cv->sw) * plane +
+                                                        ih / cv->sh * cv->WPp + iw / cv->sw;
+            }
+}
+
+/* One (image, group) of a GEMM convolution: Y_g = W_g col + bias, where col is the im2col matrix, packed from
+   the image (im2col) or read in place from its phase planes xp over the virtual grid OH x WPp (implicit). */
+static void conv_gemm_item(const conv_t *cv, idx item, float *ap, float *bp, float *xp, int threads) {
     idx n = item / cv->G, gi = item % cv->G, Cg = cv->C / cv->G, OCg = cv->OC / cv->G;
     idx Kg = Cg * cv->KH * cv->KW, P = cv->OH * cv->OW;
     const float *x = cv->x + (n * cv->C + gi * Cg) * cv->H * cv->W;
     gemm_t g = {cv->k, cv->bl, OCg, P, Kg, cv->w + gi * OCg * Kg, Kg, 1, x, P, 1,
                 cv->y + (n * cv->OC + gi * OCg) * P, P, {1.0f, 1, 0, cv->clamp, cv->lo, cv->hi},
                 cv->bias ? cv->bias + gi * OCg : NULL, 1,
-                cv->packed ? cv->packed + gi * round_up(OCg, cv->k->mr) * Kg : NULL, is_pointwise(cv) ? NULL : cv};
+                cv->packed ? cv->packed + gi * round_up(OCg, cv->k->mr) * Kg : NULL, is_pointwise(cv) ? NULL : cv,
+                cv->accumulate, NULL, 0, 0};
+    if (cv->algo == ALGO_IMPLICIT) {
+        fill_phases(cv, x, Cg, xp);
+        g.B = xp, g.conv = NULL, g.boff = cv->boff, g.N = cv->OH * cv->WPp, g.vw = cv->WPp, g.ow = cv->OW;
+    }
     if (threads > 1) gemm_run(&g, threads); else gemm_serial(&g, 0, g.M, 0, g.N, ap, bp);
 }
 
 static void conv_gemm_range(void *ctx, idx begin, idx end) {
     const conv_t *cv = (const conv_t *)ctx;
-    idx kb = imin(cv->bl.kc, imax(cv->C / cv->G * cv->KH * cv->KW, 1));
+    idx Cg = cv->C / cv->G, kb = imin(cv->bl.kc, imax(Cg * cv->KH * cv->KW, 1));
     float *ap = alloc_floats((idx)cv->bl.mc * kb), *bp = alloc_floats((idx)cv->bl.nc * kb);
-    if (ap && bp)
-        for (idx item = begin; item < end; item++) conv_gemm_item(cv, item, ap, bp, cv->inner_threads);
+    float *xp = cv->algo == ALGO_IMPLICIT ? alloc_phases(cv, Cg) : bp;
+    if (ap && bp && xp)
+        for (idx item = begin; item < end; item++) conv_gemm_item(cv, item, ap, bp, xp, cv->inner_threads);
+    if (xp != bp) free(xp);
     free(ap);
     free(bp);
 }
 
-/* y[i] += w * x[i * sx] for i < n; stride 2 spelled out so the compiler vectorizes it. */
-static void axpy(idx n, float w, const float *restrict x, idx sx, float *restrict y) {
-    if (sx == 2) for (idx i = 0; i < n; i++) y[i] += w * x[2 * i];
-    else for (idx i = 0; i < n; i++) y[i] += w * x[i * sx];
-}
-
-/* One output plane (image n, channel oc) of a direct convolution, row by row, reading the group's input
-   channels from xp: zero-padded planes of HP x WP (WP has LANES floats of slack, so vector loads past the
-   last output stay inside the row). At unit stride a vector of outputs accumulates every tap in a register. */
-static void conv_direct_plane(const conv_t *cv, idx n, idx oc, float *xp) {
-    idx Cg = cv->C / cv->G, gi = oc / (cv->OC / cv->G), HP = cv->HP, WP = cv->WP;
-    const float *wo = cv->w + oc * Cg * cv->KH * cv->KW;
-    float *y = cv->y + (n * cv->OC + oc) * cv->OH * cv->OW, b = cv->bias ? cv->bias[oc] : 0.0f;
-    for (idx c = 0; c < Cg; c++)
-        for (idx h = 0; h < cv->H; h++)
-            memcpy(xp + (c * HP + h + cv->pt) * WP + cv->pl, cv->x + ((n * cv->C + gi * Cg + c) * cv->H + h) * cv->W,
-                   sizeof(float) * cv->W);
-    for (idx oh = 0; oh < cv->OH; oh++) {
-        float *yr = y + oh * cv->OW;
-        if (cv->sw == 1) {
-            idx ow = 0;
-            for (; ow + 4 * LANES <= cv->OW; ow += 4 * LANES) {  /* four independent FMA chains */
-                vf a0 = VSET1(b), a1 = a0, a2 = a0, a3 = a0;
-                for (idx c = 0; c < Cg; c++)
-                    for (idx kh = 0; kh < cv->KH; kh++) {
-                        const float *xr = xp + (c * HP + oh * cv->sh + kh * cv->dh) * WP + ow;
-                        const float *wr = wo + (c * cv->KH + kh) * cv->KW;
-                        for (idx kw = 0; kw < cv->KW; kw++) {
-                            vf wv = VSET1(wr[kw]);
-                            const float *xk = xr + kw * cv->dw;
-                            a0 = VFMA(wv, VLOAD(xk), a0);
-                            a1 = VFMA(wv, VLOAD(xk + LANES), a1);
-                            a2 = VFMA(wv, VLOAD(xk + 2 * LANES), a2);
-                            a3 = VFMA(wv, VLOAD(xk + 3 * LANES), a3);
-                        }
-                    }
-                VSTORE(yr + ow, a0);
-                VSTORE(yr + ow + LANES, a1);
-                VSTORE(yr + ow + 2 * LANES, a2);
-                VSTORE(yr + ow + 3 * LANES, a3);
+/* The output plane of channel oc (at y) of a direct convolution over its group's phase planes xp, four rows at
+   a time (rows past OH are computed from the planes' slack and dropped): each vector of outputs accumulates
+   every tap in a register. rows holds four output rows of OW + LANES floats. */
+static void conv_direct_plane(const conv_t *cv, idx oc, const float *xp, float *rows, float *y) {
+    idx Kg = cv->C / cv->G * cv->KH * cv->KW, OW = cv->OW, WPp = cv->WPp, RW = OW + LANES;
+    const float *wo = cv->w + oc * Kg;
+    vf b = VSET1(cv->bias ? cv->bias[oc] : 0.0f);
+    for (idx oh = 0; oh < cv->OH; oh += 4) {
+        for (idx ow = 0; ow < OW; ow += LANES) {
+            const float *xr = xp + oh * WPp + ow;
+            vf a0 = b, a1 = b, a2 = b, a3 = b;
+            for (idx k = 0; k < Kg; k++) {
+                vf wv = VSET1(wo[k]);
+                const float *xk = xr + cv->boff[k];
+                a0 = VFMA(wv, VLOAD(xk), a0);
+                a1 = VFMA(wv, VLOAD(xk + WPp), a1);
+                a2 = VFMA(wv, VLOAD(xk + 2 * WPp), a2);
+                a3 = VFMA(wv, VLOAD(xk + 3 * WPp), a3);
             }
-            for (; ow < cv->OW; ow += LANES) {
-                vf acc = VSET1(b);
-                for (idx c = 0; c < Cg; c++)
-                    for (idx kh = 0; kh < cv->KH; kh++) {
-                        const float *xr = xp + (c * HP + oh * cv->sh + kh * cv->dh) * WP + ow;
-                        const float *wr = wo + (c * cv->KH + kh) * cv->KW;
-                        for (idx kw = 0; kw < cv->KW; kw++) acc = VFMA(VSET1(wr[kw]), VLOAD(xr + kw * cv->dw), acc);
-                    }
-                if (ow + LANES <= cv->OW) {
-                    VSTORE(yr + ow, acc);
-                } else {
-                    float t[LANES];
-                    VSTORE(t, acc);
-                    memcpy(yr + ow, t, sizeof(float) * (cv->OW - ow));
-                }
-            }
-        } else {
-            for (idx ow = 0; ow < cv->OW; ow++) yr[ow] = b;
-            for (idx c = 0; c < Cg; c++)
-                for (idx kh = 0; kh < cv->KH; kh++)
-                    for (idx kw = 0; kw < cv->KW; kw++)
-                        axpy(cv->OW, wo[(c * cv->KH + kh) * cv->KW + kw],
-                             xp + (c * HP + oh * cv->sh + kh * cv->dh) * WP + kw * cv->dw, cv->sw, yr);
+            VSTORE(rows + ow, a0);
+            VSTORE(rows + RW + ow, a1);
+            VSTORE(rows + 2 * RW + ow, a2);
+            VSTORE(rows + 3 * RW + ow, a3);
         }
-        if (cv->clamp)
-            for (idx ow = 0; ow < cv->OW; ow++) yr[ow] = fminf(fmaxf(yr[ow], cv->lo), cv->hi);
+        for (idx r = 0; r < 4 && oh + r < cv->OH; r++) {
+            float *yr = y + (oh + r) * OW;
+            epilogue_row(OW, rows + r * RW, cv->accumulate ? yr : NULL, 0.0f, cv->clamp, cv->lo, cv->hi, yr);
+        }
     }
 }
 
 static void conv_direct_range(void *ctx, idx begin, idx end) {
     const conv_t *cv = (const conv_t *)ctx;
-    idx size = cv->C / cv->G * cv->HP * cv->WP;
-    float *xp = alloc_floats(size);
-    if (!xp) return;
-    memset(xp, 0, sizeof(float) * size);  /* the padding stays zero; each plane overwrites the inside */
-    for (idx item = begin; item < end; item++) conv_direct_plane(cv, item / cv->OC, item % cv->OC, xp);
+    idx Cg = cv->C / cv->G, OCg = cv->OC / cv->G, P = cv->OH * cv->OW;
+    float *xp = alloc_phases(cv, Cg), *rows = alloc_floats(4 * (cv->OW + LANES));
+    if (xp && rows)
+        for (idx item = begin; item < end; item++) {
+            idx n = item / cv->G, gi = item % cv->G;
+            fill_phases(cv, cv->x + (n * cv->C + gi * Cg) * cv->H * cv->W, Cg, xp);
+            for (idx oc = gi * OCg; oc < (gi + 1) * OCg; oc++)
+                conv_direct_plane(cv, oc, xp, rows, cv->y + (n * cv->OC + oc) * P);
+        }
     free(xp);
+    free(rows);
 }
 
-/* NCHW convolution with OIHW weights, groups, strides, pads, dilations; algo 0 GEMM over implicit im2col, 1 direct. */
+/* NCHW convolution with OIHW weights, groups, strides, pads, dilations; algo 0 GEMM over packed im2col panels,
+   1 direct, 2 implicit GEMM over the phase planes. With accumulate, y holds a residual to add. */
 int uk_conv2d(int variant, int threads, int mc, int kc, int nc, int algo,
               idx N, idx C, idx H, idx W, idx OC, idx KH, idx KW, idx sh, idx sw, idx pt, idx pl, idx pb, idx pr,
-              idx dh, idx dw, idx G, const float *x, const float *w, const float *bias, float *y,
+              idx dh, idx dw, idx G, const float *x, const float *w, const float *bias, float *y, int accumulate,
               int clamp, float lo, float hi, const float *packed) {
     if (variant < 0 || variant >= uk_variants()) return UK_BAD_VARIANT;
+    if (algo < ALGO_IM2COL || algo > ALGO_IMPLICIT) return UK_BAD_ALGO;
     if (N < 0 || C < 1 || H < 1 || W < 1 || OC < 1 || KH < 1 || KW < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 ||
         pt < 0 || pl < 0 || pb < 0 || pr < 0 || G < 1 || C % G || OC % G)
         return UK_BAD_SHAPE;
     idx OH = (H + pt + pb - dh * (KH - 1) - 1) / sh + 1, OW = (W + pl + pr - dw * (KW - 1) - 1) / sw + 1;
     if (H + pt + pb < dh * (KH - 1) + 1 || W + pl + pr < dw * (KW - 1) + 1) return UK_BAD_SHAPE;
+    idx Kg = C / G * KH * KW;
+    idx *boff = (idx *)malloc(sizeof(idx) * Kg);
+    if (!boff) return UK_NO_MEMORY;
     conv_t cv = {&KERNELS[variant], {mc, kc, nc}, N, C, H, W, OC, KH, KW, sh, sw, pt, pl, dh, dw, G, OH, OW,
-                 x, w, bias, y, clamp, lo, hi, 1, packed, H + pt + pb, W + pl + pr + LANES};
-    if (!check_blocks(cv.k, cv.bl)) return UK_BAD_BLOCKS;
-    if (algo == 1) {
-        parallel_for(threads, N * OC, conv_direct_range, &cv);
-    } else if (N * G >= threads) {
-        parallel_for(threads, N * G, conv_gemm_range, &cv);
-    } else {
-        cv.inner_threads = threads;
-        conv_gemm_range(&cv, 0, N * G);
+                 x, w, bias, y, clamp, lo, hi, 1, packed, algo, accumulate,
+                 (H + pt + pb + sh - 1) / sh, (W + pl + pr + sw - 1) / sw, boff};
+    tap_offsets(&cv, C / G, boff);
+    int rc = check_blocks(cv.k, cv.bl) ? UK_OK : UK_BAD_BLOCKS;
+    if (rc == UK_OK) {
+        if (algo == ALGO_DIRECT) {
+            parallel_for(threads, N * G, conv_direct_range, &cv);
+        } else if (N * G >= threads) {
+            parallel_for(threads, N * G, conv_gemm_range, &cv);
+        } else {
+            cv.inner_threads = threads;
+            conv_gemm_range(&cv, 0, N * G);
+        }
     }
-    return UK_OK;
+    free(boff);
+    return rc;
 }
 
-/* y = clamp(x + bias[c], lo, hi) over an (outer, channels, inner) view; bias may be NULL. */
-int uk_bias_act(idx outer, idx channels, idx inner, const float *x, float *y, const float *bias,
+/* y = clamp(x + bias[c] + res) over an (outer, channels, inner) view; bias and res (shaped as x) may be NULL. */
+int uk_bias_act(idx outer, idx channels, idx inner, const float *x, float *y, const float *bias, const float *res,
                 int clamp, float lo, float hi) {
     if (outer < 0 || channels < 0 || inner < 0) return UK_BAD_SHAPE;
     for (idx o = 0; o < outer; o++)
         for (idx c = 0; c < channels; c++) {
-            float b = bias ? bias[c] : 0.0f;
-            const float *xs = x + (o * channels + c) * inner;
-            float *ys = y + (o * channels + c) * inner;
-            if (clamp) for (idx i = 0; i < inner; i++) ys[i] = fminf(fmaxf(xs[i] + b, lo), hi);
-            else for (idx i = 0; i < inner; i++) ys[i] = xs[i] + b;
+            idx at = (o * channels + c) * inner;
+            epilogue_row(inner, x + at, res ? res + at : NULL, bias ? bias[c] : 0.0f, clamp, lo, hi, y + at);
         }
     return UK_OK;
 }
@@ -469,18 +566,30 @@ int uk_gemm_naive(idx M, idx N, idx K, const float *A, const float *B, float *C)
 
 def micro_kernel(mk: MicroKernel, target: Target, unroll: int) -> str:
     """C for one `mr` x `nr` micro-kernel: accumulators c_i_j in named variables, a full-tile vector store with
-    the epilogue, and the generic epilogue for edge tiles and unusual bias strides."""
+    the epilogue, and the generic epilogue for edge tiles and unusual bias strides. Its twin `accum_` reads
+    row p of B at `b + off[p]` (an implicit-GEMM convolution's image) and leaves the tile in t for the caller."""
     lanes, mr, nr = target.lanes, mk.mr, mk.nr
     vecs = range(nr // lanes)
     rows = range(mr)
     acc = [[f"c_{i}_{j}" for j in vecs] for i in rows]
-    declare = "\n".join(f"    vf {', '.join(f'{name} = VZERO()' for name in row)};" for row in acc)
-    loads = "\n".join(f"        vf b_{j} = VLOAD(b + p * {nr} + {j * lanes});" for j in vecs)
-    fmas = "\n".join(
-        f"        a_ = VBCAST(a + p * {mr} + {i});\n"
-        + "\n".join(f"        {acc[i][j]} = VFMA(a_, b_{j}, {acc[i][j]});" for j in vecs)
-        for i in rows
-    )
+
+    def k_loop(row: str) -> str:
+        loads = "\n".join(f"        vf b_{j} = VLOAD({row} + {j * lanes});" for j in vecs)
+        fmas = "\n".join(
+            f"        a_ = VBCAST(a + p * {mr} + {i});\n"
+            + "\n".join(f"        {acc[i][j]} = VFMA(a_, b_{j}, {acc[i][j]});" for j in vecs)
+            for i in rows
+        )
+        return "\n".join([
+            "\n".join(f"    vf {', '.join(f'{name} = VZERO()' for name in row_)};" for row_ in acc),
+            "    vf a_;",
+            f"#pragma GCC unroll {unroll}",
+            "    for (idx p = 0; p < kc; p++) {",
+            loads,
+            fmas,
+            "    }",
+        ])
+
     full = "\n".join(
         f"        {{ vf v = VMUL(va, {acc[i][j]}); float *cp = c + {i} * rsc + {j * lanes};\n"
         f"          if (!first) v = VADD(v, VLOAD(cp));\n"
@@ -494,13 +603,7 @@ def micro_kernel(mk: MicroKernel, target: Target, unroll: int) -> str:
     return f"""
 static void micro_{mk.name}(idx kc, const float *restrict a, const float *restrict b, float *restrict c, idx rsc,
                            int m, int n, int first, int last, const epi_t *e, const float *bias) {{
-{declare}
-    vf a_;
-#pragma GCC unroll {unroll}
-    for (idx p = 0; p < kc; p++) {{
-{loads}
-{fmas}
-    }}
+{k_loop(f"b + p * {nr}")}
     if (m == {mr} && n == {nr} && (!last || !bias || e->bcs == 0 || e->bcs == 1)) {{
         vf va = VSET1(e->alpha), vlo = VSET1(e->lo), vhi = VSET1(e->hi);
         (void)vlo; (void)vhi;
@@ -511,6 +614,14 @@ static void micro_{mk.name}(idx kc, const float *restrict a, const float *restri
         tile_epilogue(t, {nr}, c, rsc, m, n, first, last, e, bias);
     }}
 }}
+
+static void accum_{mk.name}(idx kc, const float *restrict a, const float *restrict b, const idx *restrict off,
+                           float *restrict t) {{
+{k_loop("b + off[p]")}
+    {{
+{spill}
+    }}
+}}
 """
 
 
@@ -518,7 +629,7 @@ def generate(spec: LibrarySpec) -> str:
     """The complete C source of the library `spec` describes, after checking the spec."""
     target = check_library(spec)
     kernels = "".join(micro_kernel(mk, target, spec.unroll) for mk in spec.micro)
-    table = ", ".join(f"{{{mk.mr}, {mk.nr}, micro_{mk.name}}}" for mk in spec.micro)
+    table = ", ".join(f"{{{mk.mr}, {mk.nr}, micro_{mk.name}, accum_{mk.name}}}" for mk in spec.micro)
     return "\n".join([
         (f"/* uhop-onnx kernels: target {target.name}, micro-kernels {', '.join(m.name for m in spec.micro)}, "
          f"unroll {spec.unroll}. */"),
@@ -527,5 +638,6 @@ def generate(spec: LibrarySpec) -> str:
         VECTOR_MACROS[target.name],
         kernels,
         f"static const kernel_t KERNELS[] = {{{table}}};",
+        f"#define MAX_TILE {max(mk.mr * mk.nr for mk in spec.micro)}",
         COMMON,
     ])

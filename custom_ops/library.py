@@ -13,14 +13,22 @@ from pathlib import Path
 
 import numpy as np
 
-from .spec import NONE, Epilogue, KernelSpecError, LibrarySpec, Schedule, check_schedule
+from .spec import (
+    ALGORITHMS,
+    NONE,
+    Epilogue,
+    KernelSpecError,
+    LibrarySpec,
+    Schedule,
+    check_schedule,
+)
 
 _F32P = ctypes.POINTER(ctypes.c_float)
 _I = ctypes.c_ssize_t
 _INT = ctypes.c_int
 _F = ctypes.c_float
 _ERRORS = {1: "unknown micro-kernel variant", 2: "cache blocks do not hold whole micro-tiles", 3: "out of memory",
-           4: "inconsistent shapes"}
+           4: "inconsistent shapes", 5: "unknown convolution algorithm"}
 
 
 def _ptr(array: np.ndarray | None):
@@ -38,6 +46,20 @@ def _f32(array) -> np.ndarray:
     if any(s % 4 for s in array.strides):
         return np.ascontiguousarray(array)
     return array
+
+
+def _output(out: np.ndarray | None, shape: tuple[int, ...], residual: np.ndarray | None,
+            what: str) -> np.ndarray:
+    """The array a kernel writes: `out` (checked) or a new one, holding `residual` when one is given."""
+    if out is None:
+        out = np.empty(shape, np.float32)
+    elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise KernelSpecError(f"{what}: out must be a C-contiguous float32 array of shape {shape}")
+    if residual is not None and residual is not out:
+        if np.shape(residual) != shape:
+            raise KernelSpecError(f"{what}: residual of shape {np.shape(residual)} for an output of shape {shape}")
+        np.copyto(out, residual)
+    return out
 
 
 @dataclass(frozen=True)
@@ -71,11 +93,11 @@ class Library:
         c = self.cdll
         c.uk_gemm.argtypes = [_INT] * 5 + [_I] * 3 + [_F32P, _I, _I, _F32P, _I, _I, _F32P, _I, _F, _F32P, _I, _I,
                                                       _INT, _F, _F, _F32P]
-        c.uk_conv2d.argtypes = [_INT] * 6 + [_I] * 16 + [_F32P] * 4 + [_INT, _F, _F, _F32P]
+        c.uk_conv2d.argtypes = [_INT] * 6 + [_I] * 16 + [_F32P] * 4 + [_INT, _INT, _F, _F, _F32P]
         c.uk_packed_size.argtypes = [_INT, _I, _I, _I]
         c.uk_packed_size.restype = _I
         c.uk_pack_a.argtypes = [_INT, _INT, _I, _I, _I, _F32P, _I, _I, _F32P]
-        c.uk_bias_act.argtypes = [_I] * 3 + [_F32P] * 3 + [_INT, _F, _F]
+        c.uk_bias_act.argtypes = [_I] * 3 + [_F32P] * 4 + [_INT, _F, _F]
         c.uk_gemm_naive.argtypes = [_I] * 3 + [_F32P] * 3
         if c.uk_variants() != len(spec.micro):
             raise KernelSpecError(f"{self.path.name} has {c.uk_variants()} micro-kernels, the spec {len(spec.micro)}")
@@ -123,9 +145,12 @@ class Library:
 
     def conv2d(self, x: np.ndarray, w: np.ndarray, schedule: Schedule, *, bias: np.ndarray | None = None,
                strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group: int = 1,
-               epilogue: Epilogue = NONE, packed: Packed | None = None) -> np.ndarray:
+               epilogue: Epilogue = NONE, packed: Packed | None = None, residual: np.ndarray | None = None,
+               out: np.ndarray | None = None) -> np.ndarray:
         """NCHW `x` convolved with OIHW `w`; `pads` is (top, left, bottom, right) as ONNX orders them.
-        `packed` is `pack(w.reshape(OC, -1), schedule, group)`, for the im2col algorithm."""
+        `packed` is `pack(w.reshape(OC, -1), schedule, group)`, for the algorithms that pack weights.
+        `residual` (shaped as the output) is added before the clamp; `out` receives the result and may be
+        `residual` itself."""
         check_schedule(self.spec, schedule)
         x, w = np.ascontiguousarray(_f32(x)), np.ascontiguousarray(_f32(w))
         n, c, h, wd = x.shape
@@ -136,18 +161,19 @@ class Library:
         ow = (wd + pads[1] + pads[3] - dilations[1] * (kw - 1) - 1) // strides[1] + 1
         if bias is not None:
             bias = np.ascontiguousarray(_f32(bias)).reshape(oc)
-        y = np.empty((n, oc, max(oh, 0), max(ow, 0)), np.float32)
+        y = _output(out, (n, oc, max(oh, 0), max(ow, 0)), residual, "conv2d")
         self._check(self.cdll.uk_conv2d(
             schedule.micro, schedule.threads, schedule.mc, schedule.kc, schedule.nc,
-            int(schedule.algo == "direct"), n, c, h, wd, oc, kh, kw, *strides, *pads, *dilations, group,
-            _ptr(x), _ptr(w), _ptr(bias), _ptr(y), int(epilogue.clamps), epilogue.lo, epilogue.hi,
-            None if packed is None else packed.pointer(schedule, group, oc // group, cg * kh * kw)),
+            ALGORITHMS.index(schedule.algo), n, c, h, wd, oc, kh, kw, *strides, *pads, *dilations, group,
+            _ptr(x), _ptr(w), _ptr(bias), _ptr(y), int(residual is not None), int(epilogue.clamps), epilogue.lo,
+            epilogue.hi, None if packed is None else packed.pointer(schedule, group, oc // group, cg * kh * kw)),
             f"conv2d x{x.shape} w{w.shape}")
         return y
 
     def bias_act(self, x: np.ndarray, *, bias: np.ndarray | None = None, axis: int = -1,
-                 epilogue: Epilogue = NONE) -> np.ndarray:
-        """`clamp(x + bias)` where `bias` is a vector along `axis` (or None)."""
+                 epilogue: Epilogue = NONE, residual: np.ndarray | None = None) -> np.ndarray:
+        """`clamp(x + bias + residual)` where `bias` is a vector along `axis` (or None) and `residual` (or
+        None) has the shape of `x`."""
         x = np.ascontiguousarray(_f32(x))
         shape = x.shape or (1,)
         axis = axis % len(shape)
@@ -157,8 +183,12 @@ class Library:
             bias = np.ascontiguousarray(_f32(bias)).reshape(-1)
             if bias.size != channels:
                 raise KernelSpecError(f"bias_act: bias of {bias.size} values for axis {axis} of size {channels}")
+        if residual is not None:
+            residual = np.ascontiguousarray(_f32(residual))
+            if residual.shape != x.shape:
+                raise KernelSpecError(f"bias_act: residual of shape {residual.shape} for x of shape {x.shape}")
         y = np.empty_like(x)
-        self._check(self.cdll.uk_bias_act(outer, channels, inner, _ptr(x), _ptr(y), _ptr(bias),
+        self._check(self.cdll.uk_bias_act(outer, channels, inner, _ptr(x), _ptr(y), _ptr(bias), _ptr(residual),
                                           int(epilogue.clamps), epilogue.lo, epilogue.hi), "bias_act")
         return y
 

@@ -128,14 +128,21 @@ class Schedule:
     mc: int = 72
     kc: int = 256
     nc: int = 2048
-    algo: str = "im2col"  # conv2d: im2col (packed GEMM) | direct
+    algo: str = "im2col"  # conv2d: one of ALGORITHMS
     threads: int = 1
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
 
+    @property
+    def packs_weights(self) -> bool:
+        """Whether a convolution with this schedule reads its weights packed by `Library.pack`."""
+        return self.algo != "direct"
 
-ALGORITHMS = ("im2col", "direct")
+
+# Convolution algorithms, in the order the C code numbers them: GEMM over packed im2col panels; direct (a
+# vector of outputs per register, for depthwise-like shapes); implicit GEMM reading the padded image in place.
+ALGORITHMS = ("im2col", "direct", "implicit")
 
 
 def host_targets() -> list[str]:
@@ -201,11 +208,13 @@ def check_schedule(spec: LibrarySpec, schedule: Schedule) -> None:
 
 
 def default_schedule(spec: LibrarySpec, op: OpSpec, threads: int = 1) -> Schedule:
-    """A sound schedule without measuring: the first micro-kernel, L1/L2-sized blocks, direct conv for
-    depthwise-like shapes whose reduction is too short for packing to pay."""
+    """A sound schedule without measuring: the first micro-kernel, L1/L2-sized blocks; for convolutions, direct
+    for depthwise-like shapes whose reduction is too short for a GEMM to pay, a plain GEMM (im2col, which
+    reads a 1x1 unit-stride convolution's image as it is) for pointwise ones, else the implicit GEMM."""
     mk = spec.micro[0]
     algo = "im2col"
     if op.op == "conv2d":
-        _n, c, _h, _w, _oc, kh, kw, *_rest, group = op.dims
-        algo = "direct" if (c // group) * kh * kw < 32 else "im2col"
+        _n, c, _h, _w, _oc, kh, kw, sh, sw, *pads, _dh, _dw, group = op.dims
+        pointwise = (kh, kw, sh, sw, *pads) == (1, 1, 1, 1, 0, 0, 0, 0)
+        algo = "direct" if (c // group) * kh * kw < 32 else "im2col" if pointwise else "implicit"
     return Schedule(0, mk.mr * max(1, 72 // mk.mr), 256, mk.nr * max(1, 2048 // mk.nr), algo, threads)

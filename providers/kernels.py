@@ -1,10 +1,11 @@
 """`kernels`: our own generated, verified and autotuned C kernels for Conv, Gemm, MatMul and their epilogues.
 
-A stage holds Conv, Gemm and MatMul nodes, and Relu, Clip and bias Adds (a constant vector along the last or
-the channel axis). `lower` turns a stage into plain data: steps, where each Relu, Clip or bias Add that alone
-reads a product is fused into that product's epilogue and the rest run as a bias+clamp kernel. A runner is
-built from those steps; a bundle carries them as JSON, the constants as `.npz` and the library built for the
-board's architecture, so the board needs only numpy and ctypes. Schedules come from the autotuner's cache for
+A stage holds Conv, Gemm and MatMul nodes, and Relu, Clip, bias Adds (a constant vector along the last or
+the channel axis) and residual Adds (two computed tensors of one shape). `lower` turns a stage into plain data:
+steps, where each Relu, Clip or bias Add that alone reads a product is fused into that product's epilogue, a
+residual Add into a convolution's (the sum then takes a Relu or Clip too), and the rest run as a
+bias+residual+clamp kernel. A runner is built from those steps; a bundle carries them as JSON, the constants
+as `.npz` and the library built for the board's architecture, so the board needs only numpy and ctypes. Schedules come from the autotuner's cache for
 this device (or are tuned on first sight with the option `tune`), else from the default.
 """
 
@@ -14,6 +15,7 @@ import json
 import os
 import platform
 import shutil
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,7 +89,8 @@ class KernelsProvider(Provider):
     id = "kernels"
     install = "apt-get install -y gcc  (any C11 compiler reachable as `cc`)"
     table = KERNELS_TABLE
-    option_names = frozenset({"tune", "arch"})  # arch: the board's, for bundles
+    # arch: the board's, for bundles; emulate: run the board's build under qemu (to verify its stages here)
+    option_names = frozenset({"tune", "arch", "emulate"})
 
     def probe(self) -> tuple[str, str]:
         from uhop_onnx.custom_ops.build import BuildError, compiler_version
@@ -122,11 +125,24 @@ class KernelsProvider(Provider):
 
         self.require()
         try:
-            lib = host_library()
+            lib = self._emulated() if self.options.get("emulate") else host_library()
         except (VerificationError, BuildError) as error:
             raise ProviderError(f"kernels: no library built and passed verification on this host: {error}") from None
         threads = self.threads or len(os.sched_getaffinity(0))
         return KernelsRunner(*lower(model), lib, threads, bool(self.options.get("tune", False)))
+
+    def _emulated(self):
+        """The board's (option `arch`) kernels under qemu; only aarch64 has an emulator here."""
+        from uhop_onnx.custom_ops import cross
+        from uhop_onnx.custom_ops.spec import LibrarySpec
+
+        arch = self.options.get("arch", host_arch())
+        if arch != "aarch64":
+            raise ProviderError(f"kernels: emulate runs aarch64 kernels under qemu; arch is {arch!r}")
+        missing = cross.missing_tools()
+        if missing:
+            raise ProviderError(f"kernels: emulating aarch64 needs {', '.join(missing)}; install: {cross.INSTALL}")
+        return cross.Emulated(LibrarySpec(ARCH_TARGETS[arch][0]))
 
     def export_blocker(self) -> str | None:
         """None when this host can build the library for the option `arch` (the host's by default)."""
@@ -197,13 +213,25 @@ def _rank(graph, name: str) -> int | None:
     return None if info is None or info.shape is None else len(info.shape)
 
 
+def _shape(graph, name: str) -> tuple | None:
+    """The tensor's shape when every dimension is known (a number or a symbol), else None."""
+    info = graph.tensors.get(name)
+    return None if info is None or info.shape is None or None in info.shape else tuple(info.shape)
+
+
 def _refusal(node, graph, constants: Mapping[str, np.ndarray]) -> str:
     """Why this provider cannot run `node`, or "" when it can."""
     if node.op_type == "Add":
         const = [name for name in node.inputs if name in constants]
         other = [name for name in node.inputs if name not in constants]
+        if not const:
+            shapes = [_shape(graph, name) for name in other]
+            if shapes[0] is None or shapes[0] != shapes[1]:
+                return (f"Add of computed tensors of shapes {shapes} runs on kernels only as a residual sum: "
+                        "both shapes known and equal")
+            return ""
         if len(const) != 1 or len(other) != 1:
-            return "Add runs on kernels only as a bias: one operand must be a constant, the other computed"
+            return "Add runs on kernels as a bias (a constant and a computed operand) or a residual sum"
         rank, shape = _rank(graph, other[0]), constants[const[0]].shape
         if rank is None or bias_axis(shape, rank) is None:
             return (f"Add of a constant of shape {list(shape)} to a rank-{rank} tensor is no bias; kernels take "
@@ -221,7 +249,8 @@ def _refusal(node, graph, constants: Mapping[str, np.ndarray]) -> str:
 
 def lower(model: onnx.ModelProto) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The stage as plain data, and its constants. Data: `outputs`, and `steps` of `op`, `inputs`, `output`,
-    `attrs`, the clamp `lo`/`hi` (None when unbounded) and `bias` (a fused bias Add's constant, or None)."""
+    `attrs`, the clamp `lo`/`hi` (None when unbounded), `bias` (a fused bias Add's constant, or None) and
+    `residual` (the other operand of a fused residual Add, added before the clamp, or None)."""
     from onnx import helper
 
     unknown = sorted({n.op_type for n in model.graph.node} - {r.op for r in KERNELS_TABLE.rules})
@@ -236,26 +265,52 @@ def lower(model: onnx.ModelProto) -> tuple[dict[str, Any], dict[str, np.ndarray]
             readers[name] = readers.get(name, 0) + 1
     steps: list[dict[str, Any]] = []
     by_output: dict[str, dict[str, Any]] = {}
+
+    def fusable(name: str) -> dict[str, Any] | None:
+        """The step producing `name` when this node alone reads it, so its epilogue can take the node."""
+        step = by_output.get(name)
+        return step if step and readers.get(name) == 1 and name not in outputs else None
+
     for n in model.graph.node:
-        source = next((name for name in n.input if name not in constants), n.input[0])
-        producer = by_output.get(source)
+        computed = [name for name in n.input if name not in constants]
         if n.op_type in PRODUCTS:
             attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
-            step = {"op": n.op_type, "inputs": list(n.input), "output": n.output[0],
-                    "attrs": _attributes(n.op_type, attrs), "lo": None, "hi": None, "bias": None}
-        elif producer and readers.get(source) == 1 and source not in outputs and _fuse(producer, n, constants):
-            del by_output[source]
-            producer["output"] = n.output[0]
-            by_output[producer["output"]] = producer
-            continue
+            steps.append({"op": n.op_type, "inputs": list(n.input), "output": n.output[0],
+                          "attrs": _attributes(n.op_type, attrs), "lo": None, "hi": None, "bias": None,
+                          "residual": None})
+        elif n.op_type == "Add" and len(computed) == 2:  # a residual sum
+            candidates = [(steps.index(step), step, other) for name, other in (computed, computed[::-1])
+                          if (step := fusable(name)) and step["op"] == "Conv" and _fuse_residual(step)]
+            if candidates:  # into the later producer, so the other operand exists when it runs
+                _, step, other = max(candidates, key=lambda c: c[0])
+                step["residual"] = other
+                _rename(by_output, step, n.output[0])
+                continue
+            steps.append({"op": "Add", "inputs": [computed[0]], "output": n.output[0], "attrs": {}, "lo": None,
+                          "hi": None, "bias": None, "residual": computed[1]})
         else:
+            producer = fusable(computed[0] if computed else n.input[0])
+            if producer and _fuse(producer, n, constants):
+                _rename(by_output, producer, n.output[0])
+                continue
             lo, hi = (None, None) if n.op_type == "Add" else _bounds(n, constants)
             bias = _bias_name(n, constants) if n.op_type == "Add" else None
-            step = {"op": n.op_type, "inputs": [source], "output": n.output[0], "attrs": {}, "lo": lo, "hi": hi,
-                    "bias": bias}
-        steps.append(step)
-        by_output[step["output"]] = step
+            steps.append({"op": n.op_type, "inputs": [computed[0] if computed else n.input[0]],
+                          "output": n.output[0], "attrs": {}, "lo": lo, "hi": hi, "bias": bias, "residual": None})
+        by_output[steps[-1]["output"]] = steps[-1]
     return {"steps": steps, "outputs": outputs}, constants
+
+
+def _rename(by_output: dict[str, dict[str, Any]], step: dict[str, Any], output: str) -> None:
+    """The step now produces `output` (its old output was read only by the node fused into it)."""
+    del by_output[step["output"]]
+    step["output"] = output
+    by_output[output] = step
+
+
+def _fuse_residual(step: dict[str, Any]) -> bool:
+    """Whether a residual can join the step's epilogue: before any clamp, and only one."""
+    return step["lo"] is None and step["hi"] is None and step["residual"] is None
 
 
 def _attributes(op: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
@@ -272,12 +327,15 @@ def _attributes(op: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _fuse(step: dict[str, Any], node, constants: Mapping[str, np.ndarray]) -> bool:
-    """Fold a Relu, Clip or bias Add into a product's epilogue (a bias only before any clamp)."""
-    if step["op"] not in PRODUCTS or step["lo"] is not None or step["hi"] is not None:
+    """Fold a Relu, Clip or bias Add into a product's epilogue (a bias only before any clamp), or a Relu or Clip
+    into a residual sum's."""
+    if step["lo"] is not None or step["hi"] is not None:
         return False
-    if node.op_type in ("Relu", "Clip"):
+    if node.op_type in ("Relu", "Clip") and (step["op"] in PRODUCTS or step["residual"] is not None):
         step["lo"], step["hi"] = _bounds(node, constants)
         return True
+    if step["op"] not in PRODUCTS or node.op_type != "Add":
+        return False
     name = _bias_name(node, constants)
     bias = constants[name]
     axis = bias_axis(bias.shape, 4 if step["op"] == "Conv" else bias.ndim)
@@ -300,16 +358,27 @@ def _bias_name(node, constants: Mapping[str, np.ndarray]) -> str:
 
 @dataclass
 class Step:
-    """One kernel call: computes `output` from `values`, with a fused epilogue and bias."""
+    """One kernel call: computes `output` from `values`, with a fused epilogue, bias and residual."""
 
     kind: str  # the op type that produces the value: Conv, Gemm, MatMul, or Relu/Clip/Add on their own
     output: str
-    fn: Callable[[dict[str, Any], Epilogue, np.ndarray | None], np.ndarray]
+    fn: Callable[[dict[str, Any], Epilogue, np.ndarray | None, Residual | None], np.ndarray]
     epilogue: Epilogue
     bias: np.ndarray | None = None  # a fused bias Add's constant
+    residual: str | None = None  # the value a residual Add sums with the product
+    donate: bool = False  # whether the residual's array may be overwritten (no other step reads it)
 
     def __call__(self, values: dict[str, Any]) -> np.ndarray:
-        return self.fn(values, self.epilogue, self.bias)
+        residual = None if self.residual is None else Residual(values[self.residual], self.donate)
+        return self.fn(values, self.epilogue, self.bias, residual)
+
+
+@dataclass(frozen=True)
+class Residual:
+    """A value to add before the clamp, and whether the kernel may write its result over it."""
+
+    value: np.ndarray
+    donated: bool
 
 
 class KernelsRunner(Runner):
@@ -324,6 +393,8 @@ class KernelsRunner(Runner):
         self.outputs = list(program["outputs"])
         self.schedules: dict[tuple[str, int], Any] = {}  # (op key, threads) -> Schedule
         self.steps: list[Step] = []
+        reads = Counter(name for s in program["steps"] for name in (*s["inputs"], s.get("residual")) if name)
+        produced = {s["output"] for s in program["steps"]}
         for s in program["steps"]:
             lo, hi = (float(d if v is None else v) for v, d in ((s["lo"], "-inf"), (s["hi"], "inf")))
             epilogue = Epilogue(lo, hi)
@@ -332,7 +403,9 @@ class KernelsRunner(Runner):
                 fn = getattr(self, f"_{s['op'].lower()}")(s["inputs"], s["attrs"])
             else:
                 fn = self._elementwise(s["inputs"][0])
-            self.steps.append(Step(s["op"], s["output"], fn, epilogue, bias))
+            residual = s.get("residual")
+            donate = residual in produced and reads[residual] == 1 and residual not in self.outputs
+            self.steps.append(Step(s["op"], s["output"], fn, epilogue, bias, residual, donate))
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         values = {**self.constants, **{k: np.asarray(v) for k, v in feeds.items()}}
@@ -360,18 +433,20 @@ class KernelsRunner(Runner):
 
         packs = {}  # (micro, kc) -> constant weights packed for that schedule
 
-        def conv(values, epilogue, fused):
+        def conv(values, epilogue, fused, residual):
             x, w = values[x_name], values[w_name]
             bias = _sum_bias(values[b_name] if b_name else None, fused, w.shape[0])
             op = OpSpec("conv2d", (*x.shape, w.shape[0], *w.shape[2:], *strides, *pads, *dilations, group), epilogue)
             schedule, packed = self._schedule(op), None
-            if schedule.algo == "im2col" and w_name in self.constants:
+            if schedule.packs_weights and w_name in self.constants:
                 key = (schedule.micro, schedule.kc)
                 if key not in packs:
                     packs[key] = self.lib.pack(w.reshape(w.shape[0], -1), schedule, group)
                 packed = packs[key]
             return self.lib.conv2d(x, w, schedule, bias=bias, strides=strides, pads=pads, dilations=dilations,
-                                   group=group, epilogue=epilogue, packed=packed)
+                                   group=group, epilogue=epilogue, packed=packed,
+                                   residual=None if residual is None else residual.value,
+                                   out=residual.value if residual and residual.donated else None)
         return conv
 
     def _gemm(self, inputs, attrs):
@@ -384,7 +459,7 @@ class KernelsRunner(Runner):
         b_const = self.constants.get(b_name)
         b_rows = None if b_const is None else np.ascontiguousarray(b_const.T if trans_b else b_const)
 
-        def gemm(values, epilogue, fused):
+        def gemm(values, epilogue, fused, _residual):
             a = values[a_name].T if trans_a else values[a_name]
             b = b_rows if b_rows is not None else (values[b_name].T if trans_b else values[b_name])
             bias = None if not c_name or beta == 0.0 else np.float32(beta) * values[c_name]
@@ -398,7 +473,7 @@ class KernelsRunner(Runner):
 
         a_name, b_name = inputs
 
-        def matmul(values, epilogue, fused):
+        def matmul(values, epilogue, fused, _residual):
             a, b = values[a_name], values[b_name]
             m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
             bias = None if fused is None else np.broadcast_to(fused.reshape(-1), (n,))
@@ -416,15 +491,16 @@ class KernelsRunner(Runner):
         return matmul
 
     def _elementwise(self, x_name: str):
-        """A Relu, Clip or bias Add on its own, as one bias+clamp pass."""
+        """A Relu, Clip, bias Add or residual sum on its own, as one bias+residual+clamp pass."""
 
-        def elementwise(values, epilogue, bias):
+        def elementwise(values, epilogue, bias, residual):
             x = values[x_name]
+            other = None if residual is None else residual.value
             if bias is None:
-                return self.lib.bias_act(x, epilogue=epilogue)
+                return self.lib.bias_act(x, epilogue=epilogue, residual=other)
             axis = bias_axis(bias.shape, x.ndim)
             vector = np.full(x.shape[-1], bias.item(), np.float32) if bias.size == 1 else bias.reshape(-1)
-            return self.lib.bias_act(x, bias=vector, axis=axis, epilogue=epilogue)
+            return self.lib.bias_act(x, bias=vector, axis=axis, epilogue=epilogue, residual=other)
         return elementwise
 
 def _sum_bias(own: np.ndarray | None, fused: np.ndarray | None, channels: int) -> np.ndarray | None:

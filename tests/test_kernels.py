@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 from uhop_onnx.custom_ops import autotune, build, codegen, verify
 from uhop_onnx.custom_ops.spec import (
+    ALGORITHMS,
     TARGETS,
     Epilogue,
     KernelSpecError,
@@ -76,9 +77,11 @@ def test_gemm_matches_numpy(lib, m, n, k, trans_a, trans_b, bias, act, alpha, va
 @given(n=st.integers(1, 2), groups=st.sampled_from([1, 2, 3]), cg=st.integers(1, 3), ocg=st.integers(1, 3),
        h=st.integers(1, 12), w=st.integers(1, 12), kh=st.integers(1, 4), kw=st.integers(1, 3),
        stride=st.tuples(st.integers(1, 3), st.integers(1, 3)), pads=st.tuples(*[st.integers(0, 2)] * 4),
-       dil=st.tuples(st.integers(1, 2), st.integers(1, 2)), algo=st.sampled_from(["im2col", "direct"]),
-       threads=st.integers(1, 2), relu=st.booleans(), seed=st.integers(0, 2**16))
-def test_conv2d_matches_numpy(lib, n, groups, cg, ocg, h, w, kh, kw, stride, pads, dil, algo, threads, relu, seed):
+       dil=st.tuples(st.integers(1, 2), st.integers(1, 2)), algo=st.sampled_from(ALGORITHMS),
+       threads=st.integers(1, 2), relu=st.booleans(), residual=st.sampled_from(["none", "copied", "in place"]),
+       packed=st.booleans(), seed=st.integers(0, 2**16))
+def test_conv2d_matches_numpy(lib, n, groups, cg, ocg, h, w, kh, kw, stride, pads, dil, algo, threads, relu,
+                              residual, packed, seed):
     if h + pads[0] + pads[2] < dil[0] * (kh - 1) + 1 or w + pads[1] + pads[3] < dil[1] * (kw - 1) + 1:
         return  # no output position: ONNX rejects such a Conv
     rng = np.random.default_rng(seed)
@@ -86,9 +89,15 @@ def test_conv2d_matches_numpy(lib, n, groups, cg, ocg, h, w, kh, kw, stride, pad
     act = Epilogue(lo=0.0) if relu else Epilogue()
     mk = lib.spec.micro[0]
     schedule = Schedule(0, mk.mr, 8, mk.nr, algo=algo, threads=threads)
-    got = lib.conv2d(x, wt, schedule, bias=bias, strides=stride, pads=pads, dilations=dil, group=groups, epilogue=act)
     want = verify.conv_reference(x, wt, bias, stride, pads, dil, groups)
-    np.testing.assert_allclose(got, verify.clamp(want, act), rtol=1e-4, atol=1e-4)
+    res = None if residual == "none" else _rand(rng, *want.shape)
+    kept = None if res is None else res.copy()
+    weights = lib.pack(wt.reshape(wt.shape[0], -1), schedule, groups) if packed and schedule.packs_weights else None
+    got = lib.conv2d(x, wt, schedule, bias=bias, strides=stride, pads=pads, dilations=dil, group=groups, epilogue=act,
+                     packed=weights, residual=res, out=res if residual == "in place" else None)
+    np.testing.assert_allclose(got, verify.clamp(want + (0 if res is None else kept), act), rtol=1e-4, atol=1e-4)
+    if residual == "copied":
+        np.testing.assert_array_equal(res, kept)
 
 
 @pytest.mark.parametrize("target", [t for t in TARGETS if t != "aarch64-neon"])
@@ -115,13 +124,17 @@ def test_conv_reference_is_onnx_runtime_conv():
 
 def test_bias_act_along_any_axis(lib):
     rng = np.random.default_rng(2)
-    x = _rand(rng, 2, 3, 4, 5)
+    x, res = _rand(rng, 2, 3, 4, 37), _rand(rng, 2, 3, 4, 37)
     for axis in range(4):
         bias = _rand(rng, x.shape[axis])
         shape = [1] * 4
         shape[axis] = -1
         got = lib.bias_act(x, bias=bias, axis=axis, epilogue=Epilogue(lo=-0.5, hi=0.5))
         np.testing.assert_allclose(got, np.clip(x + bias.reshape(shape), -0.5, 0.5), rtol=1e-6)
+        got = lib.bias_act(x, bias=bias, axis=axis, residual=res)
+        np.testing.assert_allclose(got, x + bias.reshape(shape) + res, rtol=1e-6)
+    with pytest.raises(KernelSpecError, match=r"residual of shape \(2, 3\) for x of shape"):
+        lib.bias_act(x, residual=res[0, 0, :2, :3])
 
 
 def test_spec_checks_refuse_what_the_target_cannot_do(lib):
@@ -202,17 +215,20 @@ def test_models_on_kernels_match_onnx_runtime(lib, name):
 
 
 def test_query_says_why_a_node_stays_off_kernels(lib):
-    model = BUILDERS["resnet"]()
-    session = uhop_onnx.InferenceSession(model, providers=["kernels", "ort-cpu"], profile=False)
-    placed = {node: stage.provider for stage in session.plan.stages for node in stage.nodes}
-    assert placed["/layer0/add/Add"] == "ort-cpu"  # a residual sum is not a bias
     from uhop_onnx.partitioner.capabilities import capabilities
 
     from uhop_onnx.graph import Graph
 
+    model = BUILDERS["resnet"]()
+    session = uhop_onnx.InferenceSession(model, providers=["kernels", "ort-cpu"], profile=False)
+    placed = {node: stage.provider for stage in session.plan.stages for node in stage.nodes}
+    assert placed["/layer0/add/Add"] == placed["/layer0/relu/Relu"] == "kernels"  # a residual sum
     verdicts = capabilities(model, Graph.from_model(model), create("kernels"))
-    assert "one operand must be a constant" in verdicts["/layer0/add/Add"].reason
     assert "GlobalAveragePool is not in kernels's table" in verdicts["/head/pool/GlobalAveragePool"].reason
+    node = helper.make_node("Add", ["a", "b"], ["y"], name="sum")
+    broadcast = _single_node_model(node, {"a": (2, 3, 4), "b": (3, 1)}, {})
+    verdict = capabilities(broadcast, Graph.from_model(broadcast), create("kernels"))["sum"]
+    assert not verdict and "both shapes known and equal" in verdict.reason
 
 
 def test_fusion_and_threads_in_the_runner(lib):
@@ -254,21 +270,27 @@ def test_aarch64_build_runs_under_qemu():
     missing = cross.missing_tools()
     if missing:
         pytest.skip(f"aarch64 cross tools absent ({', '.join(missing)}); install: {cross.INSTALL}")
-    spec = LibrarySpec("aarch64-neon")
-    program = cross.build_driver(spec)
+    emulated = cross.Emulated()
     rng = np.random.default_rng(3)
     a, b, bias = _rand(rng, 19, 37), _rand(rng, 37, 29), _rand(rng, 29)
-    for v, mk in enumerate(spec.micro):
-        got = cross.gemm(program, a, b, Schedule(v, mk.mr, 16, mk.nr, threads=2), alpha=0.5, bias=bias,
-                         epilogue=Epilogue(lo=0.0))
+    for v, mk in enumerate(emulated.spec.micro):
+        got = emulated.gemm(a, b, Schedule(v, mk.mr, 16, mk.nr, threads=2), alpha=0.5, bias=bias,
+                            epilogue=Epilogue(lo=0.0))
         np.testing.assert_allclose(got, np.maximum(0.5 * (a.astype(np.float64) @ b) + bias, 0), rtol=1e-4, atol=1e-4)
-    x, w = _rand(rng, 1, 4, 9, 8), _rand(rng, 6, 2, 3, 3)
-    for algo in ("im2col", "direct"):
-        got = cross.conv2d(program, x, w, Schedule(0, 8, 8, 12, algo=algo), bias=bias[:6], strides=(2, 1),
-                           pads=(1, 1, 1, 0), dilations=(1, 2), group=2)
-        want = verify.conv_reference(x, w, bias[:6], (2, 1), (1, 1, 1, 0), (1, 2), 2)
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    assert cross.build_library(spec).read_bytes()[18] == 183  # ELF e_machine EM_AARCH64
+    convs = [((1, 4, 9, 8), (6, 2, 3, 3), (2, 1), (1, 1, 1, 0), (1, 2), 2),  # x, w, strides, pads, dilations, group
+             ((1, 5, 9, 10), (5, 1, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 5)]
+    for xs, ws, strides, pads, dilations, group in convs:
+        x, w = _rand(rng, *xs), _rand(rng, *ws)
+        want = verify.conv_reference(x, w, bias[:ws[0]], strides, pads, dilations, group)
+        res = _rand(rng, *want.shape)
+        for algo in ALGORITHMS:
+            got = emulated.conv2d(x, w, Schedule(0, 8, 8, 12, algo=algo), bias=bias[:ws[0]], strides=strides,
+                                  pads=pads, dilations=dilations, group=group, residual=res, epilogue=Epilogue(lo=0.0))
+            np.testing.assert_allclose(got, np.maximum(want + res, 0), rtol=1e-4, atol=1e-4)
+    x, res = _rand(rng, 2, 3, 4, 5), _rand(rng, 2, 3, 4, 5)
+    got = emulated.bias_act(x, bias=bias[:3], axis=1, residual=res, epilogue=Epilogue(lo=0.0))
+    np.testing.assert_allclose(got, np.maximum(x + bias[:3].reshape(3, 1, 1) + res, 0), rtol=1e-6)
+    assert cross.build_library(emulated.spec).read_bytes()[18] == 183  # ELF e_machine EM_AARCH64
 
 
 def _single_node_model(node: onnx.NodeProto, inputs: dict[str, tuple], constants: dict[str, np.ndarray],
@@ -334,3 +356,34 @@ def test_fused_chains_match_onnx_runtime(lib):
     feeds = random_feeds(model)
     got = runner.run(feeds)
     assert_matches([got["y"], got["r"], got["y2"]], reference(model, feeds))
+
+
+def _conv_node(x: str, name: str, **attrs) -> onnx.NodeProto:
+    return helper.make_node("Conv", [x, f"{name}.w", f"{name}.b"], [name], **attrs)
+
+
+def test_residual_sums_fuse_into_convolutions(lib):
+    """Conv -> Add(residual) -> Relu is one call: into the later of two convolutions (writing over the other's
+    result), or adding a stage input (which stays untouched); a sum with no convolution to join runs alone,
+    its Relu fused."""
+    rng = np.random.default_rng(5)
+    nodes = [_conv_node("x", "a", pads=[1, 1, 1, 1]), _conv_node("x", "b", strides=[1, 1]),
+             helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Relu", ["s"], ["y"]),
+             _conv_node("y", "c", pads=[1, 1, 1, 1]), helper.make_node("Add", ["x", "c"], ["t"]),
+             helper.make_node("Add", ["t", "y"], ["u"]), helper.make_node("Relu", ["u"], ["z"])]
+    shapes = {"a": (4, 4, 3, 3), "b": (4, 4, 1, 1), "c": (4, 4, 3, 3)}
+    constants = {f"{n}.{p}": _rand(rng, *(shape if p == "w" else shape[:1])) for n, shape in shapes.items()
+                 for p in ("w", "b")}
+    graph = helper.make_graph(nodes, "res", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 4, 6, 7))],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v, n) for n, v in constants.items()])
+    model = onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    runner = create("kernels", threads=1).compile(model)
+    assert [(s.kind, s.output, s.residual, s.donate, s.epilogue.lo) for s in runner.steps] == [
+        ("Conv", "a", None, False, float("-inf")), ("Conv", "y", "a", True, 0.0),
+        ("Conv", "t", "x", False, float("-inf")), ("Add", "z", "y", False, 0.0)]
+    feeds = random_feeds(model)
+    x = feeds["x"].copy()
+    assert_matches([runner.run(feeds)["z"]], reference(model, feeds))
+    np.testing.assert_array_equal(feeds["x"], x)

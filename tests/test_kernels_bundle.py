@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from uhop_onnx.custom_ops import cross
+from uhop_onnx.models import cnn
+from uhop_onnx.providers.kernels import KernelsProvider, KernelsRunner, host_arch
 
 import uhop_onnx
 from uhop_onnx.errors import ProviderError
-from uhop_onnx.models import cnn
-from uhop_onnx.providers.kernels import KernelsProvider, host_arch
 
 from .conftest import random_feeds, reference
 
@@ -150,3 +151,39 @@ def test_aarch64_bundle_ships_an_arm_library_and_says_it_cannot_run_here(tmp_pat
     kernels = [s for s in report["stages"] if s["provider"] == "kernels"]
     assert all(not s["ran"] and "aarch64-neon" in s["how"] for s in kernels)
     assert report["ok"], report
+
+
+def _lone_sum_model() -> onnx.ModelProto:
+    """Relu(a + b) on its own, then a dilated, strided depthwise Conv with a bias Add and a Relu6."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(4)
+    nodes = [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Relu", ["s"], ["r"]),
+             helper.make_node("Conv", ["r", "w"], ["c"], group=4, strides=[2, 2], dilations=[2, 1], pads=[2, 1, 2, 1]),
+             helper.make_node("Add", ["c", "bias"], ["d"]), helper.make_node("Clip", ["d", "lo", "hi"], ["y"])]
+    constants = {"w": rng.standard_normal((4, 1, 3, 3)), "bias": rng.standard_normal((4, 1, 1)),
+                 "lo": np.array(0.0), "hi": np.array(6.0)}
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, (1, 4, 9, 11)) for n in ("a", "b")]
+    graph = helper.make_graph(nodes, "lone", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v.astype(np.float32), n) for n, v in constants.items()])
+    return onnx.shape_inference.infer_shapes(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+
+
+@pytest.mark.skipif(bool(cross.missing_tools()), reason=f"no aarch64 cross compiler or qemu; install: {cross.INSTALL}")
+@pytest.mark.parametrize("name", ["resnet", "mobilenet", "lone sum"])
+def test_every_lowered_op_runs_under_qemu(name):
+    """With `emulate`, each kernels stage runs the aarch64 build under qemu: convolutions with fused residual
+    sums, depthwise, strided and dilated ones, Gemm and a lone Add+Relu; the whole model matches ONNX Runtime."""
+    from uhop_onnx.models import BUILDERS
+
+    model = _lone_sum_model() if name == "lone sum" else BUILDERS[name]()
+    session = uhop_onnx.InferenceSession(model, providers=[("kernels", {"arch": "aarch64", "emulate": True}),
+                                                           "ort-cpu"], profile=False, threads=1)
+    runners = [r for r in session._executor.runners if isinstance(r, KernelsRunner)]
+    assert runners and all(isinstance(r.lib, cross.Emulated) for r in runners)
+    if name == "lone sum":
+        assert [(s.kind, s.residual, s.epilogue.lo) for s in runners[0].steps] == [("Add", "b", 0.0), ("Conv", None, 0.0)]
+    feeds = random_feeds(model, seed=3)
+    for got, want in zip(session.run(None, feeds), reference(model, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
