@@ -35,8 +35,6 @@ from uhop_onnx.session import InferenceSession
 
 GAPS = {  # case name pattern -> why we fail it while ONNX Runtime passes
     r"test_not_[234]d": "opset 1 is below the opset 7 that ONNX Runtime supports; load refuses it with ModelError",
-    r"test_resize_upsample_sizes_nearest_not_smaller": "litert's table accepts Resize with keep_aspect_ratio_policy="
-                                                       "not_smaller; its build-time check then refuses the stage",
     r"test_dynamicquantizelinear_expanded": "OpenVINO's QuantizeLinear fed a scale and zero point computed in the "
                                             "same stage gives wrong values (on ort-cpu it is right); single "
                                             "QuantizeLinear cases pass, so the table cannot tell them apart yet",
@@ -44,13 +42,7 @@ GAPS = {  # case name pattern -> why we fail it while ONNX Runtime passes
                                                "from the reference beyond rtol=1e-3 (not yet traced to one op)",
 }
 
-LITERT_INT64 = "litert's table accepts int64 shape arithmetic its converter then refuses (ProviderError at compile)"
 STRESS_GAPS = {  # case name pattern -> why the spread placement fails it (provider bugs it surfaced)
-    r"test_attention_3d_(diff_heads_sizes_attn_mask|transpose_verification)_expanded": LITERT_INT64,
-    r"test_attention_4d_causal_nonpad_continued_prefill_expanded": LITERT_INT64,
-    r"test_group_normalization_example_expanded": LITERT_INT64,
-    r"test_attention_local_window_ext_cache_rank4_batch_mask_expanded": "litert's table accepts Range of a variable "
-                                                                        "input, which its converter refuses",
     r"test_affine_grid_3d_align_corners_expanded": "an OpenVINO stage fed the int64 Size from ort-cpu fails in the "
                                                    "Python binding (ov_type_it != dtype_map.end())",
     r"test_layer_normalization_2d_axis_negative_2_expanded_ver18": "OpenVINO gets a Reshape of dynamic rank inside a "
