@@ -44,6 +44,7 @@ class OpRule:
     defaults: Mapping[str, Any] = field(default_factory=dict)  # attribute values when absent
     ranks: tuple[int, ...] | None = None  # allowed ranks of the first input
     constant_inputs: tuple[int, ...] = ()  # input positions that must be initializers
+    sized_inputs: tuple[int, ...] = ()  # input positions (1-D shape tensors) whose length must be known
 
 
 @dataclass(frozen=True)
@@ -97,4 +98,10 @@ def check(table: CapabilityTable, node: Node, graph: Graph) -> Support:
         name = node.inputs[position] if position < len(node.inputs) else ""
         if name and name not in graph.initializers:
             return Support(False, f"input {position} ({name!r}) must be a constant initializer")
+    for position in rule.sized_inputs:
+        name = node.inputs[position] if position < len(node.inputs) else ""
+        info = graph.tensors.get(name) if name else None
+        if name and not (info and info.shape and isinstance(info.shape[0], int)):
+            return Support(False, f"input {position} ({name!r}) must have a known length: the output's rank "
+                                  "depends on it")
     return YES

@@ -36,7 +36,7 @@ ORT_TABLE = CapabilityTable(
         "float float16 bfloat16 double int8 int16 int32 int64 uint8 uint16 uint32 uint64 bool string".split()
         + "float8e4m3fn float8e4m3fnuz float8e5m2 float8e5m2fnuz int4 uint4".split()
     ),
-    domains={"": (7, 28), "ai.onnx.ml": (1, 5), "com.microsoft": (1, 1), "ai.onnx.preview.training": (1, 1)},
+    domains={"": (1, 28), "ai.onnx.ml": (1, 5), "com.microsoft": (1, 1), "ai.onnx.preview.training": (1, 1)},
     any_op=True,
 )
 

@@ -16,7 +16,7 @@ from .graph import outer_inputs
 
 log = logging.getLogger(__name__)
 
-MIN_OPSET = 7
+MIN_OPSET = 1
 MIN_IR_VERSION = 3
 
 
