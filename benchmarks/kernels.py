@@ -4,7 +4,8 @@
 
 Part one is `uhop-onnx kernels bench` (GFLOP/s per op; method in `uhop_onnx.custom_ops.bench`). Part two times
 ResNet-18 (224x224, batch norm folded into the convolutions) placed with `kernels` + `ort-cpu` against ONNX
-Runtime alone, each in its own process, alternating rounds, comparing the minimum of the round medians.
+Runtime alone, each in its own process, alternating rounds, comparing the minimum of the round medians. The
+model's schedules are tuned first, as `uhop-onnx kernels tune` does (cached per device; a no-op when cached).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 import onnx
 import typer
 from onnx import TensorProto, helper, numpy_helper
+from uhop_onnx.custom_ops.autotune import tune_model
 from uhop_onnx.custom_ops.cli import bench
 
 ENGINES = ("kernels", "onnxruntime")
@@ -92,6 +94,8 @@ def compare_resnet18(threads: tuple[int, ...], rounds: int) -> dict[int, dict[st
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "resnet18.onnx")
         onnx.save(resnet18(), path)
+        for t in threads:
+            tune_model(path, t)
         for r in range(rounds):
             for t in threads:
                 for engine in ENGINES if r % 2 == 0 else ENGINES[::-1]:

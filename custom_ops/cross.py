@@ -112,6 +112,14 @@ def _run(program: Path, op: int, params: list[int], scalars: list[float], arrays
         return np.fromfile(dst, np.float32, count=size)
 
 
+def _into(out: np.ndarray | None, y: np.ndarray) -> np.ndarray:
+    """`y`, or `out` holding it."""
+    if out is None:
+        return y
+    out[...] = y
+    return out
+
+
 class Emulated:
     """The kernels of an aarch64 build, each call run under qemu by the driver program: `gemm`, `conv2d` and
     `bias_act` as `Library` takes them. Weights are packed inside each call, so `pack` returns None."""
@@ -133,10 +141,7 @@ class Emulated:
         bias = None if bias is None else np.broadcast_to(np.asarray(bias, np.float32), (m, n))
         params = [s.micro, s.threads, s.mc, s.kc, s.nc, m, n, k, k, 1, n, 1, n, 1, int(epilogue.clamps)]
         y = _run(self.path, 0, params, [alpha, epilogue.lo, epilogue.hi], [a, b, bias], m * n).reshape(m, n)
-        if out is None:
-            return y
-        out[...] = y
-        return out
+        return _into(out, y)
 
     def conv2d(self, x: np.ndarray, w: np.ndarray, schedule: Schedule, *, bias: np.ndarray | None = None,
                strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group: int = 1, epilogue: Epilogue = NONE,
@@ -152,15 +157,14 @@ class Emulated:
                   *pads, *dilations, group, int(epilogue.clamps)]
         y = _run(self.path, 1, params, [epilogue.lo, epilogue.hi], [x, w, bias, residual],
                  n * oc * oh * ow).reshape(n, oc, oh, ow)
-        if out is None:
-            return y
-        out[...] = y
-        return out
+        return _into(out, y)
 
     def bias_act(self, x: np.ndarray, *, bias: np.ndarray | None = None, axis: int = -1,
-                 epilogue: Epilogue = NONE, residual: np.ndarray | None = None) -> np.ndarray:
+                 epilogue: Epilogue = NONE, residual: np.ndarray | None = None,
+                 out: np.ndarray | None = None) -> np.ndarray:
         """`clamp(x + bias + residual)` where `bias` is a vector along `axis` (or None)."""
         shape = x.shape or (1,)
         axis = axis % len(shape)
         params = [int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1:])), int(epilogue.clamps)]
-        return _run(self.path, 2, params, [epilogue.lo, epilogue.hi], [x, bias, residual], x.size).reshape(x.shape)
+        y = _run(self.path, 2, params, [epilogue.lo, epilogue.hi], [x, bias, residual], x.size).reshape(x.shape)
+        return _into(out, y)

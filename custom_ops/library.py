@@ -171,9 +171,10 @@ class Library:
         return y
 
     def bias_act(self, x: np.ndarray, *, bias: np.ndarray | None = None, axis: int = -1,
-                 epilogue: Epilogue = NONE, residual: np.ndarray | None = None) -> np.ndarray:
+                 epilogue: Epilogue = NONE, residual: np.ndarray | None = None,
+                 out: np.ndarray | None = None) -> np.ndarray:
         """`clamp(x + bias + residual)` where `bias` is a vector along `axis` (or None) and `residual` (or
-        None) has the shape of `x`."""
+        None) has the shape of `x`; `out` receives the result and may be `x` or `residual` itself."""
         x = np.ascontiguousarray(_f32(x))
         shape = x.shape or (1,)
         axis = axis % len(shape)
@@ -187,7 +188,7 @@ class Library:
             residual = np.ascontiguousarray(_f32(residual))
             if residual.shape != x.shape:
                 raise KernelSpecError(f"bias_act: residual of shape {residual.shape} for x of shape {x.shape}")
-        y = np.empty_like(x)
+        y = _output(out, x.shape, None, "bias_act")
         self._check(self.cdll.uk_bias_act(outer, channels, inner, _ptr(x), _ptr(y), _ptr(bias), _ptr(residual),
                                           int(epilogue.clamps), epilogue.lo, epilogue.hi), "bias_act")
         return y

@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import shutil
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -366,7 +365,7 @@ class Step:
     epilogue: Epilogue
     bias: np.ndarray | None = None  # a fused bias Add's constant
     residual: str | None = None  # the value a residual Add sums with the product
-    donate: bool = False  # whether the residual's array may be overwritten (no other step reads it)
+    donate: bool = False  # whether the residual's array may be overwritten (a value of this stage read last here)
 
     def __call__(self, values: dict[str, Any]) -> np.ndarray:
         residual = None if self.residual is None else Residual(values[self.residual], self.donate)
@@ -393,9 +392,9 @@ class KernelsRunner(Runner):
         self.outputs = list(program["outputs"])
         self.schedules: dict[tuple[str, int], Any] = {}  # (op key, threads) -> Schedule
         self.steps: list[Step] = []
-        reads = Counter(name for s in program["steps"] for name in (*s["inputs"], s.get("residual")) if name)
+        last_read = {name: k for k, s in enumerate(program["steps"]) for name in (*s["inputs"], s.get("residual"))}
         produced = {s["output"] for s in program["steps"]}
-        for s in program["steps"]:
+        for k, s in enumerate(program["steps"]):
             lo, hi = (float(d if v is None else v) for v, d in ((s["lo"], "-inf"), (s["hi"], "inf")))
             epilogue = Epilogue(lo, hi)
             bias = None if s["bias"] is None else self.constants[s["bias"]].astype(np.float32)
@@ -404,7 +403,8 @@ class KernelsRunner(Runner):
             else:
                 fn = self._elementwise(s["inputs"][0])
             residual = s.get("residual")
-            donate = residual in produced and reads[residual] == 1 and residual not in self.outputs
+            donate = (residual in produced and last_read[residual] == k and residual not in s["inputs"]
+                      and residual not in self.outputs)
             self.steps.append(Step(s["op"], s["output"], fn, epilogue, bias, residual, donate))
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
@@ -496,11 +496,12 @@ class KernelsRunner(Runner):
         def elementwise(values, epilogue, bias, residual):
             x = values[x_name]
             other = None if residual is None else residual.value
+            out = other if residual and residual.donated else None
             if bias is None:
-                return self.lib.bias_act(x, epilogue=epilogue, residual=other)
+                return self.lib.bias_act(x, epilogue=epilogue, residual=other, out=out)
             axis = bias_axis(bias.shape, x.ndim)
             vector = np.full(x.shape[-1], bias.item(), np.float32) if bias.size == 1 else bias.reshape(-1)
-            return self.lib.bias_act(x, bias=vector, axis=axis, epilogue=epilogue, residual=other)
+            return self.lib.bias_act(x, bias=vector, axis=axis, epilogue=epilogue, residual=other, out=out)
         return elementwise
 
 def _sum_bias(own: np.ndarray | None, fused: np.ndarray | None, channels: int) -> np.ndarray | None:

@@ -365,7 +365,7 @@ def _conv_node(x: str, name: str, **attrs) -> onnx.NodeProto:
 def test_residual_sums_fuse_into_convolutions(lib):
     """Conv -> Add(residual) -> Relu is one call: into the later of two convolutions (writing over the other's
     result), or adding a stage input (which stays untouched); a sum with no convolution to join runs alone,
-    its Relu fused."""
+    its Relu fused, over a value of the stage it reads last."""
     rng = np.random.default_rng(5)
     nodes = [_conv_node("x", "a", pads=[1, 1, 1, 1]), _conv_node("x", "b", strides=[1, 1]),
              helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Relu", ["s"], ["y"]),
@@ -382,7 +382,7 @@ def test_residual_sums_fuse_into_convolutions(lib):
     runner = create("kernels", threads=1).compile(model)
     assert [(s.kind, s.output, s.residual, s.donate, s.epilogue.lo) for s in runner.steps] == [
         ("Conv", "a", None, False, float("-inf")), ("Conv", "y", "a", True, 0.0),
-        ("Conv", "t", "x", False, float("-inf")), ("Add", "z", "y", False, 0.0)]
+        ("Conv", "t", "x", False, float("-inf")), ("Add", "z", "y", True, 0.0)]
     feeds = random_feeds(model)
     x = feeds["x"].copy()
     assert_matches([runner.run(feeds)["z"]], reference(model, feeds))
