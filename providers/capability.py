@@ -45,6 +45,7 @@ class OpRule:
     ranks: tuple[int, ...] | None = None  # allowed ranks of the first input
     constant_inputs: tuple[int, ...] = ()  # input positions that must be initializers
     sized_inputs: tuple[int, ...] = ()  # input positions (1-D shape tensors) whose length must be known
+    absent_inputs: tuple[int, ...] = ()  # optional input positions that must be left out
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,9 @@ def check(table: CapabilityTable, node: Node, graph: Graph) -> Support:
         name = node.inputs[position] if position < len(node.inputs) else ""
         if name and name not in graph.initializers:
             return Support(False, f"input {position} ({name!r}) must be a constant initializer")
+    for position in rule.absent_inputs:
+        if position < len(node.inputs) and node.inputs[position]:
+            return Support(False, f"input {position} ({node.inputs[position]!r}) is not supported; leave it out")
     for position in rule.sized_inputs:
         name = node.inputs[position] if position < len(node.inputs) else ""
         info = graph.tensors.get(name) if name else None
