@@ -225,19 +225,24 @@ def test_shape_arithmetic_split_over_stages_still_converts(first):
 
 
 def test_integer_arithmetic_litert_lacks_is_declined_alone():
-    """Integer Div has no exact LiteRT kernel: declined even where, whole, it would fold into a constant."""
+    """Integer Div has no exact LiteRT kernel, Range and Slice need constant bounds: each is declined even
+    where, whole, it would fold into a constant."""
     graph = helper.make_graph([
         helper.make_node("Shape", ["x"], ["shape"], name="shape"),
         helper.make_node("Div", ["shape", "two"], ["half"], name="div"),
         helper.make_node("Mul", ["shape", "two"], ["twice"], name="mul"),
         helper.make_node("Range", ["zero", "half", "one"], ["steps"], name="range"),
+        helper.make_node("Add", ["first", "first"], ["end"], name="end"),  # folds here, may be computed elsewhere
+        helper.make_node("Slice", ["x", "start", "end"], ["head"], name="slice"),
     ], "ints", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
-        [helper.make_tensor_value_info(n, TensorProto.INT64, None) for n in ("twice", "steps")],
-        [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("two", 2), ("zero", 0), ("one", 1))])
+        [helper.make_tensor_value_info(n, TensorProto.INT64, None) for n in ("twice", "steps")]
+        + [helper.make_tensor_value_info("head", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(v, np.int64), n)
+         for n, v in (("two", 2), ("zero", 0), ("one", 1), ("first", [1]), ("start", [0]))])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     declined = unconvertible(model)
-    assert sorted(declined) == ["div", "range"]
-    assert "integer" in declined["div"] and "variable" in declined["range"]
+    assert sorted(declined) == ["div", "range", "slice"]
+    assert "integer" in declined["div"] and "variable" in declined["range"] and "constant" in declined["slice"]
 
 
 def test_scalars_stay_scalars():

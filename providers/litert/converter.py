@@ -103,10 +103,10 @@ def _lower(model: onnx.ModelProto, fp16: bool, strict: bool) -> tuple[Lowering, 
                 raise Unsupported(f"domain {proto_domain!r}; the converter handles ai.onnx")
             if all(name in cx.consts for name in node.inputs if name) and node.inputs and node.op not in RANDOM:
                 fold(cx, node, model.opset_import)
-                continue
-            if node.op not in LOWERINGS:
+            elif node.op not in LOWERINGS:
                 raise Unsupported(f"no LiteRT lowering for {node.op}; lowered ops: {', '.join(sorted(LOWERINGS))}")
-            LOWERINGS[node.op](cx, node)
+            else:
+                LOWERINGS[node.op](cx, node)
         except Unsupported as why:
             if strict:
                 raise ProviderError(f"litert cannot convert node {node.name!r} ({node.op}): {why}") from None
