@@ -84,7 +84,7 @@ typedef struct { float alpha; idx brs, bcs; int clamp; float lo, hi; } epi_t;
 typedef void (*micro_fn)(idx, const float *, const float *, float *, idx, int, int, int, int, const epi_t *,
                          const float *);
 typedef void (*accum_fn)(idx, const float *, const float *, const idx *, float *);
-typedef struct { int mr, nr; micro_fn fn; accum_fn accum; } kernel_t;
+typedef struct { int mr, nr; micro_fn fn; accum_fn accum, accum_a; } kernel_t;
 enum { UK_OK = 0, UK_BAD_VARIANT = 1, UK_BAD_BLOCKS = 2, UK_NO_MEMORY = 3, UK_BAD_SHAPE = 4, UK_BAD_ALGO = 5 };
 static idx imin(idx a, idx b) { return a < b ? a : b; }
 static idx imax(idx a, idx b) { return a > b ? a : b; }
@@ -146,10 +146,10 @@ typedef struct conv_s {
     const kernel_t *k; blocks_t bl; idx N, C, H, W, OC, KH, KW, sh, sw, pt, pl, dh, dw, G, OH, OW;
     const float *x, *w, *bias; float *y; int clamp; float lo, hi; int inner_threads; const float *packed;
     int algo, accumulate;  /* accumulate: add what y holds (a residual) before the bias and clamp */
-    idx HPp, WPp;  /* one phase plane of the padded input (see fill_phases) */
+    idx HPp, WPp;  /* one phase plane of the padded input (see fill_phases); tap planes are HPp x OW */
     const idx *boff;  /* per row k = (c, kh, kw) of the im2col matrix: where its run starts in the planes */
 } conv_t;
-enum { ALGO_IM2COL = 0, ALGO_DIRECT = 1, ALGO_IMPLICIT = 2 };
+enum { ALGO_IM2COL = 0, ALGO_DIRECT = 1, ALGO_IMPLICIT = 2, ALGO_IMPLICIT_OC = 3 };
 
 /* Append count values (from src, or zeros when src is NULL) to a panel row being packed: NR floats per panel,
    consecutive panels NR * kc apart. */
@@ -199,7 +199,7 @@ static void pack_b_conv(const conv_t *cv, const float *x, int NR, idx pc, idx kc
 typedef struct {
     const kernel_t *k; blocks_t bl; idx M, N, K; const float *A; idx rsa, csa; const float *B; idx rsb, csb;
     float *C; idx rsc; epi_t e; const float *bias; int split_n;
-    const float *packed;  /* A packed whole by uk_pack_a, or NULL to pack per block */
+    const float *packed;  /* A packed whole by uk_pack, or NULL to pack per block */
     const struct conv_s *conv;  /* when set, B is the implicit im2col matrix of conv over the image at B */
     int accumulate;  /* C's contents are added: the first k block does not overwrite them */
     const idx *boff;  /* when set, B(k, q) = B[boff[k] + q] over virtual columns q of rows vw wide, of which
@@ -333,25 +333,33 @@ int uk_variants(void) { return (int)(sizeof(KERNELS) / sizeof(KERNELS[0])); }
 int uk_variant_mr(int v) { return v >= 0 && v < uk_variants() ? KERNELS[v].mr : 0; }
 int uk_variant_nr(int v) { return v >= 0 && v < uk_variants() ? KERNELS[v].nr : 0; }
 
-/* Floats uk_pack_a writes for G groups of M x K. */
-idx uk_packed_size(int variant, idx G, idx M, idx K) {
-    return variant >= 0 && variant < uk_variants() ? G * round_up(M, KERNELS[variant].mr) * K : 0;
+/* Floats uk_pack writes for G groups of M x K on `side`. */
+idx uk_packed_size(int variant, int side, idx G, idx M, idx K) {
+    if (variant < 0 || variant >= uk_variants()) return 0;
+    return G * round_up(M, side ? KERNELS[variant].nr : KERNELS[variant].mr) * K;
 }
 
-/* Pack G groups of an M x K matrix (group g at A + g * M * rsa) whole, in the block order gemm reads with kc. */
-int uk_pack_a(int variant, int kc, idx G, idx M, idx K, const float *A, idx rsa, idx csa, float *out) {
+/* Pack G groups of an M x K matrix (group g at A + g * M * rsa) whole: on side 0 as A in the block order gemm
+   reads with kc; on side 1 its transpose as B, NR-column panels over the whole of K (the implicit-oc
+   convolution's weights). */
+int uk_pack(int variant, int side, int kc, idx G, idx M, idx K, const float *A, idx rsa, idx csa, float *out) {
     if (variant < 0 || variant >= uk_variants()) return UK_BAD_VARIANT;
     if (kc < 1) return UK_BAD_BLOCKS;
-    int MR = KERNELS[variant].mr;
-    idx mpad = round_up(M, MR);
-    for (idx g = 0; g < G; g++)
+    idx pad = round_up(M, side ? KERNELS[variant].nr : KERNELS[variant].mr);
+    for (idx g = 0; g < G; g++) {
+        if (side) {
+            pack_b(KERNELS[variant].nr, K, M, A + g * M * rsa, csa, rsa, out + g * pad * K);
+            continue;
+        }
         for (idx pc = 0; pc < K; pc += kc)
-            pack_a(MR, M, imin(kc, K - pc), A + g * M * rsa + pc * csa, rsa, csa, out + g * mpad * K + pc * mpad);
+            pack_a(KERNELS[variant].mr, M, imin(kc, K - pc), A + g * M * rsa + pc * csa, rsa, csa,
+                   out + g * pad * K + pc * pad);
+    }
     return UK_OK;
 }
 
 /* C = clamp(alpha * A B + bias, lo, hi); bias[i * brs + j * bcs] (strides 0 broadcast), C row stride rsc.
-   With packed (from uk_pack_a with the same variant and kc), A is not read. */
+   With packed (from uk_pack on side 0 with the same variant and kc), A is not read. */
 int uk_gemm(int variant, int threads, int mc, int kc, int nc, idx M, idx N, idx K,
             const float *A, idx rsa, idx csa, const float *B, idx rsb, idx csb, float *C, idx rsc,
             float alpha, const float *bias, idx brs, idx bcs, int clamp, float lo, float hi, const float *packed) {
@@ -370,9 +378,10 @@ static int is_pointwise(const conv_t *cv) {
            cv->OH == cv->H && cv->OW == cv->W;
 }
 
-/* Floats of the phase planes of `channels` channels, with slack for the reads past the last plane: those of
-   three more rows (the direct algorithm's) or of a tile's virtual columns (the implicit GEMM's). */
+/* Floats of the phase (or tap) planes of `channels` channels, with slack for the reads past the last plane:
+   those of three more rows (the direct algorithm's) or of a tile's columns (the implicit GEMMs'). */
 static idx phases_size(const conv_t *cv, idx channels) {
+    if (cv->algo == ALGO_IMPLICIT_OC) return channels * cv->sh * cv->KW * cv->HPp * cv->OW + MAX_TILE + LANES;
     return channels * cv->sh * cv->sw * cv->HPp * cv->WPp + 4 * cv->WPp + MAX_TILE + LANES;
 }
 
@@ -415,21 +424,72 @@ static void fill_phases(const conv_t *cv, const float *x, idx channels, float *x
         }
 }
 
-/* Where row k = (c, kh, kw) of the im2col matrix starts in the phase planes: output (oh, ow), at virtual column
-   q = oh * WPp + ow, reads the planes at boff[k] + q. */
+/* Copy `channels` channels of an image (at x) into tap planes: for channel c, row phase ph and kernel column kw,
+   a plane of HPp x OW floats holding padded pixel (r * sh + ph, ow * sw + kw * dw) at (r, ow), zero where that
+   is padding. Output pixels follow each other without gaps: pixel q = oh * OW + ow reads each tap at one
+   offset from q. */
+static void fill_taps(const conv_t *cv, const float *x, idx channels, float *xp) {
+    idx sh = cv->sh, sw = cv->sw, OW = cv->OW, plane = cv->HPp * OW;
+    for (idx kw = 0; kw < cv->KW; kw++) {
+        idx shift = kw * cv->dw - cv->pl;  /* input column of output column ow: ow * sw + shift */
+        idx lo = shift >= 0 ? 0 : (-shift + sw - 1) / sw, hi = imin(OW, (cv->W - shift + sw - 1) / sw);
+        for (idx c = 0; c < channels; c++)
+            for (idx ph = 0; ph < sh; ph++) {
+                float *dst = xp + ((c * sh + ph) * cv->KW + kw) * plane;
+                for (idx r = 0, ih = ph - cv->pt; r < cv->HPp; r++, ih += sh) {
+                    if (ih < 0 || ih >= cv->H || lo >= hi) continue;  /* padding rows stay zero */
+                    const float *restrict from = x + (c * cv->H + ih) * cv->W + lo * sw + shift;
+                    float *restrict to = dst + r * OW + lo;
+                    if (sw == 1) memcpy(to, from, sizeof(float) * (hi - lo));
+                    else if (sw == 2) for (idx j = 0; j < hi - lo; j++) to[j] = from[2 * j];  /* vectorized */
+                    else for (idx j = 0; j < hi - lo; j++) to[j] = from[j * sw];
+                }
+            }
+    }
+}
+
+/* Where row k = (c, kh, kw) of the im2col matrix starts in the planes: output (oh, ow), at column q = oh * WPp + ow
+   of the phase planes (q = oh * OW + ow of the tap planes of the implicit-oc algorithm), reads boff[k] + q. */
 static void tap_offsets(const conv_t *cv, idx Cg, idx *boff) {
-    idx plane = cv->HPp * cv->WPp;
+    int taps = cv->algo == ALGO_IMPLICIT_OC;
+    idx plane = cv->HPp * (taps ? cv->OW : cv->WPp);
     for (idx c = 0; c < Cg; c++)
         for (idx kh = 0; kh < cv->KH; kh++)
             for (idx kw = 0; kw < cv->KW; kw++) {
-                idx ih = kh * cv->dh, iw = kw * cv->dw;
-                boff[(c * cv->KH + kh) * cv->KW + kw] = ((c * cv->sh + ih % cv->sh) * cv->sw + iw % cv->sw) * plane +
-                                                        ih / cv->sh * cv->WPp + iw / cv->sw;
+                idx ih = kh * cv->dh, iw = kw * cv->dw, k = (c * cv->KH + kh) * cv->KW + kw;
+                boff[k] = taps ? ((c * cv->sh + ih % cv->sh) * cv->KW + kw) * plane + ih / cv->sh * cv->OW
+                               : ((c * cv->sh + ih % cv->sh) * cv->sw + iw % cv->sw) * plane + ih / cv->sh * cv->WPp +
+                                 iw / cv->sw;
             }
 }
 
+/* One image and group of the implicit-oc convolution: output pixels are the rows of A, read in place from
+   tap planes, output channels the vectors of B, the weights packed as NR-column panels. */
+typedef struct { const conv_t *cv; const float *xp, *wp, *bias; float *y; idx P, OCg, Kg; } rows_t;
+
+static void conv_rows_range(void *ctx, idx begin, idx end) {
+    const rows_t *r = (const rows_t *)ctx;
+    const conv_t *cv = r->cv;
+    const int MR = cv->k->mr, NR = cv->k->nr;
+    _Alignas(64) float t[MAX_TILE];
+    float column[MAX_TILE];
+    for (idx jr = 0; jr < r->OCg; jr += NR)
+        for (idx tile = begin; tile < end; tile++) {
+            idx ir = tile * MR;
+            int m = (int)imin(MR, r->P - ir), n = (int)imin(NR, r->OCg - jr);
+            cv->k->accum_a(r->Kg, r->xp + ir, r->wp + jr * r->Kg, cv->boff, t);
+            for (int j = 0; j < n; j++) {  /* the tile's column j is output channel jr + j: a run of pixels */
+                float *dst = r->y + (jr + j) * r->P + ir;
+                for (int i = 0; i < m; i++) column[i] = t[i * NR + j];
+                epilogue_row(m, column, cv->accumulate ? dst : NULL, r->bias ? r->bias[jr + j] : 0.0f, cv->clamp,
+                             cv->lo, cv->hi, dst);
+            }
+        }
+}
+
 /* One (image, group) of a GEMM convolution: Y_g = W_g col + bias, where col is the im2col matrix, packed from
-   the image (im2col) or read in place from its phase planes xp over the virtual grid OH x WPp (implicit). */
+   the image (im2col) or read in place from its phase planes xp over the virtual grid OH x WPp (implicit); or
+   Y_g^T = col^T W_g^T, col^T read in place from tap planes (implicit-oc). */
 static void conv_gemm_item(const conv_t *cv, idx item, float *ap, float *bp, float *xp, int threads) {
     idx n = item / cv->G, gi = item % cv->G, Cg = cv->C / cv->G, OCg = cv->OC / cv->G;
     idx Kg = Cg * cv->KH * cv->KW, P = cv->OH * cv->OW;
@@ -439,6 +499,15 @@ static void conv_gemm_item(const conv_t *cv, idx item, float *ap, float *bp, flo
                 cv->bias ? cv->bias + gi * OCg : NULL, 1,
                 cv->packed ? cv->packed + gi * round_up(OCg, cv->k->mr) * Kg : NULL, is_pointwise(cv) ? NULL : cv,
                 cv->accumulate, NULL, 0, 0};
+    if (cv->algo == ALGO_IMPLICIT_OC) {
+        int NR = cv->k->nr;
+        const float *wp = cv->packed ? cv->packed + gi * round_up(OCg, NR) * Kg : bp;
+        if (!cv->packed) pack_b(NR, Kg, OCg, g.A, 1, Kg, bp);
+        fill_taps(cv, x, Cg, xp);
+        rows_t r = {cv, xp, wp, g.bias, g.C, P, OCg, Kg};
+        parallel_for(threads, (P + cv->k->mr - 1) / cv->k->mr, conv_rows_range, &r);
+        return;
+    }
     if (cv->algo == ALGO_IMPLICIT) {
         fill_phases(cv, x, Cg, xp);
         g.B = xp, g.conv = NULL, g.boff = cv->boff, g.N = cv->OH * cv->WPp, g.vw = cv->WPp, g.ow = cv->OW;
@@ -448,9 +517,11 @@ static void conv_gemm_item(const conv_t *cv, idx item, float *ap, float *bp, flo
 
 static void conv_gemm_range(void *ctx, idx begin, idx end) {
     const conv_t *cv = (const conv_t *)ctx;
-    idx Cg = cv->C / cv->G, kb = imin(cv->bl.kc, imax(Cg * cv->KH * cv->KW, 1));
-    float *ap = alloc_floats((idx)cv->bl.mc * kb), *bp = alloc_floats((idx)cv->bl.nc * kb);
-    float *xp = cv->algo == ALGO_IMPLICIT ? alloc_phases(cv, Cg) : bp;
+    idx Cg = cv->C / cv->G, Kg = Cg * cv->KH * cv->KW, kb = imin(cv->bl.kc, imax(Kg, 1));
+    int rows = cv->algo == ALGO_IMPLICIT_OC;  /* bp then holds the group's weights as B panels */
+    float *ap = alloc_floats((idx)cv->bl.mc * kb);
+    float *bp = alloc_floats(rows ? round_up(cv->OC / cv->G, cv->k->nr) * Kg : (idx)cv->bl.nc * kb);
+    float *xp = cv->algo >= ALGO_IMPLICIT ? alloc_phases(cv, Cg) : bp;
     if (ap && bp && xp)
         for (idx item = begin; item < end; item++) conv_gemm_item(cv, item, ap, bp, xp, cv->inner_threads);
     if (xp != bp) free(xp);
@@ -505,13 +576,14 @@ static void conv_direct_range(void *ctx, idx begin, idx end) {
 }
 
 /* NCHW convolution with OIHW weights, groups, strides, pads, dilations; algo 0 GEMM over packed im2col panels,
-   1 direct, 2 implicit GEMM over the phase planes. With accumulate, y holds a residual to add. */
+   1 direct, 2 implicit GEMM over the phase planes, 3 implicit GEMM over tap planes with output channels in
+   vectors (packed by uk_pack on side 1). With accumulate, y holds a residual to add. */
 int uk_conv2d(int variant, int threads, int mc, int kc, int nc, int algo,
               idx N, idx C, idx H, idx W, idx OC, idx KH, idx KW, idx sh, idx sw, idx pt, idx pl, idx pb, idx pr,
               idx dh, idx dw, idx G, const float *x, const float *w, const float *bias, float *y, int accumulate,
               int clamp, float lo, float hi, const float *packed) {
     if (variant < 0 || variant >= uk_variants()) return UK_BAD_VARIANT;
-    if (algo < ALGO_IM2COL || algo > ALGO_IMPLICIT) return UK_BAD_ALGO;
+    if (algo < ALGO_IM2COL || algo > ALGO_IMPLICIT_OC) return UK_BAD_ALGO;
     if (N < 0 || C < 1 || H < 1 || W < 1 || OC < 1 || KH < 1 || KW < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 ||
         pt < 0 || pl < 0 || pb < 0 || pr < 0 || G < 1 || C % G || OC % G)
         return UK_BAD_SHAPE;
@@ -566,17 +638,18 @@ int uk_gemm_naive(idx M, idx N, idx K, const float *A, const float *B, float *C)
 
 def micro_kernel(mk: MicroKernel, target: Target, unroll: int) -> str:
     """C for one `mr` x `nr` micro-kernel: accumulators c_i_j in named variables, a full-tile vector store with
-    the epilogue, and the generic epilogue for edge tiles and unusual bias strides. Its twin `accum_` reads
-    row p of B at `b + off[p]` (an implicit-GEMM convolution's image) and leaves the tile in t for the caller."""
+    the epilogue, and the generic epilogue for edge tiles and unusual bias strides. Its twins leave the tile in t
+    for the caller and read one operand in place from an implicit-GEMM convolution's image: `accum_` row p of B
+    at `b + off[p]`, `accum_a_` column p of A at `a + off[p]` (B packed)."""
     lanes, mr, nr = target.lanes, mk.mr, mk.nr
     vecs = range(nr // lanes)
     rows = range(mr)
     acc = [[f"c_{i}_{j}" for j in vecs] for i in rows]
 
-    def k_loop(row: str) -> str:
+    def k_loop(row: str, column: str = f"a + p * {mr}") -> str:
         loads = "\n".join(f"        vf b_{j} = VLOAD({row} + {j * lanes});" for j in vecs)
         fmas = "\n".join(
-            f"        a_ = VBCAST(a + p * {mr} + {i});\n"
+            f"        a_ = VBCAST({column} + {i});\n"
             + "\n".join(f"        {acc[i][j]} = VFMA(a_, b_{j}, {acc[i][j]});" for j in vecs)
             for i in rows
         )
@@ -622,6 +695,14 @@ static void accum_{mk.name}(idx kc, const float *restrict a, const float *restri
 {spill}
     }}
 }}
+
+static void accum_a_{mk.name}(idx kc, const float *restrict a, const float *restrict b, const idx *restrict off,
+                             float *restrict t) {{
+{k_loop(f"b + p * {nr}", "a + off[p]")}
+    {{
+{spill}
+    }}
+}}
 """
 
 
@@ -629,7 +710,8 @@ def generate(spec: LibrarySpec) -> str:
     """The complete C source of the library `spec` describes, after checking the spec."""
     target = check_library(spec)
     kernels = "".join(micro_kernel(mk, target, spec.unroll) for mk in spec.micro)
-    table = ", ".join(f"{{{mk.mr}, {mk.nr}, micro_{mk.name}, accum_{mk.name}}}" for mk in spec.micro)
+    table = ", ".join(f"{{{mk.mr}, {mk.nr}, micro_{mk.name}, accum_{mk.name}, accum_a_{mk.name}}}"
+                      for mk in spec.micro)
     return "\n".join([
         (f"/* uhop-onnx kernels: target {target.name}, micro-kernels {', '.join(m.name for m in spec.micro)}, "
          f"unroll {spec.unroll}. */"),

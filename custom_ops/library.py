@@ -62,24 +62,29 @@ def _output(out: np.ndarray | None, shape: tuple[int, ...], residual: np.ndarray
     return out
 
 
+def _pack_form(schedule: Schedule) -> tuple[int, int, int]:
+    """(side, micro-kernel, kc) of the weights a call with `schedule` reads: side 0 packs them as A in kc
+    blocks, side 1 (the implicit-oc convolution) as B panels over the whole depth."""
+    side = int(schedule.algo == "implicit-oc")
+    return side, schedule.micro, 0 if side else schedule.kc
+
+
 @dataclass(frozen=True)
 class Packed:
-    """A constant left operand (weights), `groups` blocks of `rows` x `depth`, packed once for one micro-kernel
-    and k-block; usable only by calls with that same schedule and shape."""
+    """Constant weights, `groups` blocks of `rows` x `depth`, packed once in one form (`_pack_form`); usable
+    only by calls whose schedule reads that form, on that shape."""
 
     data: np.ndarray
-    micro: int
-    kc: int
+    form: tuple[int, int, int]
     groups: int
     rows: int
     depth: int
 
     def pointer(self, schedule: Schedule, groups: int, rows: int, depth: int):
-        if (self.micro, self.kc, self.groups, self.rows, self.depth) != (schedule.micro, schedule.kc, groups, rows,
-                                                                         depth):
-            raise KernelSpecError(f"packed operand (micro={self.micro}, kc={self.kc}, {self.groups}x{self.rows}x"
-                                  f"{self.depth}) does not fit micro={schedule.micro}, kc={schedule.kc}, "
-                                  f"{groups}x{rows}x{depth}")
+        wanted = (_pack_form(schedule), groups, rows, depth)
+        if (self.form, self.groups, self.rows, self.depth) != wanted:
+            raise KernelSpecError(f"packed operand (side, micro, kc = {self.form}, {self.groups}x{self.rows}x"
+                                  f"{self.depth}) does not fit {wanted[0]}, {groups}x{rows}x{depth}")
         return _ptr(self.data)
 
 
@@ -94,9 +99,9 @@ class Library:
         c.uk_gemm.argtypes = [_INT] * 5 + [_I] * 3 + [_F32P, _I, _I, _F32P, _I, _I, _F32P, _I, _F, _F32P, _I, _I,
                                                       _INT, _F, _F, _F32P]
         c.uk_conv2d.argtypes = [_INT] * 6 + [_I] * 16 + [_F32P] * 4 + [_INT, _INT, _F, _F, _F32P]
-        c.uk_packed_size.argtypes = [_INT, _I, _I, _I]
+        c.uk_packed_size.argtypes = [_INT, _INT, _I, _I, _I]
         c.uk_packed_size.restype = _I
-        c.uk_pack_a.argtypes = [_INT, _INT, _I, _I, _I, _F32P, _I, _I, _F32P]
+        c.uk_pack.argtypes = [_INT, _INT, _INT, _I, _I, _I, _F32P, _I, _I, _F32P]
         c.uk_bias_act.argtypes = [_I] * 3 + [_F32P] * 4 + [_INT, _F, _F]
         c.uk_gemm_naive.argtypes = [_I] * 3 + [_F32P] * 3
         if c.uk_variants() != len(spec.micro):
@@ -107,16 +112,19 @@ class Library:
             raise KernelSpecError(f"{what}: {_ERRORS.get(code, f'error {code}')} ({self.path.name})")
 
     def pack(self, a: np.ndarray, schedule: Schedule, groups: int = 1) -> Packed:
-        """Pack `a` ((groups * M) x K, any strides) for calls with `schedule`'s micro-kernel and kc."""
+        """Pack `a` ((groups * M) x K, any strides: a gemm's left operand or a convolution's weights) for calls
+        with `schedule`."""
         check_schedule(self.spec, schedule)
         a = _f32(a)
         rows, depth = a.shape[0] // groups, a.shape[1]
         if rows * groups != a.shape[0]:
             raise KernelSpecError(f"pack: {a.shape[0]} rows do not split into {groups} groups")
-        data = np.empty(max(1, self.cdll.uk_packed_size(schedule.micro, groups, rows, depth)), np.float32)
-        self._check(self.cdll.uk_pack_a(schedule.micro, schedule.kc, groups, rows, depth, _ptr(a),
-                                        *_elements(a.strides), _ptr(data)), "pack")
-        return Packed(data, schedule.micro, schedule.kc, groups, rows, depth)
+        form = _pack_form(schedule)
+        side, micro, _kc = form
+        data = np.empty(max(1, self.cdll.uk_packed_size(micro, side, groups, rows, depth)), np.float32)
+        self._check(self.cdll.uk_pack(micro, side, schedule.kc, groups, rows, depth, _ptr(a), *_elements(a.strides),
+                                      _ptr(data)), "pack")
+        return Packed(data, form, groups, rows, depth)
 
     def gemm(self, a: np.ndarray, b: np.ndarray, schedule: Schedule, *, alpha: float = 1.0,
              bias: np.ndarray | None = None, epilogue: Epilogue = NONE, out: np.ndarray | None = None,

@@ -51,8 +51,10 @@ class MicroKernel:
 
 
 # Micro-kernels per target, best first: 6x16 keeps 12 AVX2 accumulators plus 2 B vectors and 1 A broadcast.
+# 7x48 tiles the 7x7 images of late ResNet layers whole when output pixels are the rows (implicit-oc).
 MICRO_KERNELS = {
-    "x86-64-avx512": (MicroKernel(14, 32), MicroKernel(8, 32), MicroKernel(6, 64), MicroKernel(1, 32)),
+    "x86-64-avx512": (MicroKernel(14, 32), MicroKernel(8, 32), MicroKernel(6, 64), MicroKernel(1, 32),
+                      MicroKernel(7, 48)),
     "x86-64-avx2": (MicroKernel(6, 16), MicroKernel(4, 24), MicroKernel(8, 8), MicroKernel(1, 16)),
     "aarch64-neon": (MicroKernel(8, 12), MicroKernel(4, 16), MicroKernel(1, 16)),
     "scalar": (MicroKernel(4, 4), MicroKernel(1, 8)),
@@ -141,8 +143,9 @@ class Schedule:
 
 
 # Convolution algorithms, in the order the C code numbers them: GEMM over packed im2col panels; direct (a
-# vector of outputs per register, for depthwise-like shapes); implicit GEMM reading the padded image in place.
-ALGORITHMS = ("im2col", "direct", "implicit")
+# vector of outputs per register, for depthwise-like shapes); implicit GEMM reading the padded image in place,
+# output pixels in vectors; the same with output channels in vectors (no vector lane wasted on small images).
+ALGORITHMS = ("im2col", "direct", "implicit", "implicit-oc")
 
 
 def host_targets() -> list[str]:
@@ -210,11 +213,13 @@ def check_schedule(spec: LibrarySpec, schedule: Schedule) -> None:
 def default_schedule(spec: LibrarySpec, op: OpSpec, threads: int = 1) -> Schedule:
     """A sound schedule without measuring: the first micro-kernel, L1/L2-sized blocks; for convolutions, direct
     for depthwise-like shapes whose reduction is too short for a GEMM to pay, a plain GEMM (im2col, which
-    reads a 1x1 unit-stride convolution's image as it is) for pointwise ones, else the implicit GEMM."""
+    reads a 1x1 unit-stride convolution's image as it is) for pointwise ones, else an implicit GEMM with
+    output channels in vectors where there are many of them."""
     mk = spec.micro[0]
     algo = "im2col"
     if op.op == "conv2d":
-        _n, c, _h, _w, _oc, kh, kw, sh, sw, *pads, _dh, _dw, group = op.dims
+        _n, c, _h, _w, oc, kh, kw, sh, sw, *pads, _dh, _dw, group = op.dims
         pointwise = (kh, kw, sh, sw, *pads) == (1, 1, 1, 1, 0, 0, 0, 0)
-        algo = "direct" if (c // group) * kh * kw < 32 else "im2col" if pointwise else "implicit"
+        implicit = "implicit-oc" if oc // group >= 128 else "implicit"
+        algo = "direct" if (c // group) * kh * kw < 32 else "im2col" if pointwise else implicit
     return Schedule(0, mk.mr * max(1, 72 // mk.mr), 256, mk.nr * max(1, 2048 // mk.nr), algo, threads)

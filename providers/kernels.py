@@ -431,7 +431,7 @@ class KernelsRunner(Runner):
         strides, pads, dilations = (tuple(attrs[key]) for key in ("strides", "pads", "dilations"))
         group = attrs["group"]
 
-        packs = {}  # (micro, kc) -> constant weights packed for that schedule
+        packs = {}  # (micro, kc, algo) -> constant weights packed for that schedule
 
         def conv(values, epilogue, fused, residual):
             x, w = values[x_name], values[w_name]
@@ -439,7 +439,7 @@ class KernelsRunner(Runner):
             op = OpSpec("conv2d", (*x.shape, w.shape[0], *w.shape[2:], *strides, *pads, *dilations, group), epilogue)
             schedule, packed = self._schedule(op), None
             if schedule.packs_weights and w_name in self.constants:
-                key = (schedule.micro, schedule.kc)
+                key = (schedule.micro, schedule.kc, schedule.algo)
                 if key not in packs:
                     packs[key] = self.lib.pack(w.reshape(w.shape[0], -1), schedule, group)
                 packed = packs[key]

@@ -59,7 +59,7 @@ def _rand(rng, *shape):
 @given(m=st.integers(1, 40), n=st.integers(1, 70), k=st.integers(0, 90), trans_a=st.booleans(),
        trans_b=st.booleans(), bias=st.sampled_from(["none", "col", "row", "full", "scalar"]),
        act=st.sampled_from([Epilogue(), Epilogue(lo=0.0), Epilogue(lo=0.0, hi=6.0)]), alpha=st.sampled_from([1.0, -0.5]),
-       variant=st.integers(0, 3), threads=st.integers(1, 2), seed=st.integers(0, 2**16))
+       variant=st.integers(0, 7), threads=st.integers(1, 2), seed=st.integers(0, 2**16))
 def test_gemm_matches_numpy(lib, m, n, k, trans_a, trans_b, bias, act, alpha, variant, threads, seed):
     rng = np.random.default_rng(seed)
     a = _rand(rng, k, m).T if trans_a else _rand(rng, m, k)
@@ -79,16 +79,17 @@ def test_gemm_matches_numpy(lib, m, n, k, trans_a, trans_b, bias, act, alpha, va
        stride=st.tuples(st.integers(1, 3), st.integers(1, 3)), pads=st.tuples(*[st.integers(0, 2)] * 4),
        dil=st.tuples(st.integers(1, 2), st.integers(1, 2)), algo=st.sampled_from(ALGORITHMS),
        threads=st.integers(1, 2), relu=st.booleans(), residual=st.sampled_from(["none", "copied", "in place"]),
-       packed=st.booleans(), seed=st.integers(0, 2**16))
+       packed=st.booleans(), variant=st.integers(0, 7), seed=st.integers(0, 2**16))
 def test_conv2d_matches_numpy(lib, n, groups, cg, ocg, h, w, kh, kw, stride, pads, dil, algo, threads, relu,
-                              residual, packed, seed):
+                              residual, packed, variant, seed):
     if h + pads[0] + pads[2] < dil[0] * (kh - 1) + 1 or w + pads[1] + pads[3] < dil[1] * (kw - 1) + 1:
         return  # no output position: ONNX rejects such a Conv
     rng = np.random.default_rng(seed)
     x, wt, bias = _rand(rng, n, cg * groups, h, w), _rand(rng, ocg * groups, cg, kh, kw), _rand(rng, ocg * groups)
     act = Epilogue(lo=0.0) if relu else Epilogue()
-    mk = lib.spec.micro[0]
-    schedule = Schedule(0, mk.mr, 8, mk.nr, algo=algo, threads=threads)
+    variant %= len(lib.spec.micro)
+    mk = lib.spec.micro[variant]
+    schedule = Schedule(variant, mk.mr, 8, mk.nr, algo=algo, threads=threads)
     want = verify.conv_reference(x, wt, bias, stride, pads, dil, groups)
     res = None if residual == "none" else _rand(rng, *want.shape)
     kept = None if res is None else res.copy()
