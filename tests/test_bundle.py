@@ -70,6 +70,40 @@ def test_gpu_stages_are_said_not_to_run_here(tmp_path):
     assert report["ok"], "stages that cannot run here are reported, not failed"
 
 
+def test_tune_places_the_bundle_again_by_measurement(x86_bundle, tmp_path):
+    tuned = uhop_onnx.tune_bundle(x86_bundle, tmp_path / "tuned", budget=5)
+    manifest = json.loads((tuned / "manifest.json").read_text())
+    assert manifest["placement"] == "measured on this host for target x86-64"
+    profile = manifest["profile"]
+    chosen = profile["candidates"][profile["chosen"]]["ms"]
+    singles = [c["ms"] for name, c in profile["candidates"].items() if name.endswith(" first")]
+    assert chosen <= min(singles), "by its own figures, the tuned plan is never slower than one provider alone"
+    assert uhop_onnx.verify_bundle(tuned)["ok"]
+    model = resnet()
+    feeds = random_feeds(model, seed=4)
+    assert_matches(uhop_onnx.load_bundle(tuned).run(None, feeds), reference(model, feeds))
+
+
+def test_tune_leaves_out_providers_absent_here(tmp_path):
+    bundle = uhop_onnx.export_bundle(mlp(), "jetson-orin", tmp_path / "b", providers=["ort-cuda", "ort-cpu"],
+                                     assign={"/fc1/MatMul": "ort-cuda"})
+    tuned = uhop_onnx.tune_bundle(bundle, tmp_path / "tuned", budget=2)
+    manifest = json.loads((tuned / "manifest.json").read_text())
+    assert {s["provider"] for s in manifest["stages"]} == {"ort-cpu"}
+    assert manifest["target"]["name"] == "jetson-orin"
+
+
+def test_tune_refuses_a_tampered_bundle(x86_bundle, tmp_path):
+    folder = tmp_path / "unpacked"
+    with tarfile.open(x86_bundle) as tar:
+        tar.extractall(folder, filter="data")
+    reference_model = next((folder / "reference").iterdir())
+    reference_model.write_bytes(reference_model.read_bytes()[:-1])
+    with pytest.raises(BundleError, match=reference_model.name):
+        uhop_onnx.tune_bundle(folder, tmp_path / "tuned")
+    assert not (tmp_path / "tuned").exists()
+
+
 def test_a_flipped_byte_fails_verify_and_load(x86_bundle, tmp_path):
     folder = tmp_path / "unpacked"
     with tarfile.open(x86_bundle) as tar:

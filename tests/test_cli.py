@@ -61,6 +61,16 @@ def test_optimize_run_explain(model_path, tmp_path):
     assert result.returncode == 0 and json.loads(result.stdout)["stages"][0]["provider"] == "openvino"
 
 
+def test_export_tune_verify(model_path, tmp_path):
+    result = uhop("export", str(model_path), "--target", "x86-64", "-o", str(tmp_path / "b"))
+    assert result.returncode == 0, result.stderr
+    result = uhop("tune", str(tmp_path / "b"), "-o", str(tmp_path / "tuned.tar.gz"), "--budget", "2")
+    assert result.returncode == 0, result.stderr
+    assert "measured on this host" in result.stdout and "chosen:" in result.stdout
+    result = uhop("verify", str(tmp_path / "tuned.tar.gz"), "--json")
+    assert result.returncode == 0 and json.loads(result.stdout)["ok"], result.stdout
+
+
 @pytest.mark.parametrize("args, message", [
     (["optimize", "absent.onnx", "-o", "out"], "no such file"),
     (["inspect", "{model}", "--providers", "warp-drive"], "unknown provider 'warp-drive'"),

@@ -21,6 +21,7 @@ _LAZY = {
     "export_bundle": "uhop_onnx.export",
     "load_bundle": "uhop_onnx.bundle",
     "verify_bundle": "uhop_onnx.verify",
+    "tune_bundle": "uhop_onnx.export",
 }
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "load",
     "load_bundle",
     "optimize",
+    "tune_bundle",
     "verify_bundle",
 ]
 

@@ -296,11 +296,31 @@ def export(model: Path,
 
     with _steps("exporting") as step:
         written = export_bundle(model, target, output, providers=_providers(providers), threads=threads, progress=step)
-    manifest = _manifest_of(written)
-    table = Table("stage", "provider", "format", "nodes", "files", title=f"bundle for {target}: {written}")
+    _print_bundle(written, f"bundle for {target}")
+
+
+@app.command()
+def tune(bundle: Annotated[Path, typer.Argument(help="A bundle folder or .tar.gz.")],
+         output: Annotated[Path, typer.Option("--output", "-o", help="A new folder, or a file ending .tar.gz.")],
+         threads: ThreadsOption = None,
+         budget: Annotated[float, typer.Option("--budget", min=0, help="Seconds the measured search may spend "
+                                               "improving the plan.")] = 60.0) -> None:
+    """On the board: place a bundle's model again by measuring it here, and write the new bundle."""
+    from .export import tune_bundle
+
+    with _steps("tuning") as step:
+        written = tune_bundle(bundle, output, threads=threads, budget=budget, progress=step)
+    _print_bundle(written, f"tuned from {bundle}")
+
+
+def _print_bundle(bundle: Path, title: str) -> None:
+    manifest = _manifest_of(bundle)
+    table = Table("stage", "provider", "format", "nodes", "files", title=f"{title}: {bundle} ({manifest['placement']})")
     for k, s in enumerate(manifest["stages"]):
         table.add_row(str(k), s["provider"], s["artifact"]["format"], str(len(s["nodes"])), ", ".join(s["artifact"]["files"]))
     out.print(table)
+    if manifest.get("profile"):
+        _print_candidates(manifest["profile"])
 
 
 def _manifest_of(bundle: Path) -> dict:

@@ -1,8 +1,10 @@
-"""`export_bundle`: a model placed for a target board, each stage in its runtime's own format, with a manifest.
+"""`export_bundle`: a model placed for a target board, each stage in its runtime's own format, with a manifest;
+`tune_bundle`: a bundle placed again by measurement on the board itself.
 
 Without the board, placement uses the target profile's providers (their tables; the runtime's query too
 where the runtime is on this host) and its static cost model, by the same blocks and dynamic programme
-as the measured placement.
+as the measured placement. On the board, `tune_bundle` rebuilds the model from the bundle's stages and
+places it by the measured search over the profile's providers present there.
 """
 
 from __future__ import annotations
@@ -18,35 +20,53 @@ from typing import Any
 import numpy as np
 import onnx
 
-from .bundle.manifest import FP32_TOLERANCE, MANIFEST, SCHEMA, hash_files
+from .bundle.manifest import (
+    FP32_TOLERANCE,
+    MANIFEST,
+    SCHEMA,
+    BundleError,
+    check_files,
+    hash_files,
+    open_bundle,
+    read_manifest,
+)
+from .dtypes import TensorSig
 from .errors import ProviderError, UhopError
-from .files import new_folder, write_archive
+from .files import new_folder, read_npz, write_archive
 from .graph import declared_outputs
-from .optimizer import Analysis, analyze, build_plan
+from .optimizer import Analysis, analyze, build_plan, place_measured
 from .partitioner.blocks import blocks
 from .partitioner.profiler import Measurement
 from .partitioner.search import allowed_providers, cheapest_path, expand
 from .partitioner.static_cost import flops, moved
 from .providers import Provider, create
 from .samples import reference_outputs, sample_feeds
-from .targets import Target, TargetProvider, load_target
+from .targets import Target, TargetProvider, load_target, target_from_json
 
 
-def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str, out: str | os.PathLike,
+def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Target, out: str | os.PathLike,
                   providers: Sequence[str] | None = None, assign: Mapping[str, str] | None = None,
-                  threads: int | None = None, progress: Callable[[str], None] = lambda step: None) -> Path:
-    """Write a bundle for `target` (a built-in profile name or a JSON profile path) to `out`: a folder
-    (absent or empty) or a file ending `.tar.gz`. Returns `out`."""
+                  threads: int | None = None, progress: Callable[[str], None] = lambda step: None, *,
+                  measure: bool = False, budget: float = 60.0) -> Path:
+    """Write a bundle for `target` (a built-in profile name, a JSON profile path, or a `Target`) to `out`: a
+    folder (absent or empty) or a file ending `.tar.gz`. Returns `out`.
+
+    With `measure`, this host is the board: placement is measured here (as `optimize` does) over the
+    profile's providers present here, instead of the profile's static cost model."""
     out = Path(out)
     archive = out.name.endswith(".tar.gz")
     if out.exists() and (archive or out.is_file() or any(out.iterdir())):
         raise UhopError(f"{out}: exists; give a new folder or .tar.gz path")
-    profile = load_target(target)
-    entries, chosen = _providers(profile, providers, threads)
+    profile = target if isinstance(target, Target) else load_target(target)
+    entries, chosen = _providers(profile, providers, threads, present=measure)
     a = analyze(model, assign=assign, threads=threads, progress=progress, chosen=chosen)
-    progress("placing for the target with its static cost model")
-    plan = build_plan(a, _static_placement(a, entries), threads)
-    plan.placement = f"static cost model of target {profile.name}"
+    if measure:
+        plan = place_measured(a, threads, budget=budget, progress=progress)
+        plan.placement = f"measured on this host for target {profile.name}"
+    else:
+        progress("placing for the target with its static cost model")
+        plan = build_plan(a, _static_placement(a, entries), threads)
+        plan.placement = f"static cost model of target {profile.name}"
     with (tempfile.TemporaryDirectory() if archive else new_folder(out)) as staging:
         staging = Path(staging)
         manifest = _write(staging, a, plan, profile, entries, progress)
@@ -56,8 +76,51 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str, out: 
     return out
 
 
-def _providers(profile: Target, only: Sequence[str] | None, threads: int | None) -> tuple[list[TargetProvider], list[Provider]]:
-    """The target's providers this host can write stages for; a required one that it cannot is an error."""
+def tune_bundle(bundle: str | os.PathLike, out: str | os.PathLike, threads: int | None = None,
+                budget: float = 60.0, progress: Callable[[str], None] = lambda step: None) -> Path:
+    """Place the model of `bundle` again by measurement on this host (the board), and write the new bundle
+    to `out` for the same target profile."""
+    folder, scratch = open_bundle(bundle)
+    try:
+        manifest = read_manifest(folder)
+        problems = check_files(folder, manifest)
+        if problems:
+            raise BundleError(f"{bundle}: refused, files do not match the manifest: {'; '.join(problems)}")
+        model = _bundled_model(folder, manifest)
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
+    profile = target_from_json(manifest["target"], f"{bundle}: target")
+    return export_bundle(model, profile, out, threads=threads, progress=progress, measure=True, budget=budget)
+
+
+def _bundled_model(folder: Path, manifest: Mapping[str, Any]) -> onnx.ModelProto:
+    """The whole model again, from the bundle's reference stage models (and its folded constant outputs)."""
+    stages = [onnx.load(folder / s["reference"]) for s in manifest["stages"]]
+    graph = onnx.helper.make_graph(
+        [node for m in stages for node in m.graph.node], manifest["model"]["name"],
+        [_value_info(TensorSig(**t)) for t in manifest["inputs"]],
+        [_value_info(TensorSig(**t)) for t in manifest["outputs"]],
+        list({i.name: i for m in stages for i in m.graph.initializer}.values()))
+    if manifest.get("constants"):
+        graph.initializer.extend(onnx.numpy_helper.from_array(value, name)
+                                 for name, value in read_npz(folder / manifest["constants"]).items())
+    opsets = {o.domain: o.version for m in stages for o in m.opset_import}
+    first = stages[0] if stages else onnx.ModelProto(ir_version=onnx.IR_VERSION)
+    functions = list({(f.domain, f.name): f for m in stages for f in m.functions}.values())
+    return onnx.helper.make_model(graph, ir_version=first.ir_version, functions=functions,
+                                  opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()])
+
+
+def _value_info(sig: TensorSig) -> onnx.ValueInfoProto:
+    elem_type = onnx.helper.np_dtype_to_tensor_dtype(sig.dtype)
+    return onnx.helper.make_tensor_value_info(sig.name, elem_type, sig.shape)
+
+
+def _providers(profile: Target, only: Sequence[str] | None, threads: int | None,
+               present: bool = False) -> tuple[list[TargetProvider], list[Provider]]:
+    """The target's providers this host can write stages for (and, with `present`, run here); a required one
+    that it cannot is an error."""
     entries = [e for e in profile.providers if only is None or e.id in only]
     unknown = set(only or ()) - {e.id for e in profile.providers}
     if unknown:
@@ -66,7 +129,8 @@ def _providers(profile: Target, only: Sequence[str] | None, threads: int | None)
     kept, providers = [], []
     for entry in entries:
         provider = create((entry.id, entry.options), threads)
-        blocker = provider.export_blocker()
+        blocker = provider.export_blocker() or (None if not present or provider.present
+                                                else provider.availability.reason)
         if blocker is None:
             kept.append(entry)
             providers.append(provider)
@@ -125,6 +189,7 @@ def _write(folder: Path, a: Analysis, plan, profile: Target, entries: list[Targe
         "model": {"name": plan.model_name, "sha256": plan.model_hash},
         "target": profile.to_json(),
         "placement": plan.placement,
+        "profile": plan.profile,
         "inputs": [asdict(t) for t in plan.inputs],
         "outputs": [asdict(t) for t in plan.outputs],
         "stages": stages,

@@ -23,9 +23,17 @@ from .partitioner.placement import first_supported
 from .partitioner.profiler import Profiler
 from .partitioner.search import Search, in_process
 from .plan import Plan, Stage
+from .providers import (
+    LAST_RESORT,
+    Provider,
+    ProviderSpec,
+    Support,
+    create,
+    parse_spec,
+    resolve,
+)
 from .samples import sample_feeds
 from .session import InferenceSession
-from .providers import LAST_RESORT, Provider, ProviderSpec, Support, create, parse_spec, resolve
 from .simplify import simplify
 
 
@@ -80,10 +88,16 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     in this process instead (with a fake clock, tests get exact figures).
     """
     a = analyze(model, providers, assign, threads, progress)
-    labels = [p.label for p in a.providers]
     if not profile:
         progress("placing nodes and cutting stages")
-        return build_plan(a, first_supported(a.graph, a.support, a.pinned, labels), threads)
+        return build_plan(a, first_supported(a.graph, a.support, a.pinned, [p.label for p in a.providers]), threads)
+    return place_measured(a, threads, budget=budget, profiler=profiler, progress=progress)
+
+
+def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, profiler: Profiler | None = None,
+                   progress: Callable[[str], None] = lambda step: None) -> Plan:
+    """The plan of `a` that measures fastest on this machine (see `optimize`)."""
+    labels = [p.label for p in a.providers]
     progress("measuring candidate placements")
     if profiler is None:
         def time_plans(placements):

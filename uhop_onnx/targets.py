@@ -63,10 +63,15 @@ def load_target(name_or_path: str) -> Target:
             data = json.loads(path.read_text())
         except ValueError as error:
             raise UhopError(f"{path}: not a JSON target profile ({error})") from None
+    return target_from_json(data, name_or_path)
+
+
+def target_from_json(data: dict[str, Any], where: str) -> Target:
+    """A profile from its JSON form (a profile file's, or a bundle manifest's `target`)."""
     try:
         providers = [TargetProvider(**p) for p in data["providers"]]
         return Target(name=data["name"], description=data.get("description", ""), arch=data["arch"],
                       isa=list(data.get("isa", [])), memory_gb=float(data.get("memory_gb", 0)), providers=providers)
     except (KeyError, TypeError) as error:
-        raise UhopError(f"target profile {name_or_path!r} is incomplete or malformed ({error}); it needs name, "
+        raise UhopError(f"target profile {where!r} is incomplete or malformed ({error}); it needs name, "
                         "arch and providers [{id, options, gflops, gbps, stage_ms}]") from None
