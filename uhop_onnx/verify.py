@@ -1,8 +1,9 @@
 """`verify_bundle`: hashes first, then every stage this host can run, against ONNX Runtime on the same inputs.
 
-Stages run in their own formats where the runtime is here; an `.rknn` stage runs in Rockchip's simulator,
-rebuilt from the stage's ONNX the bundle carries; a stage nothing here can run is said so, and ONNX
-Runtime's result on its ONNX stands in for it so that later stages still get checked.
+Stages run in their own formats where the runtime is here; an `.rknn` stage runs in Rockchip's simulator and
+an aarch64 kernels stage in a static aarch64 driver under qemu, each rebuilt from the stage's ONNX the bundle
+carries; a stage nothing here can run is said so, and ONNX Runtime's result on its ONNX stands in for it so
+that later stages still get checked.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from .errors import UhopError, first_line
 from .files import read_npz
 from .samples import reference_outputs
 
-# Providers with a simulator on the host: the provider spec that runs a stage's ONNX there.
-SIMULATORS = {"rknn": lambda options: ("rknn", {**options, "simulate": True})}
+# Providers with a simulator on the host: the provider spec that runs a stage's ONNX there, and its name.
+SIMULATORS = {
+    "rknn": (lambda options: ("rknn", {**options, "simulate": True}), "the RKNN simulator"),
+    "kernels": (lambda options: ("kernels", {**options, "emulate": True}), "qemu"),
+}
 
 
 def verify_bundle(path: str | os.PathLike) -> dict[str, Any]:
@@ -73,9 +77,9 @@ def _host_runner(folder, stage: dict):
     try:
         return load_stage(folder, stage, threads=None, exclusive=False), f"{stage['artifact']['format']} natively"
     except (BundleError, UhopError, OSError) as native:
-        simulate = SIMULATORS.get(stage["provider"])
-        if simulate is None:
+        if stage["provider"] not in SIMULATORS:
             return None, f"cannot run here: {first_line(native)}"
+        simulate, simulator = SIMULATORS[stage["provider"]]
         import onnx
 
         from .providers import create
@@ -88,9 +92,9 @@ def _host_runner(folder, stage: dict):
         if not provider.present:
             return None, f"cannot run here: {first_line(native)}; no simulator: {provider.availability.reason}"
         try:
-            return provider.compile(onnx.load(folder / stage["reference"])), "simulator, rebuilt from the stage's ONNX"
+            return provider.compile(onnx.load(folder / stage["reference"])), f"{simulator}, rebuilt from the stage's ONNX"
         except UhopError as error:
-            return None, f"cannot run here: {first_line(native)}; the simulator failed: {first_line(error)}"
+            return None, f"cannot run here: {first_line(native)}; {simulator} failed: {first_line(error)}"
 
 
 def _compare(got: np.ndarray, want: np.ndarray, tolerance: dict[str, float]) -> dict[str, Any]:
