@@ -199,12 +199,13 @@ static void pack_b_conv(const conv_t *cv, const float *x, int NR, idx pc, idx kc
 typedef struct {
     const kernel_t *k; blocks_t bl; idx M, N, K; const float *A; idx rsa, csa; const float *B; idx rsb, csb;
     float *C; idx rsc; epi_t e; const float *bias; int split_n;
-    const float *packed;  /* A packed whole by uk_pack, or NULL to pack per block */
+    const float *packed;  /* A packed whole by uk_pack on side 0, or NULL to pack per block */
     const struct conv_s *conv;  /* when set, B is the implicit im2col matrix of conv over the image at B */
     int accumulate;  /* C's contents are added: the first k block does not overwrite them */
     const idx *boff;  /* when set, B(k, q) = B[boff[k] + q] over virtual columns q of rows vw wide, of which
                          the first ow are kept: C row i, column q goes to C[i * rsc + q / vw * ow + q % vw] */
     idx vw, ow;
+    const float *packed_b;  /* B packed whole by uk_pack on side 1 (NR-column panels of all K), or NULL */
 } gemm_t;
 
 static idx round_up(idx x, idx to) { return (x + to - 1) / to * to; }
@@ -258,7 +259,7 @@ static void gemm_serial(const gemm_t *g, idx m0, idx m1, idx n0, idx n1, float *
         for (idx pc = 0; pc < K || pc == 0; pc += g->bl.kc) {
             idx kb = imin(g->bl.kc, K - pc);
             int first = pc == 0 && !g->accumulate, last = pc + kb >= K;
-            if (g->boff) {}  /* B is read in place */
+            if (g->boff || g->packed_b) {}  /* B is read in place, or was packed whole */
             else if (g->conv) pack_b_conv(g->conv, g->B, NR, pc, kb, jc, nb, bp);
             else pack_b(NR, kb, nb, g->B + pc * g->rsb + jc * g->csb, g->rsb, g->csb, bp);
             for (idx ic = m0; ic < m1; ic += g->bl.mc) {
@@ -275,8 +276,9 @@ static void gemm_serial(const gemm_t *g, idx m0, idx m1, idx n0, idx n1, float *
                             continue;
                         }
                         const float *bias = g->bias ? g->bias + row * g->e.brs + col * g->e.bcs : NULL;
-                        g->k->fn(kb, a + ir * kb, bp + jr * kb, g->C + row * g->rsc + col, g->rsc, m, n, first,
-                                 last, &g->e, bias);
+                        const float *b = g->packed_b ? g->packed_b + col * K + pc * NR : bp + jr * kb;
+                        g->k->fn(kb, a + ir * kb, b, g->C + row * g->rsc + col, g->rsc, m, n, first, last, &g->e,
+                                 bias);
                     }
             }
         }
@@ -359,14 +361,17 @@ int uk_pack(int variant, int side, int kc, idx G, idx M, idx K, const float *A, 
 }
 
 /* C = clamp(alpha * A B + bias, lo, hi); bias[i * brs + j * bcs] (strides 0 broadcast), C row stride rsc.
-   With packed (from uk_pack on side 0 with the same variant and kc), A is not read. */
+   With packed (from uk_pack on side 0 with the same variant and kc), A is not read; with packed_b (B^T through
+   uk_pack on side 1, same variant), B is not. */
 int uk_gemm(int variant, int threads, int mc, int kc, int nc, idx M, idx N, idx K,
             const float *A, idx rsa, idx csa, const float *B, idx rsb, idx csb, float *C, idx rsc,
-            float alpha, const float *bias, idx brs, idx bcs, int clamp, float lo, float hi, const float *packed) {
+            float alpha, const float *bias, idx brs, idx bcs, int clamp, float lo, float hi, const float *packed,
+            const float *packed_b) {
     if (variant < 0 || variant >= uk_variants()) return UK_BAD_VARIANT;
     if (M < 0 || N < 0 || K < 0 || rsc < N) return UK_BAD_SHAPE;
     gemm_t g = {&KERNELS[variant], {mc, kc, nc}, M, N, K, A, rsa, csa, B, rsb, csb, C, rsc,
                 {alpha, brs, bcs, clamp, lo, hi}, bias, 1, packed, NULL};
+    g.packed_b = packed_b;
     if (!check_blocks(g.k, g.bl)) return UK_BAD_BLOCKS;
     if (M == 0 || N == 0) return UK_OK;
     return gemm_run(&g, threads);

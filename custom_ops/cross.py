@@ -56,7 +56,7 @@ int main(int argc, char **argv) {
         ny = p[5] * p[6];
         y = calloc(ny > 0 ? ny : 1, sizeof(float));
         rc = uk_gemm(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], a, p[8], p[9], b, p[10], p[11], y, p[6],
-                     s[0], c, p[12], p[13], p[14], s[1], s[2], NULL);
+                     s[0], c, p[12], p[13], p[14], s[1], s[2], NULL, NULL);
     } else if (op == 1) {
         int64_t OH = (p[8] + p[15] + p[17] - p[19] * (p[11] - 1) - 1) / p[13] + 1;
         int64_t OW = (p[9] + p[16] + p[18] - p[20] * (p[12] - 1) - 1) / p[14] + 1;

@@ -62,10 +62,12 @@ def _output(out: np.ndarray | None, shape: tuple[int, ...], residual: np.ndarray
     return out
 
 
-def _pack_form(schedule: Schedule) -> tuple[int, int, int]:
-    """(side, micro-kernel, kc) of the weights a call with `schedule` reads: side 0 packs them as A in kc
-    blocks, side 1 (the implicit-oc convolution) as B panels over the whole depth."""
-    side = int(schedule.algo == "implicit-oc")
+def _pack_form(schedule: Schedule, side: int | None = None) -> tuple[int, int, int]:
+    """(side, micro-kernel, kc) of constant weights a call with `schedule` reads: side 0 packs them as A in kc
+    blocks, side 1 (the transpose, for a gemm's right operand or the implicit-oc convolution's weights) as B
+    panels over the whole depth. A convolution's schedule says which side."""
+    if side is None:
+        side = int(schedule.algo == "implicit-oc")
     return side, schedule.micro, 0 if side else schedule.kc
 
 
@@ -80,8 +82,8 @@ class Packed:
     rows: int
     depth: int
 
-    def pointer(self, schedule: Schedule, groups: int, rows: int, depth: int):
-        wanted = (_pack_form(schedule), groups, rows, depth)
+    def pointer(self, schedule: Schedule, groups: int, rows: int, depth: int, side: int | None = None):
+        wanted = (_pack_form(schedule, side), groups, rows, depth)
         if (self.form, self.groups, self.rows, self.depth) != wanted:
             raise KernelSpecError(f"packed operand (side, micro, kc = {self.form}, {self.groups}x{self.rows}x"
                                   f"{self.depth}) does not fit {wanted[0]}, {groups}x{rows}x{depth}")
@@ -97,7 +99,7 @@ class Library:
         self.cdll = ctypes.CDLL(str(self.path))
         c = self.cdll
         c.uk_gemm.argtypes = [_INT] * 5 + [_I] * 3 + [_F32P, _I, _I, _F32P, _I, _I, _F32P, _I, _F, _F32P, _I, _I,
-                                                      _INT, _F, _F, _F32P]
+                                                      _INT, _F, _F, _F32P, _F32P]
         c.uk_conv2d.argtypes = [_INT] * 6 + [_I] * 16 + [_F32P] * 4 + [_INT, _INT, _F, _F, _F32P]
         c.uk_packed_size.argtypes = [_INT, _INT, _I, _I, _I]
         c.uk_packed_size.restype = _I
@@ -111,15 +113,15 @@ class Library:
         if code:
             raise KernelSpecError(f"{what}: {_ERRORS.get(code, f'error {code}')} ({self.path.name})")
 
-    def pack(self, a: np.ndarray, schedule: Schedule, groups: int = 1) -> Packed:
-        """Pack `a` ((groups * M) x K, any strides: a gemm's left operand or a convolution's weights) for calls
-        with `schedule`."""
+    def pack(self, a: np.ndarray, schedule: Schedule, groups: int = 1, side: int | None = None) -> Packed:
+        """Pack `a` ((groups * M) x K, any strides) for calls with `schedule`: a convolution's weights, a gemm's
+        left operand (side 0) or the transpose of its right operand (side 1)."""
         check_schedule(self.spec, schedule)
         a = _f32(a)
         rows, depth = a.shape[0] // groups, a.shape[1]
         if rows * groups != a.shape[0]:
             raise KernelSpecError(f"pack: {a.shape[0]} rows do not split into {groups} groups")
-        form = _pack_form(schedule)
+        form = _pack_form(schedule, side)
         side, micro, _kc = form
         data = np.empty(max(1, self.cdll.uk_packed_size(micro, side, groups, rows, depth)), np.float32)
         self._check(self.cdll.uk_pack(micro, side, schedule.kc, groups, rows, depth, _ptr(a), *_elements(a.strides),
@@ -128,10 +130,10 @@ class Library:
 
     def gemm(self, a: np.ndarray, b: np.ndarray, schedule: Schedule, *, alpha: float = 1.0,
              bias: np.ndarray | None = None, epilogue: Epilogue = NONE, out: np.ndarray | None = None,
-             packed: Packed | None = None) -> np.ndarray:
+             packed: Packed | None = None, packed_b: Packed | None = None) -> np.ndarray:
         """`clamp(alpha * a @ b + bias)` for 2-D `a` (M, K) and `b` (K, N), any strides; `bias` broadcasts
         to (M, N). `out` (M, N) must have unit column stride. With `packed` (from `pack(a, schedule)`), `a`
-        itself is not read."""
+        itself is not read; with `packed_b` (from `pack(b.T, schedule, side=1)`), `b` is not."""
         check_schedule(self.spec, schedule)
         a, b = _f32(a), _f32(b)
         (m, k), (k2, n) = a.shape, b.shape
@@ -148,7 +150,8 @@ class Library:
             schedule.micro, schedule.threads, schedule.mc, schedule.kc, schedule.nc, m, n, k,
             _ptr(a), *_elements(a.strides), _ptr(b), *_elements(b.strides), _ptr(out), max(out.strides[0] // 4, n),
             alpha, _ptr(bias), brs, bcs, int(epilogue.clamps), epilogue.lo, epilogue.hi,
-            None if packed is None else packed.pointer(schedule, 1, m, k)), f"gemm {m}x{n}x{k}")
+            None if packed is None else packed.pointer(schedule, 1, m, k, 0),
+            None if packed_b is None else packed_b.pointer(schedule, 1, n, k, 1)), f"gemm {m}x{n}x{k}")
         return out
 
     def conv2d(self, x: np.ndarray, w: np.ndarray, schedule: Schedule, *, bias: np.ndarray | None = None,

@@ -67,7 +67,7 @@ def _cases(lib: Library, rng: np.random.Generator) -> Iterator[tuple[str, np.nda
                                epilogue=epi)
                 want = 0.5 * (a.astype(np.float64) @ b) + (0 if bias is None else bias)
                 yield f"gemm {mk.name} {m}x{n}x{k} bias={form} threads={threads}", got, clamp(want, epi)
-        got = lib.gemm(a, b, small, bias=biases["col"], packed=lib.pack(a, small))
+        got = lib.gemm(a, b, small, bias=biases["col"], packed=lib.pack(a, small), packed_b=lib.pack(b.T, small, side=1))
         yield f"gemm {mk.name} packed", got, a.astype(np.float64) @ b + biases["col"]
         at, bt = rand(k, m), rand(n, k)
         got = lib.gemm(at.T, bt.T, small, epilogue=Epilogue(lo=0.0))

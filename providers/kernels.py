@@ -455,31 +455,46 @@ class KernelsRunner(Runner):
         a_name, b_name, *rest = inputs
         c_name = rest[0] if rest else ""
         trans_a, trans_b, alpha, beta = (attrs[key] for key in ("transA", "transB", "alpha", "beta"))
-        # A constant right operand is laid out row-major once, so packing it is a row copy.
-        b_const = self.constants.get(b_name)
-        b_rows = None if b_const is None else np.ascontiguousarray(b_const.T if trans_b else b_const)
+        packs = self._right_packs(b_name, bool(trans_b))
 
         def gemm(values, epilogue, fused, _residual):
             a = values[a_name].T if trans_a else values[a_name]
-            b = b_rows if b_rows is not None else (values[b_name].T if trans_b else values[b_name])
+            b = values[b_name].T if trans_b else values[b_name]
             bias = None if not c_name or beta == 0.0 else np.float32(beta) * values[c_name]
             bias = fused if bias is None else (bias if fused is None else bias + fused)
-            op = OpSpec("gemm", (a.shape[0], b.shape[1], a.shape[1], trans_a, trans_b), epilogue)
-            return self.lib.gemm(a, b, self._schedule(op), alpha=alpha, bias=bias, epilogue=epilogue)
+            schedule = self._schedule(OpSpec("gemm", (a.shape[0], b.shape[1], a.shape[1], trans_a, trans_b),
+                                             epilogue))
+            return self.lib.gemm(a, b, schedule, alpha=alpha, bias=bias, epilogue=epilogue,
+                                 packed_b=packs(schedule))
         return gemm
+
+    def _right_packs(self, b_name: str, transposed: bool) -> Callable[[Any], Any]:
+        """Per schedule, a constant right operand packed once (None for a computed one)."""
+        if b_name not in self.constants or self.constants[b_name].ndim != 2:
+            return lambda _schedule: None
+        b = self.constants[b_name]
+        packs: dict[int, Any] = {}  # micro-kernel -> packed
+
+        def packed(schedule):
+            if schedule.micro not in packs:
+                packs[schedule.micro] = self.lib.pack(b if transposed else b.T, schedule, side=1)
+            return packs[schedule.micro]
+        return packed
 
     def _matmul(self, inputs, _attrs):
         from uhop_onnx.custom_ops.spec import OpSpec
 
         a_name, b_name = inputs
+        packs = self._right_packs(b_name, False)
 
         def matmul(values, epilogue, fused, _residual):
             a, b = values[a_name], values[b_name]
             m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
             bias = None if fused is None else np.broadcast_to(fused.reshape(-1), (n,))
             if b.ndim == 2:  # fold a's batch into its rows
-                op = OpSpec("gemm", (int(np.prod(a.shape[:-1])), n, k, 0, 0), epilogue)
-                out = self.lib.gemm(a.reshape(-1, k), b, self._schedule(op), bias=bias, epilogue=epilogue)
+                schedule = self._schedule(OpSpec("gemm", (int(np.prod(a.shape[:-1])), n, k, 0, 0), epilogue))
+                out = self.lib.gemm(a.reshape(-1, k), b, schedule, bias=bias, epilogue=epilogue,
+                                    packed_b=packs(schedule))
                 return out.reshape(*a.shape[:-1], n)
             batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
             a, b = np.broadcast_to(a, (*batch, m, k)), np.broadcast_to(b, (*batch, k, n))

@@ -59,8 +59,8 @@ def _rand(rng, *shape):
 @given(m=st.integers(1, 40), n=st.integers(1, 70), k=st.integers(0, 90), trans_a=st.booleans(),
        trans_b=st.booleans(), bias=st.sampled_from(["none", "col", "row", "full", "scalar"]),
        act=st.sampled_from([Epilogue(), Epilogue(lo=0.0), Epilogue(lo=0.0, hi=6.0)]), alpha=st.sampled_from([1.0, -0.5]),
-       variant=st.integers(0, 7), threads=st.integers(1, 2), seed=st.integers(0, 2**16))
-def test_gemm_matches_numpy(lib, m, n, k, trans_a, trans_b, bias, act, alpha, variant, threads, seed):
+       variant=st.integers(0, 7), threads=st.integers(1, 2), packed=st.booleans(), seed=st.integers(0, 2**16))
+def test_gemm_matches_numpy(lib, m, n, k, trans_a, trans_b, bias, act, alpha, variant, threads, packed, seed):
     rng = np.random.default_rng(seed)
     a = _rand(rng, k, m).T if trans_a else _rand(rng, m, k)
     b = _rand(rng, n, k).T if trans_b else _rand(rng, k, n)
@@ -68,7 +68,8 @@ def test_gemm_matches_numpy(lib, m, n, k, trans_a, trans_b, bias, act, alpha, va
          "scalar": _rand(rng, 1)}[bias]
     mk = lib.spec.micro[variant % len(lib.spec.micro)]
     schedule = Schedule(variant % len(lib.spec.micro), mk.mr * 2, 16, mk.nr * 2, threads=threads)
-    got = lib.gemm(a, b, schedule, alpha=alpha, bias=c, epilogue=act)
+    packs = {"packed": lib.pack(a, schedule), "packed_b": lib.pack(b.T, schedule, side=1)} if packed else {}
+    got = lib.gemm(a, b, schedule, alpha=alpha, bias=c, epilogue=act, **packs)
     want = alpha * (a.astype(np.float64) @ b) + (0 if c is None else c)
     np.testing.assert_allclose(got, verify.clamp(want, act), rtol=1e-4, atol=1e-4)
 
