@@ -128,12 +128,12 @@ class Emulated:
         self.spec = spec or LibrarySpec("aarch64-neon")
         self.path = build_driver(self.spec)
 
-    def pack(self, _a: np.ndarray, schedule: Schedule, _groups: int = 1) -> None:
+    def pack(self, _a: np.ndarray, schedule: Schedule, _groups: int = 1, side: int | None = None) -> None:
         check_schedule(self.spec, schedule)
 
     def gemm(self, a: np.ndarray, b: np.ndarray, schedule: Schedule, *, alpha: float = 1.0,
              bias: np.ndarray | None = None, epilogue: Epilogue = NONE, out: np.ndarray | None = None,
-             packed: None = None) -> np.ndarray:
+             packed: None = None, packed_b: None = None) -> np.ndarray:
         """`clamp(alpha * a @ b + bias)`; `bias` broadcasts to (M, N)."""
         check_schedule(self.spec, schedule)
         (m, k), n = a.shape, b.shape[1]
