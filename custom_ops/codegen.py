@@ -397,6 +397,14 @@ static float *alloc_phases(const conv_t *cv, idx channels) {
     return xp;
 }
 
+/* Whether some tap t < taps, at t * dilation, lands on `phase` of `stride`: planes of other phases are never
+   read, so they are not filled. */
+static int phase_read(idx phase, idx stride, idx taps, idx dilation) {
+    for (idx t = 0; t < taps; t++)
+        if (t * dilation % stride == phase) return 1;
+    return 0;
+}
+
 /* Copy `channels` channels of an image (at x) into phase planes: zero-padded, then split by stride phase, so
    every tap of a strided or dilated convolution reads unit-stride runs. Padded pixel (ih, iw) of channel c goes
    to plane ((c * sh + ih % sh) * sw + iw % sw), each HPp x WPp, at (ih / sh, iw / sw). */
@@ -406,7 +414,7 @@ static void fill_phases(const conv_t *cv, const float *x, idx channels, float *x
     idx first[MAX_STRIDE], count[MAX_STRIDE], at[MAX_STRIDE];  /* per column phase: first w, how many, where */
     for (idx pw = 0; pw < sw && sw <= MAX_STRIDE; pw++) {
         first[pw] = ((pw - cv->pl) % sw + sw) % sw;
-        count[pw] = first[pw] < W ? (W - first[pw] + sw - 1) / sw : 0;
+        count[pw] = first[pw] < W && phase_read(pw, sw, cv->KW, cv->dw) ? (W - first[pw] + sw - 1) / sw : 0;
         at[pw] = pw * plane + (first[pw] + cv->pl) / sw;
     }
     for (idx c = 0; c < channels; c++)
@@ -414,6 +422,7 @@ static void fill_phases(const conv_t *cv, const float *x, idx channels, float *x
              ph = ph == sh - 1 ? 0 : ph + 1) {  /* padded row h + pt is row r of row phase ph */
             const float *src = x + (c * cv->H + h) * W;
             float *row = xp + (c * sh + ph) * sw * plane + r * WPp;
+            if (sh > 1 && !phase_read(ph, sh, cv->KH, cv->dh)) continue;
             if (sw == 1) {
                 memcpy(row + cv->pl, src, sizeof(float) * W);
             } else if (sw > MAX_STRIDE) {
@@ -440,6 +449,7 @@ static void fill_taps(const conv_t *cv, const float *x, idx channels, float *xp)
         idx lo = shift >= 0 ? 0 : (-shift + sw - 1) / sw, hi = imin(OW, (cv->W - shift + sw - 1) / sw);
         for (idx c = 0; c < channels; c++)
             for (idx ph = 0; ph < sh; ph++) {
+                if (!phase_read(ph, sh, cv->KH, cv->dh)) continue;
                 float *dst = xp + ((c * sh + ph) * cv->KW + kw) * plane;
                 for (idx r = 0, ih = ph - cv->pt; r < cv->HPp; r++, ih += sh) {
                     if (ih < 0 || ih >= cv->H || lo >= hi) continue;  /* padding rows stay zero */
