@@ -92,12 +92,13 @@ class OpenVinoRunner(Runner):
         self.dtypes = dict(dtypes)
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        results = self.request.infer({name: _plain(value) for name, value in feeds.items()})
+        # Inputs are read in place (inference is synchronous); outputs come as copies the caller may keep.
+        results = self.request.infer({name: _plain(value) for name, value in feeds.items()}, share_inputs=True)
         out = {}
         for port, name in self.outputs:
             value = np.asarray(results[port])
             dtype = self.dtypes.get(name)
-            out[name] = value.astype(dtype, copy=True) if dtype is not None else value.copy()
+            out[name] = value.astype(dtype, copy=False) if dtype is not None else value
         return out
 
 

@@ -160,7 +160,7 @@ def _runner(candidate: dict, model: str | None, feeds: dict, threads: int | None
         if threads:
             config["INFERENCE_NUM_THREADS"] = threads
         request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
-        return lambda: request.infer(feeds)
+        return lambda: request.infer(feeds, share_inputs=True)
     from .session import InferenceSession
 
     if kind == "alone":
