@@ -93,6 +93,16 @@ def test_tune_leaves_out_providers_absent_here(tmp_path):
     assert manifest["target"]["name"] == "jetson-orin"
 
 
+def test_tune_stops_when_a_required_provider_is_absent_here(tmp_path):
+    profile = tmp_path / "gpu-board.json"
+    profile.write_text(json.dumps({"name": "gpu-board", "arch": "x86_64", "providers": [
+        {"id": "ort-cuda", "required": True, "gflops": 2000}, {"id": "ort-cpu", "gflops": 50}]}))
+    bundle = uhop_onnx.export_bundle(mlp(), str(profile), tmp_path / "b")
+    with pytest.raises(ProviderError, match="needs ort-cuda, which this host cannot run and build stages for"):
+        uhop_onnx.tune_bundle(bundle, tmp_path / "tuned")
+    assert not (tmp_path / "tuned").exists()
+
+
 def test_tune_refuses_a_tampered_bundle(x86_bundle, tmp_path):
     folder = tmp_path / "unpacked"
     with tarfile.open(x86_bundle) as tar:

@@ -135,7 +135,8 @@ def _providers(profile: Target, only: Sequence[str] | None, threads: int | None,
             kept.append(entry)
             providers.append(provider)
         elif entry.required:
-            raise ProviderError(f"target {profile.name} needs {entry.id}, which this host cannot build: {blocker}")
+            work = "run and build stages for" if present else "build stages for"
+            raise ProviderError(f"target {profile.name} needs {entry.id}, which this host cannot {work}: {blocker}")
     if not providers:
         raise ProviderError(f"this host can build stages for none of {profile.name}'s providers "
                             f"({', '.join(e.id for e in entries)})")
