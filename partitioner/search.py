@@ -263,7 +263,10 @@ def cheapest_path(allowed: Sequence[Sequence[int]], costs: Sequence[Mapping[int,
     """For each block, a provider, minimising block costs plus a stage entry wherever the provider changes.
 
     A block's own figure includes one stage entry, so consecutive blocks on one provider are charged the
-    block figure less that entry."""
+    block figure less that entry. For the same reason an entry is worth no more than the provider's cheapest
+    block: a larger entry figure is work the probe stage did, not the boundary's price."""
+    used = {p for ps in allowed for p in ps}
+    cheapest = {p: min(costs[k][p].ms for k, ps in enumerate(allowed) if p in ps) for p in used}
     best: dict[int, tuple[float, list[int]]] = {}
     for k, ps in enumerate(allowed):
         step: dict[int, tuple[float, list[int]]] = {}
@@ -271,7 +274,7 @@ def cheapest_path(allowed: Sequence[Sequence[int]], costs: Sequence[Mapping[int,
             own = costs[k][p].ms
             options = [(own, [p])] if not best else []
             for q, (total, path) in best.items():
-                extra = own if q != p else max(own - entry[p].ms, 0.0)
+                extra = own if q != p else max(own - min(entry[p].ms, cheapest[p]), 0.0)
                 options.append((total + extra, [*path, p]))
             step[p] = min(options, key=lambda o: o[0])
         best = step

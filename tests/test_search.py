@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 import uhop_onnx
 from uhop_onnx.models import cnn, mlp
-from uhop_onnx.partitioner.profiler import Profiler
+from uhop_onnx.partitioner.profiler import Measurement, Profiler
+from uhop_onnx.partitioner.search import cheapest_path
 from uhop_onnx.providers import REGISTRY
 from uhop_onnx.providers.ort import OrtCpu
 
@@ -141,3 +142,11 @@ def test_explain_shows_alternatives_and_boundaries(monkeypatch, clock, tmp_path)
     result = CliRunner().invoke(app, ["explain", str(tmp_path / "plan")], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "fake-gemm" in result.output and "boundary" in result.output
+
+
+def test_an_entry_figure_above_every_block_does_not_make_blocks_free():
+    """Provider 1's probe stage cost more than any of its blocks (the probe did work): its blocks still
+    cost what they measured, so the cheaper provider 0 keeps them."""
+    ms = lambda x: Measurement(x, 0.0, 5)  # noqa: E731
+    costs = [{0: ms(0.04), 1: ms(0.07)}, {0: ms(0.11), 1: ms(0.21)}, {0: ms(0.13), 1: ms(0.31)}]
+    assert cheapest_path([[0, 1]] * 3, costs, {0: ms(0.04), 1: ms(0.3)}) == [0, 0, 0]
