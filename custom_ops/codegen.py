@@ -28,6 +28,8 @@ typedef __m512 vf;
 #define VMUL(a, b) _mm512_mul_ps(a, b)
 #define VMAX(a, b) _mm512_max_ps(a, b)
 #define VMIN(a, b) _mm512_min_ps(a, b)
+#define VLOADN(p, n) _mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1), p)
+#define VSTOREN(p, v, n) _mm512_mask_storeu_ps(p, (__mmask16)((1u << (n)) - 1), v)
 """,
     "x86-64-avx2": """
 typedef __m256 vf;
@@ -42,6 +44,9 @@ typedef __m256 vf;
 #define VMUL(a, b) _mm256_mul_ps(a, b)
 #define VMAX(a, b) _mm256_max_ps(a, b)
 #define VMIN(a, b) _mm256_min_ps(a, b)
+#define LANE_MASK(n) _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+#define VLOADN(p, n) _mm256_maskload_ps(p, LANE_MASK(n))
+#define VSTOREN(p, v, n) _mm256_maskstore_ps(p, LANE_MASK(n), v)
 """,
     "aarch64-neon": """
 typedef float32x4_t vf;
@@ -56,6 +61,8 @@ typedef float32x4_t vf;
 #define VMUL(a, b) vmulq_f32(a, b)
 #define VMAX(a, b) vmaxq_f32(a, b)
 #define VMIN(a, b) vminq_f32(a, b)
+static inline vf VLOADN(const float *p, long n) { float t[4] = {0}; memcpy(t, p, sizeof(float) * n); return vld1q_f32(t); }
+static inline void VSTOREN(float *p, vf v, long n) { float t[4]; vst1q_f32(t, v); memcpy(p, t, sizeof(float) * n); }
 """,
     "scalar": """
 typedef float vf;
@@ -70,6 +77,8 @@ typedef float vf;
 #define VMUL(a, b) ((a) * (b))
 #define VMAX(a, b) ((a) > (b) ? (a) : (b))
 #define VMIN(a, b) ((a) < (b) ? (a) : (b))
+#define VLOADN(p, n) VLOAD(p)
+#define VSTOREN(p, v, n) VSTORE(p, v)
 """,
 }
 
@@ -215,7 +224,8 @@ static float *alloc_floats(idx n) {
     return (float *)aligned_alloc(64, bytes);
 }
 
-/* y = clamp(x + b + add) over n floats (add may be NULL, and may be y itself). */
+/* y = clamp(x + b + add) over n floats (add may be NULL, and may be y itself); the last partial vector is
+   loaded and stored under a lane mask. */
 static void epilogue_row(idx n, const float *x, const float *add, float b, int clamp, float lo, float hi,
                          float *y) {
     vf vb = VSET1(b), vlo = VSET1(lo), vhi = VSET1(hi);
@@ -226,10 +236,11 @@ static void epilogue_row(idx n, const float *x, const float *add, float b, int c
         if (clamp) v = VMIN(VMAX(v, vlo), vhi);
         VSTORE(y + j, v);
     }
-    for (; j < n; j++) {
-        float v = x[j] + b;
-        if (add) v += add[j];
-        y[j] = clamp ? clampf(v, lo, hi) : v;
+    if (j < n) {
+        vf v = VADD(VLOADN(x + j, n - j), vb);
+        if (add) v = VADD(v, VLOADN(add + j, n - j));
+        if (clamp) v = VMIN(VMAX(v, vlo), vhi);
+        VSTOREN(y + j, v, n - j);
     }
 }
 
@@ -427,6 +438,14 @@ static void fill_phases(const conv_t *cv, const float *x, idx channels, float *x
                 memcpy(row + cv->pl, src, sizeof(float) * W);
             } else if (sw > MAX_STRIDE) {
                 for (idx w = 0, iw = cv->pl; w < W; w++, iw++) row[iw % sw * plane + iw / sw] = src[w];
+            } else if (sw == 2 && count[0] && count[1]) {  /* both column phases read: one vectorized pass */
+                idx even = first[0] ? 1 : 0, n = W / 2;  /* the phase of column 0 */
+                float *restrict to0 = row + at[even], *restrict to1 = row + at[1 - even];
+                for (idx j = 0; j < n; j++) {
+                    to0[j] = src[2 * j];
+                    to1[j] = src[2 * j + 1];
+                }
+                if (W % 2) to0[n] = src[W - 1];
             } else {
                 for (idx pw = 0; pw < sw; pw++) {
                     const float *restrict from = src + first[pw];
