@@ -431,18 +431,18 @@ class KernelsRunner(Runner):
         strides, pads, dilations = (tuple(attrs[key]) for key in ("strides", "pads", "dilations"))
         group = attrs["group"]
 
-        packs = {}  # (micro, kc, algo) -> constant weights packed for that schedule
+        plans = {}  # (input shape, weight shape) -> schedule, and the constant weights packed for it
 
         def conv(values, epilogue, fused, residual):
             x, w = values[x_name], values[w_name]
+            key = (x.shape, w.shape)
+            if key not in plans:
+                schedule = self._schedule(OpSpec("conv2d", (*x.shape, w.shape[0], *w.shape[2:], *strides, *pads,
+                                                            *dilations, group), epilogue))
+                constant = schedule.packs_weights and w_name in self.constants
+                plans[key] = schedule, self.lib.pack(w.reshape(w.shape[0], -1), schedule, group) if constant else None
+            schedule, packed = plans[key]
             bias = _sum_bias(values[b_name] if b_name else None, fused, w.shape[0])
-            op = OpSpec("conv2d", (*x.shape, w.shape[0], *w.shape[2:], *strides, *pads, *dilations, group), epilogue)
-            schedule, packed = self._schedule(op), None
-            if schedule.packs_weights and w_name in self.constants:
-                key = (schedule.micro, schedule.kc, schedule.algo)
-                if key not in packs:
-                    packs[key] = self.lib.pack(w.reshape(w.shape[0], -1), schedule, group)
-                packed = packs[key]
             return self.lib.conv2d(x, w, schedule, bias=bias, strides=strides, pads=pads, dilations=dilations,
                                    group=group, epilogue=epilogue, packed=packed,
                                    residual=None if residual is None else residual.value,
