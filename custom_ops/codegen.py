@@ -395,10 +395,10 @@ static int is_pointwise(const conv_t *cv) {
 }
 
 /* Floats of the phase (or tap) planes of `channels` channels, with slack for the reads past the last plane:
-   those of three more rows (the direct algorithm's) or of a tile's columns (the implicit GEMMs'). */
+   those of five more rows (the direct algorithm's) or of a tile's columns (the implicit GEMMs'). */
 static idx phases_size(const conv_t *cv, idx channels) {
     if (cv->algo == ALGO_IMPLICIT_OC) return channels * cv->sh * cv->KW * cv->HPp * cv->OW + MAX_TILE + LANES;
-    return channels * cv->sh * cv->sw * cv->HPp * cv->WPp + 4 * cv->WPp + MAX_TILE + LANES;
+    return channels * cv->sh * cv->sw * cv->HPp * cv->WPp + 6 * cv->WPp + MAX_TILE + LANES;
 }
 
 static float *alloc_phases(const conv_t *cv, idx channels) {
@@ -565,16 +565,38 @@ static void conv_gemm_range(void *ctx, idx begin, idx end) {
 
 /* The output plane of channel oc (at y) of a direct convolution over its group's phase planes xp, four rows at
    a time (rows past OH are computed from the planes' slack and dropped): each vector of outputs accumulates
-   every tap in a register. rows holds four output rows of OW + LANES floats. */
+   every tap in a register. Three kernel rows one plane row apart (3x3 at unit stride) share their loads: six
+   input rows feed the four output rows. rows holds four output rows of OW + LANES floats. */
 static void conv_direct_plane(const conv_t *cv, idx oc, const float *xp, float *rows, float *y) {
-    idx Kg = cv->C / cv->G * cv->KH * cv->KW, OW = cv->OW, WPp = cv->WPp, RW = OW + LANES;
+    idx Kg = cv->C / cv->G * cv->KH * cv->KW, KW = cv->KW, OW = cv->OW, WPp = cv->WPp, RW = OW + LANES;
     const float *wo = cv->w + oc * Kg;
     vf b = VSET1(cv->bias ? cv->bias[oc] : 0.0f);
+    int three = cv->KH == 3 && cv->dh == cv->sh;  /* kernel row kh reads plane row oh + kh */
     for (idx oh = 0; oh < cv->OH; oh += 4) {
         for (idx ow = 0; ow < OW; ow += LANES) {
             const float *xr = xp + oh * WPp + ow;
             vf a0 = b, a1 = b, a2 = b, a3 = b;
-            for (idx k = 0; k < Kg; k++) {
+            for (idx k0 = 0; three && k0 < Kg; k0 += 3 * KW) {
+                for (idx k = k0; k < k0 + KW; k++) {  /* the taps of kh = 0 of one channel */
+                    vf w0 = VSET1(wo[k]), w1 = VSET1(wo[k + KW]), w2 = VSET1(wo[k + 2 * KW]);
+                    const float *xk = xr + cv->boff[k];
+                    vf v0 = VLOAD(xk), v1 = VLOAD(xk + WPp), v2 = VLOAD(xk + 2 * WPp);
+                    a0 = VFMA(w0, v0, a0);
+                    a0 = VFMA(w1, v1, a0);
+                    a1 = VFMA(w0, v1, a1);
+                    a0 = VFMA(w2, v2, a0);
+                    a1 = VFMA(w1, v2, a1);
+                    a2 = VFMA(w0, v2, a2);
+                    vf v3 = VLOAD(xk + 3 * WPp), v4 = VLOAD(xk + 4 * WPp), v5 = VLOAD(xk + 5 * WPp);
+                    a1 = VFMA(w2, v3, a1);
+                    a2 = VFMA(w1, v3, a2);
+                    a3 = VFMA(w0, v3, a3);
+                    a2 = VFMA(w2, v4, a2);
+                    a3 = VFMA(w1, v4, a3);
+                    a3 = VFMA(w2, v5, a3);
+                }
+            }
+            for (idx k = 0; !three && k < Kg; k++) {
                 vf wv = VSET1(wo[k]);
                 const float *xk = xr + cv->boff[k];
                 a0 = VFMA(wv, VLOAD(xk), a0);
