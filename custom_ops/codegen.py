@@ -580,20 +580,7 @@ static void conv_direct_plane(const conv_t *cv, idx oc, const float *xp, float *
                 for (idx k = k0; k < k0 + KW; k++) {  /* the taps of kh = 0 of one channel */
                     vf w0 = VSET1(wo[k]), w1 = VSET1(wo[k + KW]), w2 = VSET1(wo[k + 2 * KW]);
                     const float *xk = xr + cv->boff[k];
-                    vf v0 = VLOAD(xk), v1 = VLOAD(xk + WPp), v2 = VLOAD(xk + 2 * WPp);
-                    a0 = VFMA(w0, v0, a0);
-                    a0 = VFMA(w1, v1, a0);
-                    a1 = VFMA(w0, v1, a1);
-                    a0 = VFMA(w2, v2, a0);
-                    a1 = VFMA(w1, v2, a1);
-                    a2 = VFMA(w0, v2, a2);
-                    vf v3 = VLOAD(xk + 3 * WPp), v4 = VLOAD(xk + 4 * WPp), v5 = VLOAD(xk + 5 * WPp);
-                    a1 = VFMA(w2, v3, a1);
-                    a2 = VFMA(w1, v3, a2);
-                    a3 = VFMA(w0, v3, a3);
-                    a2 = VFMA(w2, v4, a2);
-                    a3 = VFMA(w1, v4, a3);
-                    a3 = VFMA(w2, v5, a3);
+THREE_ROW_TAPS
                 }
             }
             for (idx k = 0; !three && k < Kg; k++) {
@@ -762,6 +749,16 @@ static void accum_a_{mk.name}(idx kc, const float *restrict a, const float *rest
 """
 
 
+def three_row_taps() -> str:
+    """C for one kernel column of a 3x3 direct convolution over four output rows: input row i (of six, at xk,
+    WPp apart) is loaded once and feeds output row r through kernel row i - r."""
+    lines = []
+    for i in range(6):
+        lines.append(f"vf v{i} = VLOAD(xk + {i} * WPp);")
+        lines += [f"a{r} = VFMA(w{i - r}, v{i}, a{r});" for r in range(4) if 0 <= i - r < 3]
+    return "\n".join(" " * 20 + line for line in lines)
+
+
 def generate(spec: LibrarySpec) -> str:
     """The complete C source of the library `spec` describes, after checking the spec."""
     target = check_library(spec)
@@ -777,5 +774,5 @@ def generate(spec: LibrarySpec) -> str:
         kernels,
         f"static const kernel_t KERNELS[] = {{{table}}};",
         f"#define MAX_TILE {max(mk.mr * mk.nr for mk in spec.micro)}",
-        COMMON,
+        COMMON.replace("THREE_ROW_TAPS", three_row_taps()),
     ])
