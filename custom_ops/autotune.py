@@ -1,7 +1,7 @@
 """Search the schedule space of one operation by measuring it, and remember the winner per device.
 
-The search is coordinate descent from the default schedule: the convolution algorithm, then the micro-kernel,
-then each cache block in turn, keeping whatever lowers the median time. Winners are stored as JSON under
+The search is coordinate descent from the default schedule: the micro-kernel (for a convolution, every pairing
+of algorithm and micro-kernel), then each cache block in turn, keeping whatever lowers the time. Winners are stored as JSON under
 `<cache dir>/autotune/<device fingerprint>.json`, keyed by op, shape, dtype and threads; the fingerprint covers
 the CPU model and flags, the core count and the library build, so a new machine or compiler tunes afresh.
 """
@@ -106,11 +106,12 @@ def measure(lib: Library, op: OpSpec, schedule: Schedule, args: tuple[np.ndarray
 
 def _neighbours(lib: Library, op: OpSpec, s: Schedule, axis: str) -> list[Schedule]:
     mk = lib.spec.micro[s.micro]
-    if axis == "algo":
-        return [replace(s, algo=a) for a in ALGORITHMS] if op.op == "conv2d" else []
+    micros = [replace(s, micro=i, mc=m.mr * max(1, s.mc // m.mr), nc=m.nr * max(1, s.nc // m.nr))
+              for i, m in enumerate(lib.spec.micro)]
+    if axis == "algo":  # with every micro-kernel: the best one differs between algorithms
+        return [replace(m, algo=a) for a in ALGORITHMS for m in (micros if a != "direct" else [s])]
     if axis == "micro":
-        return [replace(s, micro=i, mc=m.mr * max(1, s.mc // m.mr), nc=m.nr * max(1, s.nc // m.nr))
-                for i, m in enumerate(lib.spec.micro)]
+        return micros
     if axis == "kc":
         return [replace(s, kc=kc) for kc in (128, 192, 256, 384, 512)]
     if axis == "mc":
@@ -123,10 +124,10 @@ def tune_op(lib: Library, op: OpSpec, threads: int, budget: float = 0.05) -> Sch
     args = operands(op)
     best = default_schedule(lib.spec, op, threads)
     best_time = measure(lib, op, best, args, budget)
-    axes = ("algo", "micro", "kc", "mc", "nc")
+    axes = ("algo", "kc", "mc", "nc") if op.op == "conv2d" else ("micro", "kc", "mc", "nc")
     for axis in axes:
-        if axis != "algo" and op.op == "conv2d" and best.algo == "direct":
-            break  # the direct convolution has no GEMM blocking to tune
+        if axis != "algo" and best.algo in ("direct", "implicit-oc") and op.op == "conv2d":
+            break  # no cache blocks to tune: direct has none, implicit-oc runs each tile over all of K
         for candidate in _neighbours(lib, op, best, axis):
             if candidate == best:
                 continue
