@@ -33,8 +33,7 @@ from onnx.backend.test.runner import Runner
 from uhop_onnx.backend import Backend, BackendRep
 from uhop_onnx.session import InferenceSession
 
-GAPS = {  # case name pattern -> why we fail it while ONNX Runtime passes
-}
+GAPS: dict[str, str] = {}  # case name pattern -> why we fail it while ONNX Runtime passes (none today)
 
 STRESS_GAPS = {  # case name pattern -> why the spread placement fails it (provider bugs it surfaced)
     r"test_attention_4d_causal_fp16_expanded": "fp16 rounding: plain ONNX Runtime is itself one f16 ulp off the "
