@@ -324,14 +324,10 @@ def _print_bundle(bundle: Path, title: str) -> None:
 
 
 def _manifest_of(bundle: Path) -> dict:
-    from .bundle.manifest import open_bundle, read_manifest
+    from .bundle.manifest import read_manifest, unpacked
 
-    folder, scratch = open_bundle(bundle)
-    try:
+    with unpacked(bundle) as folder:
         return read_manifest(folder)
-    finally:
-        if scratch is not None:
-            scratch.cleanup()
 
 
 @app.command()

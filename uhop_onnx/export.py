@@ -24,11 +24,9 @@ from .bundle.manifest import (
     FP32_TOLERANCE,
     MANIFEST,
     SCHEMA,
-    BundleError,
-    check_files,
     hash_files,
-    open_bundle,
-    read_manifest,
+    read_checked,
+    unpacked,
 )
 from .dtypes import TensorSig
 from .errors import ProviderError, UhopError
@@ -80,16 +78,9 @@ def tune_bundle(bundle: str | os.PathLike, out: str | os.PathLike, threads: int 
                 budget: float = 60.0, progress: Callable[[str], None] = lambda step: None) -> Path:
     """Place the model of `bundle` again by measurement on this host (the board), and write the new bundle
     to `out` for the same target profile."""
-    folder, scratch = open_bundle(bundle)
-    try:
-        manifest = read_manifest(folder)
-        problems = check_files(folder, manifest)
-        if problems:
-            raise BundleError(f"{bundle}: refused, files do not match the manifest: {'; '.join(problems)}")
+    with unpacked(bundle) as folder:
+        manifest = read_checked(folder, bundle)
         model = _bundled_model(folder, manifest)
-    finally:
-        if scratch is not None:
-            scratch.cleanup()
     profile = target_from_json(manifest["target"], f"{bundle}: target")
     return export_bundle(model, profile, out, threads=threads, progress=progress, measure=True, budget=budget)
 
@@ -106,9 +97,9 @@ def _bundled_model(folder: Path, manifest: Mapping[str, Any]) -> onnx.ModelProto
         graph.initializer.extend(onnx.numpy_helper.from_array(value, name)
                                  for name, value in read_npz(folder / manifest["constants"]).items())
     opsets = {o.domain: o.version for m in stages for o in m.opset_import}
-    first = stages[0] if stages else onnx.ModelProto(ir_version=onnx.IR_VERSION)
     functions = list({(f.domain, f.name): f for m in stages for f in m.functions}.values())
-    return onnx.helper.make_model(graph, ir_version=first.ir_version, functions=functions,
+    ir_version = max((m.ir_version for m in stages), default=onnx.IR_VERSION)
+    return onnx.helper.make_model(graph, ir_version=ir_version, functions=functions,
                                   opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()])
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .bundle import load_stage
-from .bundle.manifest import BundleError, check_files, open_bundle, read_manifest
+from .bundle.manifest import BundleError, check_files, read_manifest, unpacked
 from .errors import UhopError, first_line
 from .files import read_npz
 from .samples import reference_outputs
@@ -28,8 +28,7 @@ SIMULATORS = {
 
 def verify_bundle(path: str | os.PathLike) -> dict[str, Any]:
     """A report: `ok` is True only when every hash matches and every stage run here matches its reference."""
-    folder, scratch = open_bundle(path)
-    try:
+    with unpacked(path) as folder:
         manifest = read_manifest(folder)
         problems = check_files(folder, manifest)
         report: dict[str, Any] = {"bundle": str(path), "files": problems, "stages": [], "outputs": None}
@@ -50,9 +49,6 @@ def verify_bundle(path: str | os.PathLike) -> dict[str, Any]:
         report["ok"] = all(s["ok"] is not False for s in report["stages"]) and all(
             o["ok"] for o in report["outputs"].values())
         return report
-    finally:
-        if scratch is not None:
-            scratch.cleanup()
 
 
 def _check_stage(folder, stage: dict, feeds: dict[str, np.ndarray]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

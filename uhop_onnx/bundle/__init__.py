@@ -21,7 +21,7 @@ from uhop_onnx.dtypes import TensorSig
 from uhop_onnx.executor import Executor, StageIO
 from uhop_onnx.files import read_npz
 
-from .manifest import BundleError, check_files, open_bundle, read_manifest
+from .manifest import BundleError, open_bundle, read_checked
 
 # Stage format -> the module whose `load_stage(folder, artifact, threads, exclusive)` runs it.
 FORMATS = {
@@ -38,10 +38,7 @@ class Bundle:
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None):
         self.folder, self._scratch = open_bundle(path)
-        self.manifest = read_manifest(self.folder)
-        problems = check_files(self.folder, self.manifest)
-        if problems:
-            raise BundleError(f"{path}: refused, files do not match the manifest: {'; '.join(problems)}")
+        self.manifest = read_checked(self.folder, path)
         stages = self.manifest["stages"]
         runners = [load_stage(self.folder, s, threads, exclusive=len(stages) == 1) for s in stages]
         constants = read_npz(self.folder / self.manifest["constants"]) if self.manifest.get("constants") else {}

@@ -7,6 +7,8 @@ import json
 import os
 import tarfile
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -51,6 +53,15 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     return manifest
 
 
+def read_checked(folder: Path, path: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of the bundle unpacked in `folder` (from `path`), once every file matches it."""
+    manifest = read_manifest(folder)
+    problems = check_files(folder, manifest)
+    if problems:
+        raise BundleError(f"{path}: refused, files do not match the manifest: {'; '.join(problems)}")
+    return manifest
+
+
 def check_files(folder: Path, manifest: dict[str, Any]) -> list[str]:
     """Problems with the bundle's files: missing, changed, or unlisted; empty when all match."""
     problems = []
@@ -80,6 +91,17 @@ def open_bundle(path: str | os.PathLike) -> tuple[Path, tempfile.TemporaryDirect
         scratch.cleanup()
         raise
     return Path(scratch.name), scratch
+
+
+@contextmanager
+def unpacked(path: str | os.PathLike) -> Iterator[Path]:
+    """`open_bundle` for the length of a `with` block."""
+    folder, scratch = open_bundle(path)
+    try:
+        yield folder
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
 
 
 def extract(archive: Path, folder: Path) -> None:
