@@ -1,7 +1,9 @@
 """Placement by measured cost: the assignment that makes the whole model fastest.
 
-1. Blocks (`blocks.py`) are timed on every provider that can run them whole, and each provider's cost of
-   entering a stage is timed per tensor size: what a boundary costs.
+1. Blocks (`blocks.py`) are timed on every provider that can run them whole; each provider's cost of
+   entering a stage, and for each ordered pair of providers the cost of a stage on the second right after
+   one on the first (the tensor handed over as the session does: left on a device both share, else copied
+   to the host), are timed at the size of the widest boundary: what a boundary costs.
 2. A dynamic programme over the blocks in topological order picks, for each block, the provider that
    minimises the summed block costs plus the boundaries paid where the provider changes.
 3. That plan, the greedy plan, and each provider's own plan (that provider first, the rest filling in) are
@@ -23,12 +25,13 @@ from typing import Any
 
 import numpy as np
 import onnx
+from uhop_onnx.providers import Provider, Runner, Support
 
 from uhop_onnx.cache import JsonTable
 from uhop_onnx.errors import first_line
+from uhop_onnx.executor import hand_over
 from uhop_onnx.graph import Graph
 from uhop_onnx.samples import sample_feeds
-from uhop_onnx.providers import Provider, Runner, Support
 
 from .blocks import blocks, live_tensors
 from .extract import extract
@@ -77,8 +80,8 @@ class Search:
         units = blocks(self.graph, self.support, self.pinned)
         allowed = [allowed_providers(self.graph, self.support, self.pinned, b) for b in units]
         block_costs = self._block_costs(units, allowed)
-        entry = self._entry_costs(units, allowed)
-        searched = expand(len(self.graph.nodes), units, cheapest_path(allowed, block_costs, entry))
+        entry, boundary = self._entry_costs(units, allowed)
+        searched = expand(len(self.graph.nodes), units, cheapest_path(allowed, block_costs, entry, boundary))
         candidates = {"searched": searched, "first-supported": greedy}
         for p, label in enumerate(labels):
             candidates[f"{label} first"] = self._prefer([p, *(q for q in range(len(labels)) if q != p)])
@@ -94,6 +97,7 @@ class Search:
                         "ms": {labels[p]: c.ms for p, c in costs.items() if c.rounds}}
                        for b, costs in zip(units, block_costs)],
             "entry_ms": {labels[p]: c.ms for p, c in entry.items() if c.rounds},
+            "boundary_ms": {f"{labels[q]}>{labels[p]}": c.ms for (q, p), c in boundary.items() if c.rounds},
             "measured": len(self._fresh),
             "cached": sum(1 for k in self._used if k in self._known),
             "seconds": round(time.monotonic() - started, 3),
@@ -124,10 +128,14 @@ class Search:
     def _remember(self, fresh: Mapping[str, Measurement]) -> None:
         self._fresh.update({k: m.to_json() for k, m in fresh.items()})
 
-    def _cached(self, jobs: Mapping[str, Callable[[], Callable[[], object]]]) -> dict[str, Measurement]:
-        """Measure the jobs whose keys the cache does not hold; `jobs` build their call lazily. A job that
-        fails to build or run costs infinity, so no choice falls on it."""
+    def _cached(self, jobs: Mapping[str, Callable[[], Callable[[], object]]], together: bool = False
+                ) -> dict[str, Measurement]:
+        """Measure the jobs whose keys the cache does not hold (all of them, `together`, unless it holds
+        every one: figures that are compared must come from the same rounds); `jobs` build their call
+        lazily. A job that fails to build or run costs infinity, so no choice falls on it."""
         found = self._lookup(jobs)
+        if together and len(found) < len(jobs):
+            found = {}
         missing, failed = {}, {}
         for key, build in jobs.items():
             if key in found:
@@ -163,9 +171,11 @@ class Search:
         measured = self._cached({key: (lambda k=k, p=p: job(k, p)) for (k, p), key in keys.items()})
         return [{p: measured[keys[k, p]] for p in ps} for k, ps in enumerate(allowed)]
 
-    def _entry_costs(self, units: Sequence[Sequence[int]], allowed: Sequence[Sequence[int]]) -> dict[int, Measurement]:
-        """Each provider's cost of a stage that does almost nothing (one Relu): the price of a boundary,
-        at the size of the largest set of tensors live where a block starts."""
+    def _entry_costs(self, units: Sequence[Sequence[int]], allowed: Sequence[Sequence[int]]
+                     ) -> tuple[dict[int, Measurement], dict[tuple[int, int], Measurement]]:
+        """Each provider's cost of a stage that does almost nothing (one Relu), fed from the host; and for
+        each ordered pair (q, p), the cost of such a stage on p right after one on q, less q's own. Both at
+        the size of the largest set of tensors live where a block starts."""
         live = live_tensors(self.graph)
         widest = max((sum(nbytes(self.graph, t) for t in live[b[0]] or self.graph.inputs) for b in units),
                      default=4)
@@ -173,14 +183,31 @@ class Search:
         model = _entry_model(size // 4, self.model)
         used = sorted({p for ps in allowed for p in ps})
         data = {"x": np.zeros(size // 4, np.float32)}
+        runners: dict[int, Runner] = {}
 
-        def job(p: int) -> Callable[[], object]:
-            runner = self.providers[p].compile(model, exclusive=False)
-            return lambda: runner.run(data)
+        def runner(p: int) -> Runner:
+            if p not in runners:
+                runners[p] = self.providers[p].compile(model, exclusive=False)
+            return runners[p]
+
+        def alone(p: int) -> Callable[[], object]:
+            return lambda: runner(p).run(data)
+
+        def pair(q: int, p: int) -> Callable[[], object]:
+            first, second = runner(q), runner(p)
+            return lambda: second.run({"x": hand_over(first.run(data)["y"], first, second)})
 
         keys = {p: self._key("entry", self.providers[p], f"bytes={size}") for p in used}
-        measured = self._cached({keys[p]: (lambda p=p: job(p)) for p in used})
-        return {p: measured[keys[p]] for p in used}
+        pairs = {(q, p): self._key("pair", self.providers[p], f"after={self.providers[q].label}@"
+                                   f"{self.providers[q].availability.version}|bytes={size}")
+                 for q in used for p in used if q != p}
+        measured = self._cached({keys[p]: (lambda p=p: alone(p)) for p in used}
+                                | {key: (lambda q=q, p=p: pair(q, p)) for (q, p), key in pairs.items()},
+                                together=True)
+        entry = {p: measured[keys[p]] for p in used}
+        boundary = {(q, p): Measurement(max(measured[key].ms - entry[q].ms, 0.0), measured[key].spread,
+                                        measured[key].rounds) for (q, p), key in pairs.items()}
+        return entry, boundary
 
     def _measure_plans(self, placements: Mapping[str, Placement]) -> dict[str, Measurement]:
         digest = hashlib.sha256(self.model.SerializeToString(deterministic=True)).hexdigest()
@@ -259,12 +286,16 @@ def expand(size: int, units: Sequence[Sequence[int]], choice: Sequence[int]) -> 
 
 
 def cheapest_path(allowed: Sequence[Sequence[int]], costs: Sequence[Mapping[int, Measurement]],
-                  entry: Mapping[int, Measurement]) -> list[int]:
-    """For each block, a provider, minimising block costs plus a stage entry wherever the provider changes.
+                  entry: Mapping[int, Measurement],
+                  boundary: Mapping[tuple[int, int], Measurement] | None = None) -> list[int]:
+    """For each block, a provider, minimising block costs plus the boundary paid wherever the provider
+    changes.
 
-    A block's own figure includes one stage entry, so consecutive blocks on one provider are charged the
-    block figure less that entry. For the same reason an entry is worth no more than the provider's cheapest
-    block: a larger entry figure is work the probe stage did, not the boundary's price."""
+    A block's own figure includes one stage entry fed from the host, so consecutive blocks on one provider
+    are charged the block figure less that entry, and a block after another provider q the block figure
+    with the entry replaced by the boundary from q (when measured). For the same reason an entry is worth
+    no more than the provider's cheapest block: a larger entry figure is work the probe stage did, not the
+    boundary's price."""
     used = {p for ps in allowed for p in ps}
     cheapest = {p: min(costs[k][p].ms for k, ps in enumerate(allowed) if p in ps) for p in used}
     best: dict[int, tuple[float, list[int]]] = {}
@@ -272,9 +303,11 @@ def cheapest_path(allowed: Sequence[Sequence[int]], costs: Sequence[Mapping[int,
         step: dict[int, tuple[float, list[int]]] = {}
         for p in ps:
             own = costs[k][p].ms
+            inside = max(own - min(entry[p].ms, cheapest[p]), 0.0)  # the block's work without its entry
             options = [(own, [p])] if not best else []
             for q, (total, path) in best.items():
-                extra = own if q != p else max(own - min(entry[p].ms, cheapest[p]), 0.0)
+                measured = (boundary or {}).get((q, p))
+                extra = inside if q == p else own if measured is None else inside + measured.ms
                 options.append((total + extra, [*path, p]))
             step[p] = min(options, key=lambda o: o[0])
         best = step

@@ -18,7 +18,7 @@ from uhop_onnx.partitioner.extract import extract
 from uhop_onnx.providers import REGISTRY, create, devices
 from uhop_onnx.providers.capability import Support
 from uhop_onnx.providers.ort import DeviceTensor, OrtCpu, OrtCuda, OrtGpuProvider, OrtRocm, OrtTensorRT
-from uhop_onnx.executor import _handoff
+from uhop_onnx.executor import hand_over
 
 from .conftest import assert_matches, random_feeds, reference
 
@@ -108,15 +108,15 @@ def test_consecutive_gpu_stages_hand_tensors_over_on_the_device():
     feeds = random_feeds(model)
     middle = first.run(feeds)
     assert all(isinstance(v, DeviceTensor) for v in middle.values())
-    handed = {name: _handoff(value, first, second) for name, value in middle.items()}
+    handed = {name: hand_over(value, first, second) for name, value in middle.items()}
     assert all(handed[name] is middle[name] for name in middle)  # same device: no copy to the host
     on_host = OrtCpu().compile(extract(model, graph, range(half, len(graph.nodes))))
-    assert all(isinstance(_handoff(v, first, on_host), np.ndarray) for v in middle.values())
+    assert all(isinstance(hand_over(v, first, on_host), np.ndarray) for v in middle.values())
     before = second.build_seconds
     second.warm_up()  # what TensorRT does at compile time: the first run is part of the build
     assert second.build_seconds > before
     results = second.run(handed)
-    assert_matches([_handoff(results[o.name], second, None) for o in model.graph.output], reference(model, feeds))
+    assert_matches([hand_over(results[o.name], second, None) for o in model.graph.output], reference(model, feeds))
 
 
 def test_assignment_record_is_cached_per_model_ep_version_and_options(tmp_path, monkeypatch):

@@ -150,3 +150,21 @@ def test_an_entry_figure_above_every_block_does_not_make_blocks_free():
     ms = lambda x: Measurement(x, 0.0, 5)  # noqa: E731
     costs = [{0: ms(0.04), 1: ms(0.07)}, {0: ms(0.11), 1: ms(0.21)}, {0: ms(0.13), 1: ms(0.31)}]
     assert cheapest_path([[0, 1]] * 3, costs, {0: ms(0.04), 1: ms(0.3)}) == [0, 0, 0]
+
+
+def test_a_dear_boundary_between_two_providers_keeps_one():
+    """Entering provider 1 costs 1 ms from the host but 5 ms right after provider 0 (say, a layout change):
+    the path stays on provider 0, which it leaves when the pair's boundary is cheap."""
+    ms = lambda x: Measurement(x, 0.0, 5)  # noqa: E731
+    costs = [{0: ms(1.0), 1: ms(5.0)}, {0: ms(5.0), 1: ms(1.2)}]
+    entry = {0: ms(1.0), 1: ms(1.0)}
+    assert cheapest_path([[0, 1]] * 2, costs, entry, {(0, 1): ms(5.0), (1, 0): ms(1.0)}) == [0, 0]
+    assert cheapest_path([[0, 1]] * 2, costs, entry, {(0, 1): ms(0.5), (1, 0): ms(1.0)}) == [0, 1]
+
+
+def test_boundaries_are_measured_per_provider_pair(monkeypatch, clock, tmp_path):
+    install(monkeypatch, clock, conv={"Conv": 1.0, "Gemm": 20.0}, gemm={"Conv": 20.0, "Gemm": 1.0})
+    plan = optimize(cnn(), clock, tmp_path)
+    assert {"fake-conv>fake-gemm", "fake-gemm>fake-conv"} <= set(plan.profile["boundary_ms"])
+    for before, stage in zip(plan.stages, plan.stages[1:]):
+        assert stage.boundary_ms == plan.profile["boundary_ms"][f"{before.provider}>{stage.provider}"]

@@ -55,14 +55,14 @@ class Executor:
         origin: dict[str, Runner] = {}
         for k in self._all_stages if output_names is None else stages_for(self.stages, wanted):
             stage, runner = self.stages[k], self.runners[k]
-            feeds = {name: _handoff(values[name], origin.get(name), runner) for name in stage.inputs if name in values}
+            feeds = {name: hand_over(values[name], origin.get(name), runner) for name in stage.inputs if name in values}
             results = self._run_stage(k, feeds)
             values.update(results)
             origin.update(dict.fromkeys(results, self.runners[k]))
             for name in stage.inputs:
                 if self._last_use.get(name) == k and name not in wanted:
                     values.pop(name, None)
-        return [_handoff(values[name], origin.get(name), None) for name in wanted]
+        return [hand_over(values[name], origin.get(name), None) for name in wanted]
 
     def _run_stage(self, k: int, feeds: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -158,7 +158,7 @@ def _check_value(sig: TensorSig, value: np.ndarray) -> None:
                              f"{sig.shape} (dimension {axis} must be {want})")
 
 
-def _handoff(value: Any, source: Runner | None, target: Runner | None) -> Any:
+def hand_over(value: Any, source: Runner | None, target: Runner | None) -> Any:
     """A value as `target` takes it: left on an accelerator both runners share, else a host array (a runtime's
     numpy scalar becomes a 0-d array)."""
     if source is None or value is None or isinstance(value, list) or (

@@ -132,8 +132,9 @@ def _attribute_costs(plan: Plan, a: Analysis, search: Search) -> None:
         options = set.intersection(*(set(ms) for ms in mine)) if mine else set()
         stage.alternatives = {label: round(sum(ms[label] for ms in mine), 4) for label in labels if label in options}
         stage.cost_ms = stage.alternatives.get(stage.label)
-        if len(plan.stages) > 1:
-            stage.boundary_ms = search.report["entry_ms"].get(stage.label)
+        if k > 0:
+            before = plan.stages[k - 1].label
+            stage.boundary_ms = search.report["boundary_ms"].get(f"{before}>{stage.label}")
 
 
 def build_plan(a: Analysis, placement: Sequence[int], threads: int | None) -> Plan:
