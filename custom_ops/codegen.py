@@ -30,6 +30,8 @@ typedef __m512 vf;
 #define VMIN(a, b) _mm512_min_ps(a, b)
 #define VLOADN(p, n) _mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1), p)
 #define VSTOREN(p, v, n) _mm512_mask_storeu_ps(p, (__mmask16)((1u << (n)) - 1), v)
+#define VEVEN(lo, hi) _mm512_permutex2var_ps(lo, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), hi)
+#define VODD(lo, hi) _mm512_permutex2var_ps(lo, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), hi)
 """,
     "x86-64-avx2": """
 typedef __m256 vf;
@@ -47,6 +49,9 @@ typedef __m256 vf;
 #define LANE_MASK(n) _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
 #define VLOADN(p, n) _mm256_maskload_ps(p, LANE_MASK(n))
 #define VSTOREN(p, v, n) _mm256_maskstore_ps(p, LANE_MASK(n), v)
+#define VPICK(lo, hi, sel) _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, sel)), 0xD8))
+#define VEVEN(lo, hi) VPICK(lo, hi, 0x88)
+#define VODD(lo, hi) VPICK(lo, hi, 0xDD)
 """,
     "aarch64-neon": """
 typedef float32x4_t vf;
@@ -63,6 +68,8 @@ typedef float32x4_t vf;
 #define VMIN(a, b) vminq_f32(a, b)
 static inline vf VLOADN(const float *p, long n) { float t[4] = {0}; memcpy(t, p, sizeof(float) * n); return vld1q_f32(t); }
 static inline void VSTOREN(float *p, vf v, long n) { float t[4]; vst1q_f32(t, v); memcpy(p, t, sizeof(float) * n); }
+#define VEVEN(lo, hi) vuzp1q_f32(lo, hi)
+#define VODD(lo, hi) vuzp2q_f32(lo, hi)
 """,
     "scalar": """
 typedef float vf;
@@ -77,8 +84,10 @@ typedef float vf;
 #define VMUL(a, b) ((a) * (b))
 #define VMAX(a, b) ((a) > (b) ? (a) : (b))
 #define VMIN(a, b) ((a) < (b) ? (a) : (b))
-#define VLOADN(p, n) VLOAD(p)
-#define VSTOREN(p, v, n) VSTORE(p, v)
+#define VLOADN(p, n) ((n) > 0 ? *(p) : 0.0f)
+#define VSTOREN(p, v, n) do { if ((n) > 0) *(p) = (v); } while (0)
+#define VEVEN(lo, hi) (lo)
+#define VODD(lo, hi) (hi)
 """,
 }
 
@@ -416,6 +425,22 @@ static int phase_read(idx phase, idx stride, idx taps, idx dilation) {
     return 0;
 }
 
+/* Split a row of n floats into its even and odd columns, a vector pair at a time (the last pair under masks). */
+static void split_row(const float *src, idx n, float *even, float *odd) {
+    idx j = 0;
+    for (; 2 * (j + LANES) <= n; j += LANES) {
+        vf lo = VLOAD(src + 2 * j), hi = VLOAD(src + 2 * j + LANES);
+        VSTORE(even + j, VEVEN(lo, hi));
+        VSTORE(odd + j, VODD(lo, hi));
+    }
+    idx rest = n - 2 * j;  /* fewer than 2 * LANES */
+    if (rest > 0) {
+        vf lo = VLOADN(src + 2 * j, imin(rest, LANES)), hi = VLOADN(src + 2 * j + LANES, imax(rest - LANES, 0));
+        VSTOREN(even + j, VEVEN(lo, hi), (rest + 1) / 2);
+        VSTOREN(odd + j, VODD(lo, hi), rest / 2);
+    }
+}
+
 /* Copy `channels` channels of an image (at x) into phase planes: zero-padded, then split by stride phase, so
    every tap of a strided or dilated convolution reads unit-stride runs. Padded pixel (ih, iw) of channel c goes
    to plane ((c * sh + ih % sh) * sw + iw % sw), each HPp x WPp, at (ih / sh, iw / sw). */
@@ -438,14 +463,9 @@ static void fill_phases(const conv_t *cv, const float *x, idx channels, float *x
                 memcpy(row + cv->pl, src, sizeof(float) * W);
             } else if (sw > MAX_STRIDE) {
                 for (idx w = 0, iw = cv->pl; w < W; w++, iw++) row[iw % sw * plane + iw / sw] = src[w];
-            } else if (sw == 2 && count[0] && count[1]) {  /* both column phases read: one vectorized pass */
-                idx even = first[0] ? 1 : 0, n = W / 2;  /* the phase of column 0 */
-                float *restrict to0 = row + at[even], *restrict to1 = row + at[1 - even];
-                for (idx j = 0; j < n; j++) {
-                    to0[j] = src[2 * j];
-                    to1[j] = src[2 * j + 1];
-                }
-                if (W % 2) to0[n] = src[W - 1];
+            } else if (sw == 2 && count[0] && count[1]) {  /* both column phases read: split in registers */
+                idx even = first[0] ? 1 : 0;  /* the phase of column 0 */
+                split_row(src, W, row + at[even], row + at[1 - even]);
             } else {
                 for (idx pw = 0; pw < sw; pw++) {
                     const float *restrict from = src + first[pw];

@@ -78,7 +78,7 @@ def _cases(lib: Library, rng: np.random.Generator) -> Iterator[tuple[str, np.nda
         ((2, 6, 9, 11), (4, 3, 3, 2), (2, 1), (1, 0, 2, 1), (1, 2), 2),
         ((1, 5, 7, 7), (5, 1, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 5),
         ((1, 8, 6, 5), (7, 8, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),
-        ((1, 3, 13, 10), (9, 3, 5, 3), (3, 2), (2, 1, 0, 1), (2, 1), 1),
+        ((1, 3, 13, 11), (9, 3, 5, 3), (3, 2), (2, 1, 0, 1), (2, 1), 1),
     ]
     for i, (xs, ws, strides, pads, dilations, group) in enumerate(convs):
         x, w, bias = rand(*xs), rand(*ws), rand(ws[0])

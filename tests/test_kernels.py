@@ -280,7 +280,7 @@ def test_aarch64_build_runs_under_qemu():
                             epilogue=Epilogue(lo=0.0))
         np.testing.assert_allclose(got, np.maximum(0.5 * (a.astype(np.float64) @ b) + bias, 0), rtol=1e-4, atol=1e-4)
     convs = [((1, 4, 9, 8), (6, 2, 3, 3), (2, 1), (1, 1, 1, 0), (1, 2), 2),  # x, w, strides, pads, dilations, group
-             ((1, 5, 9, 10), (5, 1, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 5)]
+             ((1, 5, 9, 11), (5, 1, 3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 5)]
     for xs, ws, strides, pads, dilations, group in convs:
         x, w = _rand(rng, *xs), _rand(rng, *ws)
         want = verify.conv_reference(x, w, bias[:ws[0]], strides, pads, dilations, group)
