@@ -585,13 +585,14 @@ static void conv_gemm_range(void *ctx, idx begin, idx end) {
 
 /* The output plane of channel oc (at y) of a direct convolution over its group's phase planes xp, four rows at
    a time (rows past OH are computed from the planes' slack and dropped): each vector of outputs accumulates
-   every tap in a register. Three kernel rows one plane row apart (3x3 at unit stride) share their loads: six
-   input rows feed the four output rows. rows holds four output rows of OW + LANES floats. */
+   every tap in a register. The three kernel rows of a 3x3 at unit stride (one plane row apart) or at stride 2
+   (rows 0 and 2 one row apart in one phase) share their loads across the four output rows. rows holds four
+   output rows of OW + LANES floats. */
 static void conv_direct_plane(const conv_t *cv, idx oc, const float *xp, float *rows, float *y) {
     idx Kg = cv->C / cv->G * cv->KH * cv->KW, KW = cv->KW, OW = cv->OW, WPp = cv->WPp, RW = OW + LANES;
     const float *wo = cv->w + oc * Kg;
     vf b = VSET1(cv->bias ? cv->bias[oc] : 0.0f);
-    int three = cv->KH == 3 && cv->dh == cv->sh;  /* kernel row kh reads plane row oh + kh */
+    int unit = cv->KH == 3 && cv->dh == cv->sh, two = cv->KH == 3 && cv->sh == 2 && cv->dh == 1, three = unit || two;
     for (idx oh = 0; oh < cv->OH; oh += 4) {
         for (idx ow = 0; ow < OW; ow += LANES) {
             const float *xr = xp + oh * WPp + ow;
@@ -599,8 +600,12 @@ static void conv_direct_plane(const conv_t *cv, idx oc, const float *xp, float *
             for (idx k0 = 0; three && k0 < Kg; k0 += 3 * KW) {
                 for (idx k = k0; k < k0 + KW; k++) {  /* the taps of kh = 0 of one channel */
                     vf w0 = VSET1(wo[k]), w1 = VSET1(wo[k + KW]), w2 = VSET1(wo[k + 2 * KW]);
-                    const float *xk = xr + cv->boff[k];
-THREE_ROW_TAPS
+                    const float *x0 = xr + cv->boff[k], *x1 = xr + cv->boff[k + KW];
+                    if (unit) {  /* kernel row kh reads row oh + kh of x0 */
+UNIT_STRIDE_TAPS
+                    } else {  /* kernel rows 0 and 2 read rows oh and oh + 1 of x0, kernel row 1 row oh of x1 */
+STRIDE_TWO_TAPS
+                    }
                 }
             }
             for (idx k = 0; !three && k < Kg; k++) {
@@ -769,14 +774,17 @@ static void accum_a_{mk.name}(idx kc, const float *restrict a, const float *rest
 """
 
 
-def three_row_taps() -> str:
-    """C for one kernel column of a 3x3 direct convolution over four output rows: input row i (of six, at xk,
-    WPp apart) is loaded once and feeds output row r through kernel row i - r."""
+def shared_row_taps(taps: tuple[tuple[str, int], ...]) -> str:
+    """C for one kernel column of a 3x3 direct convolution over four output rows a0..a3: kernel row kh (weight
+    wkh) reads, for output row r, plane row `offset + r` at the pointer `taps[kh]` names; each distinct plane row
+    is loaded once and feeds every output row that reads it."""
     lines = []
-    for i in range(6):
-        lines.append(f"vf v{i} = VLOAD(xk + {i} * WPp);")
-        lines += [f"a{r} = VFMA(w{i - r}, v{i}, a{r});" for r in range(4) if 0 <= i - r < 3]
-    return "\n".join(" " * 20 + line for line in lines)
+    for name in dict.fromkeys(n for n, _ in taps):
+        for i in sorted({offset + r for n, offset in taps if n == name for r in range(4)}):
+            lines.append(f"vf {name}_{i} = VLOAD({name} + {i} * WPp);")
+            lines += [f"a{i - offset} = VFMA(w{kh}, {name}_{i}, a{i - offset});"
+                      for kh, (n, offset) in enumerate(taps) if n == name and 0 <= i - offset < 4]
+    return "\n".join(" " * 24 + line for line in lines)
 
 
 def generate(spec: LibrarySpec) -> str:
@@ -794,5 +802,6 @@ def generate(spec: LibrarySpec) -> str:
         kernels,
         f"static const kernel_t KERNELS[] = {{{table}}};",
         f"#define MAX_TILE {max(mk.mr * mk.nr for mk in spec.micro)}",
-        COMMON.replace("THREE_ROW_TAPS", three_row_taps()),
+        COMMON.replace("UNIT_STRIDE_TAPS", shared_row_taps((("x0", 0), ("x0", 1), ("x0", 2))))
+              .replace("STRIDE_TWO_TAPS", shared_row_taps((("x0", 0), ("x1", 0), ("x0", 1)))),
     ])
