@@ -133,6 +133,11 @@ def test_unknown_arch_is_named():
     assert "valid: x86_64, aarch64" in KernelsProvider({"arch": "mips"}).export_blocker()
 
 
+def test_only_aarch64_is_emulated():
+    with pytest.raises(ProviderError, match="emulate runs aarch64 kernels under qemu; arch is 'x86_64'"):
+        KernelsProvider({"arch": "x86_64", "emulate": True}).compile(cnn())
+
+
 @pytest.mark.skipif(bool(cross.missing_tools()), reason=f"no aarch64 cross compiler or qemu; install: {cross.INSTALL}")
 def test_aarch64_bundle_ships_an_arm_library_and_verifies_under_qemu(tmp_path):
     profile = tmp_path / "arm.json"
