@@ -1,7 +1,8 @@
 """Search the schedule space of one operation by measuring it, and remember the winner per device.
 
 The search is coordinate descent from the default schedule: the micro-kernel (for a convolution, every pairing
-of algorithm and micro-kernel), then each cache block in turn, keeping whatever lowers the time. Winners are stored as JSON under
+of algorithm and micro-kernel), then each cache block in turn, then fewer threads, keeping whatever lowers the
+time. Winners are stored as JSON under
 `<cache dir>/autotune/<device fingerprint>.json`, keyed by op, shape, dtype and threads; the fingerprint covers
 the CPU model and flags, the core count and the library build, so a new machine or compiler tunes afresh.
 """
@@ -43,9 +44,9 @@ def cached(lib: Library, op: OpSpec, threads: int) -> Schedule | None:
     return Schedule(**entry["schedule"]) if entry else None
 
 
-def store(lib: Library, op: OpSpec, schedule: Schedule, seconds: float) -> None:
-    """Add one winner to the device's cache file (rewritten atomically)."""
-    JsonTable(cache_file(lib)).update({_key(op, schedule.threads): {
+def store(lib: Library, op: OpSpec, threads: int, schedule: Schedule, seconds: float) -> None:
+    """Add the winner for `threads` (its own may be fewer) to the device's cache file (rewritten atomically)."""
+    JsonTable(cache_file(lib)).update({_key(op, threads): {
         "schedule": schedule.to_json(), "seconds": seconds, "gflops": op.flops / seconds / 1e9}})
 
 
@@ -112,6 +113,8 @@ def _neighbours(lib: Library, op: OpSpec, s: Schedule, axis: str) -> list[Schedu
         return [replace(m, algo=a) for a in ALGORITHMS for m in (micros if a != "direct" else [s])]
     if axis == "micro":
         return micros
+    if axis == "threads":  # fewer threads win on small calls, where starting threads costs more than it saves
+        return [replace(s, threads=t) for t in range(1, s.threads)]
     if axis == "kc":
         return [replace(s, kc=kc) for kc in (128, 192, 256, 384, 512)]
     if axis == "mc":
@@ -124,10 +127,10 @@ def tune_op(lib: Library, op: OpSpec, threads: int, budget: float = 0.05) -> Sch
     args = operands(op)
     best = default_schedule(lib.spec, op, threads)
     best_time = measure(lib, op, best, args, budget)
-    axes = ("algo", "kc", "mc", "nc") if op.op == "conv2d" else ("micro", "kc", "mc", "nc")
+    axes = ("algo", "kc", "mc", "nc", "threads") if op.op == "conv2d" else ("micro", "kc", "mc", "nc", "threads")
     for axis in axes:
-        if axis != "algo" and best.algo in ("direct", "implicit-oc") and op.op == "conv2d":
-            break  # no cache blocks to tune: direct has none, implicit-oc runs each tile over all of K
+        if axis in ("kc", "mc", "nc") and best.algo in ("direct", "implicit-oc") and op.op == "conv2d":
+            continue  # no cache blocks to tune: direct has none, implicit-oc runs each tile over all of K
         for candidate in _neighbours(lib, op, best, axis):
             if candidate == best:
                 continue
@@ -135,7 +138,7 @@ def tune_op(lib: Library, op: OpSpec, threads: int, budget: float = 0.05) -> Sch
             if seconds < best_time:
                 best, best_time = candidate, seconds
     log.info("tuned %s on %d threads: %s (%.1f GFLOP/s)", op.key, threads, best, op.flops / best_time / 1e9)
-    store(lib, op, best, best_time)
+    store(lib, op, threads, best, best_time)
     return best
 
 
