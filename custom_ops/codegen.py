@@ -527,18 +527,18 @@ static void conv_rows_range(void *ctx, idx begin, idx end) {
     const int MR = cv->k->mr, NR = cv->k->nr;
     _Alignas(64) float t[MAX_TILE];
     float column[MAX_TILE];
-    for (idx jr = 0; jr < r->OCg; jr += NR)
-        for (idx tile = begin; tile < end; tile++) {
-            idx ir = tile * MR;
-            int m = (int)imin(MR, r->P - ir), n = (int)imin(NR, r->OCg - jr);
-            cv->k->accum_a(r->Kg, r->xp + ir, r->wp + jr * r->Kg, cv->boff, t);
-            for (int j = 0; j < n; j++) {  /* the tile's column j is output channel jr + j: a run of pixels */
-                float *dst = r->y + (jr + j) * r->P + ir;
-                for (int i = 0; i < m; i++) column[i] = t[i * NR + j];
-                epilogue_row(m, column, cv->accumulate ? dst : NULL, r->bias ? r->bias[jr + j] : 0.0f, cv->clamp,
-                             cv->lo, cv->hi, dst);
-            }
+    idx tiles = (r->P + MR - 1) / MR;
+    for (idx item = begin; item < end; item++) {  /* item = panel * tiles + tile: threads split the panels */
+        idx jr = item / tiles * NR, ir = item % tiles * MR;
+        int m = (int)imin(MR, r->P - ir), n = (int)imin(NR, r->OCg - jr);
+        cv->k->accum_a(r->Kg, r->xp + ir, r->wp + jr * r->Kg, cv->boff, t);
+        for (int j = 0; j < n; j++) {  /* the tile's column j is output channel jr + j: a run of pixels */
+            float *dst = r->y + (jr + j) * r->P + ir;
+            for (int i = 0; i < m; i++) column[i] = t[i * NR + j];
+            epilogue_row(m, column, cv->accumulate ? dst : NULL, r->bias ? r->bias[jr + j] : 0.0f, cv->clamp,
+                         cv->lo, cv->hi, dst);
         }
+    }
 }
 
 /* One (image, group) of a GEMM convolution: Y_g = W_g col + bias, where col is the im2col matrix, packed from
@@ -559,7 +559,8 @@ static void conv_gemm_item(const conv_t *cv, idx item, float *ap, float *bp, flo
         if (!cv->packed) pack_b(NR, Kg, OCg, g.A, 1, Kg, bp);
         fill_taps(cv, x, Cg, xp);
         rows_t r = {cv, xp, wp, g.bias, g.C, P, OCg, Kg};
-        parallel_for(threads, (P + cv->k->mr - 1) / cv->k->mr, conv_rows_range, &r);
+        idx tiles = (P + cv->k->mr - 1) / cv->k->mr, panels = (OCg + NR - 1) / NR;
+        parallel_for(threads, tiles * panels, conv_rows_range, &r);
         return;
     }
     if (cv->algo == ALGO_IMPLICIT) {
