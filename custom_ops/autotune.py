@@ -105,6 +105,12 @@ def measure(lib: Library, op: OpSpec, schedule: Schedule, args: tuple[np.ndarray
     return min(median_seconds(call, budget / 2) for _ in range(2))
 
 
+# Below this many flops per thread a call may run faster on fewer threads: starting one costs tens of
+# microseconds, about what a few million flops take. Larger calls keep every thread asked for, so that a burst
+# of load on a shared machine during tuning never pins them to one.
+SMALL_FLOPS = 10e6
+
+
 def _neighbours(lib: Library, op: OpSpec, s: Schedule, axis: str) -> list[Schedule]:
     mk = lib.spec.micro[s.micro]
     micros = [replace(s, micro=i, mc=m.mr * max(1, s.mc // m.mr), nc=m.nr * max(1, s.nc // m.nr))
@@ -113,8 +119,8 @@ def _neighbours(lib: Library, op: OpSpec, s: Schedule, axis: str) -> list[Schedu
         return [replace(m, algo=a) for a in ALGORITHMS for m in (micros if a != "direct" else [s])]
     if axis == "micro":
         return micros
-    if axis == "threads":  # fewer threads win on small calls, where starting threads costs more than it saves
-        return [replace(s, threads=t) for t in range(1, s.threads)]
+    if axis == "threads":  # on small calls, starting threads can cost more than it saves
+        return [replace(s, threads=t) for t in range(1, s.threads)] if op.flops < SMALL_FLOPS * s.threads else []
     if axis == "kc":
         return [replace(s, kc=kc) for kc in (128, 192, 256, 384, 512)]
     if axis == "mc":
