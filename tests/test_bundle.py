@@ -103,10 +103,15 @@ def test_tune_stops_when_a_required_provider_is_absent_here(tmp_path):
     assert not (tmp_path / "tuned").exists()
 
 
-def test_tune_refuses_a_tampered_bundle(x86_bundle, tmp_path):
+def _unpack(archive: Path, tmp_path: Path) -> Path:
     folder = tmp_path / "unpacked"
-    with tarfile.open(x86_bundle) as tar:
+    with tarfile.open(archive) as tar:
         tar.extractall(folder, filter="data")
+    return folder
+
+
+def test_tune_refuses_a_tampered_bundle(x86_bundle, tmp_path):
+    folder = _unpack(x86_bundle, tmp_path)
     reference_model = next((folder / "reference").iterdir())
     reference_model.write_bytes(reference_model.read_bytes()[:-1])
     with pytest.raises(BundleError, match=reference_model.name):
@@ -115,9 +120,7 @@ def test_tune_refuses_a_tampered_bundle(x86_bundle, tmp_path):
 
 
 def test_a_flipped_byte_fails_verify_and_load(x86_bundle, tmp_path):
-    folder = tmp_path / "unpacked"
-    with tarfile.open(x86_bundle) as tar:
-        tar.extractall(folder, filter="data")
+    folder = _unpack(x86_bundle, tmp_path)
     stage = next((folder / "stages").iterdir())
     data = bytearray(stage.read_bytes())
     data[len(data) // 2] ^= 0x01
