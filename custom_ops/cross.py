@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from . import build, codegen
+from .library import bias_view
 from .spec import (
     ALGORITHMS,
     NONE,
@@ -163,8 +164,6 @@ class Emulated:
                  epilogue: Epilogue = NONE, residual: np.ndarray | None = None,
                  out: np.ndarray | None = None) -> np.ndarray:
         """`clamp(x + bias + residual)` where `bias` is a vector along `axis` (or None)."""
-        shape = x.shape or (1,)
-        axis = axis % len(shape)
-        params = [int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1:])), int(epilogue.clamps)]
+        params = [*bias_view(x.shape, axis, bias is not None), int(epilogue.clamps)]
         y = _run(self.path, 2, params, [epilogue.lo, epilogue.hi], [x, bias, residual], x.size).reshape(x.shape)
         return _into(out, y)

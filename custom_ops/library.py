@@ -90,6 +90,17 @@ class Packed:
         return _ptr(self.data)
 
 
+def bias_view(shape: tuple[int, ...], axis: int, has_bias: bool) -> tuple[int, int, int]:
+    """`bias_act`'s (outer, channels, inner) view of a tensor: around the bias axis, or, without a bias, one
+    row of every value (so the kernel runs full vectors, not one per element)."""
+    size = int(np.prod(shape))
+    if not has_bias:
+        return 1, 1, size
+    shape = shape or (1,)
+    axis = axis % len(shape)
+    return int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1:]))
+
+
 class Library:
     """The kernels of one built library: `gemm`, `conv2d`, `bias_act`, `gemm_naive`."""
 
@@ -187,10 +198,7 @@ class Library:
         """`clamp(x + bias + residual)` where `bias` is a vector along `axis` (or None) and `residual` (or
         None) has the shape of `x`; `out` receives the result and may be `x` or `residual` itself."""
         x = np.ascontiguousarray(_f32(x))
-        shape = x.shape or (1,)
-        axis = axis % len(shape)
-        outer, channels = int(np.prod(shape[:axis])), shape[axis]
-        inner = int(np.prod(shape[axis + 1:]))
+        outer, channels, inner = bias_view(x.shape, axis, bias is not None)
         if bias is not None:
             bias = np.ascontiguousarray(_f32(bias)).reshape(-1)
             if bias.size != channels:
