@@ -26,12 +26,12 @@ from typing import Any
 
 import numpy as np
 import onnx
-from uhop_onnx.providers import Provider, Runner, Support
 
 from uhop_onnx.cache import JsonTable
 from uhop_onnx.errors import first_line
 from uhop_onnx.executor import hand_over
 from uhop_onnx.graph import Graph
+from uhop_onnx.providers import Provider, Runner, Support
 from uhop_onnx.samples import sample_feeds
 
 from .blocks import blocks, live_tensors
@@ -72,7 +72,7 @@ class Search:
     report: dict[str, Any] = field(default_factory=dict)
     _known: dict[str, Any] = field(default_factory=dict, repr=False)  # the cache as read
     _fresh: dict[str, Any] = field(default_factory=dict, repr=False)  # measured in this search
-    _used: set[str] = field(default_factory=set, repr=False)  # every key this search needed
+    _hits: set[str] = field(default_factory=set, repr=False)  # keys whose cached figure this search used
 
     def run(self) -> Placement:
         started = time.monotonic()
@@ -101,7 +101,7 @@ class Search:
             "entry_ms": {labels[p]: c.ms for p, c in entry.items() if c.rounds},
             "boundary_ms": {f"{labels[q]}>{labels[p]}": c.ms for (q, p), c in boundary.items() if c.rounds},
             "measured": len(self._fresh),
-            "cached": sum(1 for k in self._used if k in self._known),
+            "cached": len(self._hits),
             "seconds": round(time.monotonic() - started, 3),
             "budget_s": self.budget_s,
             "threads": self.threads,
@@ -123,9 +123,9 @@ class Search:
 
     def _lookup(self, keys: Iterable[str]) -> dict[str, Measurement]:
         """The figures the cache holds for `keys`."""
-        keys = set(keys)
-        self._used.update(keys)
-        return {k: Measurement(**self._known[k]) for k in keys if k in self._known}
+        found = {k: Measurement(**self._known[k]) for k in set(keys) if k in self._known}
+        self._hits.update(found)
+        return found
 
     def _remember(self, fresh: Mapping[str, Measurement]) -> None:
         self._fresh.update({k: m.to_json() for k, m in fresh.items()})
@@ -137,6 +137,7 @@ class Search:
         lazily. A job that fails to build or run costs infinity, so no choice falls on it."""
         found = self._lookup(jobs)
         if together and len(found) < len(jobs):
+            self._hits.difference_update(found)
             found = {}
         missing, failed = {}, {}
         for key, build in jobs.items():
