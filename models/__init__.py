@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
-from .builders import BUILDERS, cnn, hybrid, mlp, mobilenet, resnet, transformer
+from .builders import BUILDERS, cnn, hybrid, mlp, mobilenet, resnet, speech, transformer
 
 EXAMPLE = Path(__file__).with_name("example_mobilenet.onnx")
 EXAMPLE_INPUTS = Path(__file__).with_name("example_mobilenet_inputs.npz")
 
-__all__ = ["BUILDERS", "EXAMPLE", "EXAMPLE_INPUTS", "cnn", "hybrid", "mlp", "mobilenet", "resnet", "transformer"]
+__all__ = ["BUILDERS", "EXAMPLE", "EXAMPLE_INPUTS", "cnn", "hybrid", "mlp", "mobilenet", "resnet", "speech", "transformer"]

@@ -135,6 +135,22 @@ def hybrid(size: int = 64, hidden: int = 64, heads: int = 4, blocks: int = 2, se
     return b.model("hybrid", [_io("input", [1, 3, size, size])], [_io("output", [1, seq, hidden])])
 
 
+def speech(frames: int = 16, mels: int = 16, hidden: int = 32, heads: int = 2, blocks: int = 1,
+           seed: int = 6) -> onnx.ModelProto:
+    """Filterbank frames through a GRU (ONNX's default linear_before_reset=0, as Keras's reset_after=False
+    exports), whose states become tokens for encoder blocks: the recurrence and the attention favour
+    different runtimes, and LiteRT has no GRU."""
+    b = _Builder(seed)
+    weights = [b.weight("gru.W", (1, 3 * hidden, mels)), b.weight("gru.R", (1, 3 * hidden, hidden)),
+               b.weight("gru.B", (1, 6 * hidden), 0.1)]
+    states = b.op("GRU", ["input", *weights], "/gru", hidden_size=hidden)  # (frames, 1, 1, hidden)
+    x = b.op("Reshape", [states, b.const("tokens.shape", np.array([1, frames, hidden], np.int64))], "/tokens")
+    for i in range(blocks):
+        x = _encoder(b, x, frames, hidden, heads, scope=f"/encoder{i}")
+    b.nodes.append(helper.make_node("Identity", [x], ["output"], name="/output/Identity"))
+    return b.model("speech", [_io("input", [frames, 1, mels])], [_io("output", [1, frames, hidden])])
+
+
 def _encoder(b: _Builder, x: str, seq: int, hidden: int, heads: int, scope: str = "") -> str:
     """Self-attention and a Gelu MLP, each with a residual and LayerNorm; node and weight names under `scope`."""
     head = hidden // heads
@@ -183,4 +199,4 @@ def _head(b: _Builder, x: str, width: int, classes: int, name: str, input_shape:
 
 
 BUILDERS = {"mlp": mlp, "cnn": cnn, "resnet": resnet, "mobilenet": mobilenet, "transformer": transformer,
-            "hybrid": hybrid}
+            "hybrid": hybrid, "speech": speech}

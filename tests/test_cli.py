@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from uhop_onnx.models import EXAMPLE, cnn
+from uhop_onnx.models import EXAMPLE, cnn, speech
 
 from .conftest import assert_matches, reference
 
@@ -69,6 +69,20 @@ def test_export_tune_verify(model_path, tmp_path):
     assert "measured on this host" in result.stdout and "chosen:" in result.stdout
     result = uhop("verify", str(tmp_path / "tuned.tar.gz"), "--json")
     assert result.returncode == 0 and json.loads(result.stdout)["ok"], result.stdout
+
+
+def test_bench_counts_only_whole_runners_as_single_providers(tmp_path):
+    onnx.save(speech(), tmp_path / "speech.onnx")
+    result = uhop("bench", str(tmp_path / "speech.onnx"), "--providers", "litert,openvino", "--threads", "1",
+                  "--rounds", "1", "--budget", "5", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    figures = report["candidates"]
+    assert [s.split(" x")[0] for s in figures["litert alone"]["stages"]] == ["ort-cpu", "litert"]  # LiteRT has no GRU
+    assert figures["onnxruntime (raw)"]["stages"] == [] and figures["uhop-onnx plan"]["stages"]
+    assert report["best_single"] in {"openvino alone", "ort-cpu alone"}
+    best = figures[report["best_single"]]["ms"]
+    assert figures["uhop-onnx plan"]["ratio_to_best_single"] == pytest.approx(figures["uhop-onnx plan"]["ms"] / best)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -4,7 +4,8 @@ Every candidate lives in its own worker process. The coordinator asks the worker
 turn, in a fresh (seeded) order every round and with a pause between them, so that no candidate always
 follows one whose runtime leaves threads spinning; a round is several calls and reports their median.
 A candidate's figure is the minimum of its round medians, and ratios are taken between figures of the
-same run.
+same run. The best single provider is the fastest that runs every node alone: a provider alone that
+needs another for some nodes is listed with its stages, as the greedy plan it is.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def bench(model: str | os.PathLike, providers: list[str] | None = None, threads:
         candidates.append(Candidate("uhop-onnx plan", "plan", str(work / "plan")))
         progress(f"timing {len(candidates)} candidates, {rounds} rounds")
         figures = time_candidates(candidates, model, inputs, threads, rounds, calls)
-    singles = {c.name: figures[c.name] for c in candidates if c.kind == "alone" and figures[c.name]["ms"] is not None}
+    singles = {c.name: figures[c.name] for c in candidates if c.kind == "alone" and figures[c.name]["ms"] is not None
+               and all(stage.startswith(f"{c.target} x") for stage in figures[c.name]["stages"])}
     best_single = min(singles.values(), key=lambda f: f["ms"])["ms"] if singles else None
     for c in candidates:
         f = figures[c.name]
@@ -68,7 +70,8 @@ def bench(model: str | os.PathLike, providers: list[str] | None = None, threads:
         if c.wraps and f["ms"] and figures.get(f"{c.wraps} alone", {}).get("ms"):
             figures[f"{c.wraps} alone"]["overhead_vs_raw"] = figures[f"{c.wraps} alone"]["ms"] / f["ms"] - 1
     return {"model": Path(model).name, "threads": threads, "rounds": rounds, "calls_per_round": calls,
-            "candidates": figures, "optimize_seconds": {"cold": cold["seconds"], "warm": warm["seconds"]},
+            "candidates": figures, "best_single": min(singles, key=lambda n: singles[n]["ms"]) if singles else None,
+            "optimize_seconds": {"cold": cold["seconds"], "warm": warm["seconds"]},
             "plan": cold["stages"]}
 
 
@@ -111,12 +114,16 @@ def time_candidates(candidates: list[Candidate], model: str | None, inputs: list
         workers[c.name] = subprocess.Popen([sys.executable, "-m", "uhop_onnx.bench", "worker", request],
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logs[c.name], text=True)
     medians: dict[str, list[float]] = {c.name: [] for c in candidates}
+    stages: dict[str, list[str]] = {c.name: [] for c in candidates}
     errors: dict[str, str] = {}
     try:
         for name, worker in workers.items():
-            if _expect(worker, "ready") is None:
+            ready = _expect(worker, "ready")
+            if ready is None:
                 logs[name].seek(0)
                 errors[name] = logs[name].read().strip()[-500:] or "the worker exited"
+            else:
+                stages[name] = json.loads(ready)
         names = [c.name for c in candidates if c.name not in errors]
         order = random.Random(0)
         for _ in range(rounds if names else 0):
@@ -132,7 +139,8 @@ def time_candidates(candidates: list[Candidate], model: str | None, inputs: list
                 worker.wait(timeout=60)
             logs[name].close()
     return {name: {"ms": min(m) if m else None, "spread": (max(m) - min(m)) / min(m) if m else None,
-                   "round_medians_ms": m, "error": errors.get(name)} for name, m in medians.items()}
+                   "round_medians_ms": m, "stages": stages[name], "error": errors.get(name)}
+            for name, m in medians.items()}
 
 
 def _expect(worker: subprocess.Popen, word: str) -> str | None:
@@ -143,8 +151,9 @@ def _expect(worker: subprocess.Popen, word: str) -> str | None:
     return None
 
 
-def _runner(candidate: dict, model: str | None, feeds: dict, threads: int | None) -> Callable[[], object]:
-    """Build the candidate's session and return one call of it."""
+def _runner(candidate: dict, model: str | None, feeds: dict, threads: int | None
+            ) -> tuple[Callable[[], object], list[str]]:
+    """Build the candidate's session; return one call of it and its stages (`openvino x12`; none when raw)."""
     kind, target = candidate["kind"], candidate["target"]
     if kind == "raw" and target == "onnxruntime":
         from .providers.ort import session_options
@@ -152,7 +161,7 @@ def _runner(candidate: dict, model: str | None, feeds: dict, threads: int | None
 
         session = ort.InferenceSession(model, session_options(threads, exclusive=True),
                                        providers=["CPUExecutionProvider"])
-        return lambda: session.run(None, feeds)
+        return lambda: session.run(None, feeds), []
     if kind == "raw" and target == "openvino":
         import openvino as ov
 
@@ -160,14 +169,14 @@ def _runner(candidate: dict, model: str | None, feeds: dict, threads: int | None
         if threads:
             config["INFERENCE_NUM_THREADS"] = threads
         request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
-        return lambda: request.infer(feeds, share_inputs=True)
+        return lambda: request.infer(feeds, share_inputs=True), []
     from .session import InferenceSession
 
     if kind == "alone":
         session = InferenceSession(model, providers=[target], profile=False, threads=threads)
     else:
         session = InferenceSession(target, threads=threads)
-    return lambda: session.run(None, feeds)
+    return lambda: session.run(None, feeds), [f"{s.label} x{len(s.nodes)}" for s in session.plan.stages]
 
 
 def _worker(request: dict) -> None:
@@ -176,14 +185,14 @@ def _worker(request: dict) -> None:
     from .samples import sample_feeds
 
     feeds = sample_feeds(SimpleNamespace(**sig) for sig in request["inputs"])
-    call = _runner(request["candidate"], request["model"], feeds, request["threads"])
+    call, stages = _runner(request["candidate"], request["model"], feeds, request["threads"])
     warm = []
     for _ in range(3):
         start = time.perf_counter()
         call()
         warm.append(time.perf_counter() - start)
     calls = request["calls"] or max(3, min(50, int(0.05 / max(min(warm), 1e-6))))
-    print("ready", flush=True)
+    print("ready", json.dumps(stages), flush=True)
     for line in sys.stdin:
         if line.strip() != "round":
             break

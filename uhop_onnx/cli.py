@@ -253,13 +253,15 @@ def bench(model: Path, providers: ProvidersOption = None, threads: ThreadsOption
         result = run_bench(model, _providers(providers), threads=threads, rounds=rounds, budget=budget, progress=step)
     if as_json:
         return _print_json(result)
-    table = Table("candidate", "min of round medians (ms)", "vs best single provider", "overhead vs raw",
-                  title=f"{result['model']}: {result['rounds']} alternating rounds, threads={threads or 'default'}")
+    table = Table("candidate", "min of round medians (ms)", "vs best single provider", "overhead vs raw", "stages",
+                  title=f"{result['model']}: {result['rounds']} alternating rounds, threads={threads or 'default'}",
+                  caption=f"best single provider (runs every node alone): {result['best_single'] or 'none'}")
     for name, f in sorted(result["candidates"].items(), key=lambda kv: ms_order(kv[1]["ms"])):
         ratio = f.get("ratio_to_best_single")
         overhead = f.get("overhead_vs_raw")
         table.add_row(name, ms_text(f["ms"]) if f["ms"] is not None else f"[red]failed[/] {f['error']}",
-                      "" if ratio is None else f"{ratio:.3f}", "" if overhead is None else f"{overhead:+.1%}")
+                      "" if ratio is None else f"{ratio:.3f}", "" if overhead is None else f"{overhead:+.1%}",
+                      " > ".join(f["stages"]) if len(f["stages"]) > 1 else "")
     out.print(table)
     seconds = result["optimize_seconds"]
     out.print(f"optimize: {seconds['cold']:.1f} s with a cold cache, {seconds['warm']:.1f} s warm; "
