@@ -261,11 +261,20 @@ def bench(model: Path, providers: ProvidersOption = None, threads: ThreadsOption
         overhead = f.get("overhead_vs_raw")
         table.add_row(name, ms_text(f["ms"]) if f["ms"] is not None else f"[red]failed[/] {f['error']}",
                       "" if ratio is None else f"{ratio:.3f}", "" if overhead is None else f"{overhead:+.1%}",
-                      " > ".join(f["stages"]) if len(f["stages"]) > 1 else "")
+                      _stages_summary(f["stages"]))
     out.print(table)
     seconds = result["optimize_seconds"]
     out.print(f"optimize: {seconds['cold']:.1f} s with a cold cache, {seconds['warm']:.1f} s warm; "
               f"plan: {' > '.join(result['plan'])}")
+
+
+def _stages_summary(stages: list[str]) -> str:
+    """`ort-cpu x2 > litert x67`, or for a longer plan its providers and stage count."""
+    if len(stages) <= 1:
+        return ""
+    if len(stages) <= 3:
+        return " > ".join(stages)
+    return f"{', '.join(dict.fromkeys(s.split(' x')[0] for s in stages))}: {len(stages)} stages"
 
 
 class ExportFormat(StrEnum):
