@@ -3,7 +3,8 @@
 1. Blocks (`blocks.py`) are timed on every provider that can run them whole; each provider's cost of
    entering a stage, and for each ordered pair of providers the cost of a stage on the second right after
    one on the first (the tensor handed over as the session does: left on a device both share, else copied
-   to the host), are timed at the size of the widest boundary: what a boundary costs.
+   to the host), are timed per size class of the tensors live where blocks start (powers of 16 bytes, from
+   4 KiB): what a boundary of that size costs.
 2. A dynamic programme over the blocks in topological order picks, for each block, the provider that
    minimises the summed block costs plus the boundaries paid where the provider changes.
 3. That plan, the greedy plan, and each provider's own plan (that provider first, the rest filling in) are
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 
 Placement = list[int]
 CONTENDERS = 0.10  # whole plans within this share of the fastest are timed again before one is chosen
+SMALLEST_CLASS = 1 << 12  # boundary size classes: 4 KiB, 64 KiB, 1 MiB, ... (each 16 times the last)
 PlanTimer = Callable[[Mapping[str, Placement]], dict[str, Measurement]]  # named placements -> their whole figures
 
 
@@ -82,8 +84,11 @@ class Search:
         units = blocks(self.graph, self.support, self.pinned)
         allowed = [allowed_providers(self.graph, self.support, self.pinned, b) for b in units]
         block_costs = self._block_costs(units, allowed)
-        entry, boundary = self._entry_costs(units, allowed)
-        searched = expand(len(self.graph.nodes), units, cheapest_path(allowed, block_costs, entry, boundary))
+        classes = boundary_classes(self.graph, units)
+        entry, boundary = self._entry_costs(classes, allowed)
+        entries = [{p: entry[p, c] for p in ps} for ps, c in zip(allowed, classes)]
+        crossings = [{(q, p): m for (q, p, size), m in boundary.items() if size == c} for c in classes]
+        searched = expand(len(self.graph.nodes), units, cheapest_path(allowed, block_costs, entries, crossings))
         candidates = {"searched": searched, "first-supported": greedy}
         for p, label in enumerate(labels):
             candidates[f"{label} first"] = self._prefer([p, *(q for q in range(len(labels)) if q != p)])
@@ -96,10 +101,10 @@ class Search:
             "candidates": {name: {**m.to_json(), "ms": _finite(m.ms), "stages": _stage_labels(candidates[name], labels)}
                            for name, m in whole.items()},
             "blocks": [{"first": self.graph.nodes[b[0]].name, "last": self.graph.nodes[b[-1]].name, "nodes": len(b),
-                        "ms": {labels[p]: c.ms for p, c in costs.items() if c.rounds}}
-                       for b, costs in zip(units, block_costs)],
-            "entry_ms": {labels[p]: c.ms for p, c in entry.items() if c.rounds},
-            "boundary_ms": {f"{labels[q]}>{labels[p]}": c.ms for (q, p), c in boundary.items() if c.rounds},
+                        "boundary_bytes": size, "ms": {labels[p]: c.ms for p, c in costs.items() if c.rounds}}
+                       for b, size, costs in zip(units, classes, block_costs)],
+            "entry_ms": _by_class({(labels[p], size): m for (p, size), m in entry.items()}),
+            "boundary_ms": _by_class({(f"{labels[q]}>{labels[p]}", size): m for (q, p, size), m in boundary.items()}),
             "measured": len(self._fresh),
             "cached": len(self._hits),
             "seconds": round(time.monotonic() - started, 3),
@@ -174,42 +179,38 @@ class Search:
         measured = self._cached({key: (lambda k=k, p=p: job(k, p)) for (k, p), key in keys.items()})
         return [{p: measured[keys[k, p]] for p in ps} for k, ps in enumerate(allowed)]
 
-    def _entry_costs(self, units: Sequence[Sequence[int]], allowed: Sequence[Sequence[int]]
-                     ) -> tuple[dict[int, Measurement], dict[tuple[int, int], Measurement]]:
-        """Each provider's cost of a stage that does almost nothing (one Relu), fed from the host; and for
-        each ordered pair (q, p), the cost of such a stage on p right after one on q, less q's own. Both at
-        the size of the largest set of tensors live where a block starts."""
-        live = live_tensors(self.graph)
-        widest = max((sum(nbytes(self.graph, t) for t in live[b[0]] or self.graph.inputs) for b in units),
-                     default=4)
-        size = 1 << max(widest - 1, 1).bit_length()  # next power of two
-        model = _entry_model(size // 4, self.model)
+    def _entry_costs(self, classes: Sequence[int], allowed: Sequence[Sequence[int]]
+                     ) -> tuple[dict[tuple[int, int], Measurement], dict[tuple[int, int, int], Measurement]]:
+        """Per boundary size class c: each provider's cost of a stage that does almost nothing (one Relu
+        over c bytes) fed from the host, keyed (p, c); and for each ordered pair (q, p), the cost of such a
+        stage on p right after one on q, less q's own, keyed (q, p, c)."""
         used = sorted({p for ps in allowed for p in ps})
-        data = {"x": np.zeros(size // 4, np.float32)}
-        runners: dict[int, Runner] = {}
+        runners: dict[tuple[int, int], Runner] = {}
 
-        def runner(p: int) -> Runner:
-            if p not in runners:
-                runners[p] = self.providers[p].compile(model, exclusive=False)
-            return runners[p]
+        def runner(p: int, size: int) -> Runner:
+            if (p, size) not in runners:
+                runners[p, size] = self.providers[p].compile(_entry_model(size // 4, self.model), exclusive=False)
+            return runners[p, size]
 
-        def alone(p: int) -> Callable[[], object]:
-            return lambda: runner(p).run(data)
+        def alone(p: int, size: int) -> Callable[[], object]:
+            data = {"x": np.zeros(size // 4, np.float32)}
+            return lambda: runner(p, size).run(data)
 
-        def pair(q: int, p: int) -> Callable[[], object]:
-            first, second = runner(q), runner(p)
+        def pair(q: int, p: int, size: int) -> Callable[[], object]:
+            first, second, data = runner(q, size), runner(p, size), {"x": np.zeros(size // 4, np.float32)}
             return lambda: second.run({"x": hand_over(first.run(data)["y"], first, second)})
 
-        keys = {p: self._key("entry", self.providers[p], f"bytes={size}") for p in used}
-        pairs = {(q, p): self._key("pair", self.providers[p], f"after={self.providers[q].label}@"
-                                   f"{self.providers[q].availability.version}|bytes={size}")
-                 for q in used for p in used if q != p}
-        measured = self._cached({keys[p]: (lambda p=p: alone(p)) for p in used}
-                                | {key: (lambda q=q, p=p: pair(q, p)) for (q, p), key in pairs.items()},
+        sizes = sorted(set(classes))
+        keys = {(p, c): self._key("entry", self.providers[p], f"bytes={c}") for p in used for c in sizes}
+        pairs = {(q, p, c): self._key("pair", self.providers[p], f"after={self.providers[q].label}@"
+                                      f"{self.providers[q].availability.version}|bytes={c}")
+                 for q in used for p in used if q != p for c in sizes}
+        measured = self._cached({key: (lambda p=p, c=c: alone(p, c)) for (p, c), key in keys.items()}
+                                | {key: (lambda q=q, p=p, c=c: pair(q, p, c)) for (q, p, c), key in pairs.items()},
                                 together=True)
-        entry = {p: measured[keys[p]] for p in used}
-        boundary = {(q, p): Measurement(max(measured[key].ms - entry[q].ms, 0.0), measured[key].spread,
-                                        measured[key].rounds) for (q, p), key in pairs.items()}
+        entry = {pc: measured[key] for pc, key in keys.items()}
+        boundary = {(q, p, c): Measurement(max(measured[key].ms - entry[q, c].ms, 0.0), measured[key].spread,
+                                           measured[key].rounds) for (q, p, c), key in pairs.items()}
         return entry, boundary
 
     def _measure_plans(self, placements: Mapping[str, Placement]) -> dict[str, Measurement]:
@@ -301,10 +302,10 @@ def expand(size: int, units: Sequence[Sequence[int]], choice: Sequence[int]) -> 
 
 
 def cheapest_path(allowed: Sequence[Sequence[int]], costs: Sequence[Mapping[int, Measurement]],
-                  entry: Mapping[int, Measurement],
-                  boundary: Mapping[tuple[int, int], Measurement] | None = None) -> list[int]:
+                  entry: Sequence[Mapping[int, Measurement]],
+                  boundary: Sequence[Mapping[tuple[int, int], Measurement]] | None = None) -> list[int]:
     """For each block, a provider, minimising block costs plus the boundary paid wherever the provider
-    changes.
+    changes. `entry[k]` and `boundary[k]` are the figures at the size of what enters block k.
 
     A block's own figure includes one stage entry fed from the host, so consecutive blocks on one provider
     are charged the block figure less that entry, and a block after another provider q the block figure
@@ -318,15 +319,36 @@ def cheapest_path(allowed: Sequence[Sequence[int]], costs: Sequence[Mapping[int,
         step: dict[int, tuple[float, list[int]]] = {}
         for p in ps:
             own = costs[k][p].ms
-            inside = max(own - min(entry[p].ms, cheapest[p]), 0.0)  # the block's work without its entry
+            inside = max(own - min(entry[k][p].ms, cheapest[p]), 0.0)  # the block's work without its entry
             options = [(own, [p])] if not best else []
             for q, (total, path) in best.items():
-                measured = (boundary or {}).get((q, p))
+                measured = boundary[k].get((q, p)) if boundary else None
                 extra = inside if q == p else own if measured is None else inside + measured.ms
                 options.append((total + extra, [*path, p]))
             step[p] = min(options, key=lambda o: o[0])
         best = step
     return min(best.values(), key=lambda o: o[0])[1]
+
+
+def boundary_classes(graph: Graph, units: Sequence[Sequence[int]]) -> list[int]:
+    """Per block, the size class of the tensors live where it starts (the graph's inputs, for the first)."""
+    live = live_tensors(graph)
+    classes = []
+    for block in units:
+        size, c = sum(nbytes(graph, t) for t in live[block[0]] or graph.inputs), SMALLEST_CLASS
+        while c < size:
+            c *= 16
+        classes.append(c)
+    return classes
+
+
+def _by_class(figures: Mapping[tuple[str, int], Measurement]) -> dict[str, dict[str, float]]:
+    """`{"openvino>litert": {"65536": 0.012}}` from figures keyed (..., size class); measured ones only."""
+    out: dict[str, dict[str, float]] = {}
+    for (name, size), m in figures.items():
+        if m.rounds:
+            out.setdefault(name, {})[str(size)] = m.ms
+    return out
 
 
 def _merges(choice: Sequence[int], allowed: Sequence[Sequence[int]]) -> list[list[int]]:

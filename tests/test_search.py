@@ -149,7 +149,7 @@ def test_an_entry_figure_above_every_block_does_not_make_blocks_free():
     cost what they measured, so the cheaper provider 0 keeps them."""
     ms = lambda x: Measurement(x, 0.0, 5)  # noqa: E731
     costs = [{0: ms(0.04), 1: ms(0.07)}, {0: ms(0.11), 1: ms(0.21)}, {0: ms(0.13), 1: ms(0.31)}]
-    assert cheapest_path([[0, 1]] * 3, costs, {0: ms(0.04), 1: ms(0.3)}) == [0, 0, 0]
+    assert cheapest_path([[0, 1]] * 3, costs, [{0: ms(0.04), 1: ms(0.3)}] * 3) == [0, 0, 0]
 
 
 def test_a_dear_boundary_between_two_providers_keeps_one():
@@ -157,14 +157,29 @@ def test_a_dear_boundary_between_two_providers_keeps_one():
     the path stays on provider 0, which it leaves when the pair's boundary is cheap."""
     ms = lambda x: Measurement(x, 0.0, 5)  # noqa: E731
     costs = [{0: ms(1.0), 1: ms(5.0)}, {0: ms(5.0), 1: ms(1.2)}]
-    entry = {0: ms(1.0), 1: ms(1.0)}
-    assert cheapest_path([[0, 1]] * 2, costs, entry, {(0, 1): ms(5.0), (1, 0): ms(1.0)}) == [0, 0]
-    assert cheapest_path([[0, 1]] * 2, costs, entry, {(0, 1): ms(0.5), (1, 0): ms(1.0)}) == [0, 1]
+    entry = [{0: ms(1.0), 1: ms(1.0)}] * 2
+    assert cheapest_path([[0, 1]] * 2, costs, entry, [{(0, 1): ms(5.0), (1, 0): ms(1.0)}] * 2) == [0, 0]
+    assert cheapest_path([[0, 1]] * 2, costs, entry, [{(0, 1): ms(0.5), (1, 0): ms(1.0)}] * 2) == [0, 1]
+
+
+def test_a_boundary_costs_what_its_size_class_costs():
+    """The same pair is dear for a wide tensor (block 1) and cheap for a narrow one (block 2): the path
+    stays on provider 0 across the wide cut and leaves it at the narrow one."""
+    ms = lambda x: Measurement(x, 0.0, 5)  # noqa: E731
+    costs = [{0: ms(1.0), 1: ms(5.0)}, {0: ms(3.0), 1: ms(2.0)}, {0: ms(5.0), 1: ms(2.0)}]
+    entry = [{0: ms(0.5), 1: ms(0.5)}] * 3
+    wide, narrow = {(0, 1): ms(4.0), (1, 0): ms(4.0)}, {(0, 1): ms(0.1), (1, 0): ms(0.1)}
+    assert cheapest_path([[0, 1]] * 3, costs, entry, [narrow, wide, narrow]) == [0, 0, 1]
 
 
 def test_boundaries_are_measured_per_provider_pair(monkeypatch, clock, tmp_path):
     install(monkeypatch, clock, conv={"Conv": 1.0, "Gemm": 20.0}, gemm={"Conv": 20.0, "Gemm": 1.0})
     plan = optimize(cnn(), clock, tmp_path)
-    assert {"fake-conv>fake-gemm", "fake-gemm>fake-conv"} <= set(plan.profile["boundary_ms"])
+    pairs = plan.profile["boundary_ms"]
+    assert {"fake-conv>fake-gemm", "fake-gemm>fake-conv"} <= set(pairs)
+    classes = {b["boundary_bytes"] for b in plan.profile["blocks"]}
+    assert all(set(by_size) == {str(c) for c in classes} for by_size in pairs.values())
+    first_block = {b["first"]: b for b in plan.profile["blocks"]}
     for before, stage in zip(plan.stages, plan.stages[1:]):
-        assert stage.boundary_ms == plan.profile["boundary_ms"][f"{before.provider}>{stage.provider}"]
+        size = first_block[stage.nodes[0]]["boundary_bytes"]
+        assert stage.boundary_ms == pairs[f"{before.provider}>{stage.provider}"][str(size)]

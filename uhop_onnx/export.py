@@ -146,7 +146,7 @@ def _static_placement(a: Analysis, entries: list[TargetProvider]) -> list[int]:
                                                        for i in block), 0.0, 0) for p in options}
              for block, options in zip(units, allowed)]
     entry = {p: Measurement(e.stage_ms, 0.0, 0) for p, e in enumerate(entries)}
-    return expand(len(a.graph.nodes), units, cheapest_path(allowed, costs, entry))
+    return expand(len(a.graph.nodes), units, cheapest_path(allowed, costs, [entry] * len(units)))
 
 
 def _write(folder: Path, a: Analysis, plan, profile: Target, entries: list[TargetProvider],

@@ -123,18 +123,18 @@ def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, pr
 
 def _attribute_costs(plan: Plan, a: Analysis, search: Search) -> None:
     """Give each stage the measured cost of its blocks on its provider, on every provider that could run
-    them all, and the entry cost paid where it follows another stage."""
+    them all, and the boundary paid where it follows another stage, at the size of what enters it."""
     labels = [p.label for p in a.providers]
     blocks = search.report["blocks"]
     stage_of = {node: k for k, stage in enumerate(plan.stages) for node in stage.nodes}
     for k, stage in enumerate(plan.stages):
-        mine = [b["ms"] for b in blocks if stage_of.get(b["first"]) == k]
-        options = set.intersection(*(set(ms) for ms in mine)) if mine else set()
-        stage.alternatives = {label: round(sum(ms[label] for ms in mine), 4) for label in labels if label in options}
+        mine = [b for b in blocks if stage_of.get(b["first"]) == k]
+        options = set.intersection(*(set(b["ms"]) for b in mine)) if mine else set()
+        stage.alternatives = {label: round(sum(b["ms"][label] for b in mine), 4) for label in labels if label in options}
         stage.cost_ms = stage.alternatives.get(stage.label)
-        if k > 0:
-            before = plan.stages[k - 1].label
-            stage.boundary_ms = search.report["boundary_ms"].get(f"{before}>{stage.label}")
+        if k > 0 and mine:
+            pair = search.report["boundary_ms"].get(f"{plan.stages[k - 1].label}>{stage.label}", {})
+            stage.boundary_ms = pair.get(str(mine[0]["boundary_bytes"]))
 
 
 def build_plan(a: Analysis, placement: Sequence[int], threads: int | None) -> Plan:
