@@ -6,8 +6,9 @@ packing routines, a blocked GEMM with a fused epilogue, and three convolutions: 
 panels straight from the image, an implicit GEMM that reads them in place from the image's zero-padded planes
 split by stride phase (so every tap reads a unit-stride run), and a direct one over the same planes for
 depthwise-like shapes; then a bias+residual+clamp kernel and a naive GEMM for comparison. Epilogues add a
-residual the output already holds before the clamp. Work is split over POSIX threads. Every exported function
-checks its arguments and returns a nonzero code instead of touching memory it was not given.
+residual the output already holds before the clamp. Work is split over a persistent pool of POSIX threads,
+and each thread keeps its working buffers between calls. Every exported function checks its arguments and
+returns a nonzero code instead of touching memory it was not given.
 """
 
 from __future__ import annotations
@@ -94,9 +95,11 @@ typedef float vf;
 PRELUDE = r"""
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 typedef ptrdiff_t idx;
 typedef struct { float alpha; idx brs, bcs; int clamp; float lo, hi; } epi_t;
 typedef void (*micro_fn)(idx, const float *, const float *, float *, idx, int, int, int, int, const epi_t *,
@@ -228,9 +231,33 @@ typedef struct {
 
 static idx round_up(idx x, idx to) { return (x + to - 1) / to * to; }
 
-static float *alloc_floats(idx n) {
+/* Working buffers kept by each thread between calls, one per use (a use may run inside another's), grown to
+   the largest asked and freed when the thread exits: megabytes allocated and freed on every call cost page
+   faults and, with several threads, TLB shootdowns. */
+enum { GEMM_A, GEMM_B, CONV_A, CONV_B, CONV_PLANES, CONV_ROWS, SCRATCH_USES };
+typedef struct { float *p[SCRATCH_USES]; size_t bytes[SCRATCH_USES]; } scratch_t;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static void scratch_free(void *arg) {
+    scratch_t *s = (scratch_t *)arg;
+    for (int i = 0; i < SCRATCH_USES; i++) free(s->p[i]);
+    free(s);
+}
+static void scratch_init(void) { pthread_key_create(&scratch_key, scratch_free); }
+static float *scratch(int use, idx n) {
+    pthread_once(&scratch_once, scratch_init);
+    scratch_t *s = (scratch_t *)pthread_getspecific(scratch_key);
+    if (!s) {
+        s = (scratch_t *)calloc(1, sizeof(scratch_t));
+        if (!s || pthread_setspecific(scratch_key, s) != 0) { free(s); return NULL; }
+    }
     size_t bytes = ((size_t)(n > 0 ? n : 1) * sizeof(float) + 63) & ~(size_t)63;
-    return (float *)aligned_alloc(64, bytes);
+    if (s->bytes[use] < bytes) {
+        free(s->p[use]);
+        s->p[use] = (float *)aligned_alloc(64, bytes);
+        s->bytes[use] = s->p[use] ? bytes : 0;
+    }
+    return s->p[use];
 }
 
 /* y = clamp(x + b + add) over n floats (add may be NULL, and may be y itself); the last partial vector is
@@ -305,15 +332,114 @@ static void gemm_serial(const gemm_t *g, idx m0, idx m1, idx n0, idx n1, float *
     }
 }
 
-/* Run fn over [0, items) split into `threads` contiguous ranges, one POSIX thread per range. */
+/* Run fn over [0, items) split into `threads` contiguous ranges: range 0 on the caller, the others on a
+   pool of workers. Between jobs a worker spins for SPIN_NS (waking a sleeping CPU costs tens of
+   microseconds on a VM, more than many calls take), then sleeps on a condition variable. One caller uses
+   the pool at a time; a call made while it is busy (from another thread, or from inside a job) starts
+   threads of its own. */
 typedef void (*range_fn)(void *ctx, idx begin, idx end);
 typedef struct { range_fn fn; void *ctx; idx begin, end; } range_t;
+enum { MAX_THREADS = 64 };
+#define SPIN_NS 50000L
+static struct {
+    pthread_mutex_t busy, mu;
+    pthread_cond_t wake, done;
+    int size, threads;       /* workers started; ranges in the current job */
+    atomic_int pending;      /* workers still in the current job */
+    atomic_ulong job;        /* bumped for every job, after its ranges are written */
+    range_t r[MAX_THREADS];
+    unsigned long born[MAX_THREADS];  /* the last job posted before each worker started: it waits for the next */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
+          PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, {{0}}, {0}};
 static void *range_main(void *arg) { range_t *r = (range_t *)arg; r->fn(r->ctx, r->begin, r->end); return NULL; }
+static long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+/* Spin until done() or SPIN_NS pass; whether done() held. */
+static int spin_until(int (*done)(unsigned long), unsigned long arg) {
+    long start = now_ns();
+    for (int i = 1; !done(arg); i++)
+        if (i % 64 == 0 && now_ns() - start > SPIN_NS) return 0;
+    return 1;
+}
+static int job_after(unsigned long seen) { return atomic_load_explicit(&pool.job, memory_order_acquire) != seen; }
+static int job_done(unsigned long unused) {
+    (void)unused;
+    return atomic_load_explicit(&pool.pending, memory_order_acquire) == 0;
+}
+static void *pool_worker(void *arg) {
+    int t = (int)(idx)arg;
+    unsigned long seen = pool.born[t];
+    for (;;) {
+        if (!spin_until(job_after, seen)) {
+            pthread_mutex_lock(&pool.mu);
+            while (!job_after(seen)) pthread_cond_wait(&pool.wake, &pool.mu);
+            pthread_mutex_unlock(&pool.mu);
+        }
+        seen = atomic_load_explicit(&pool.job, memory_order_acquire);
+        if (t >= pool.threads) continue;
+        range_main(&pool.r[t]);
+        if (atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&pool.mu);
+            pthread_cond_signal(&pool.done);
+            pthread_mutex_unlock(&pool.mu);
+        }
+    }
+    return NULL;
+}
+/* A forked child has none of the parent's workers. */
+static void pool_after_fork(void) {
+    pthread_mutex_init(&pool.busy, NULL);
+    pthread_mutex_init(&pool.mu, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pthread_cond_init(&pool.done, NULL);
+    pool.size = pool.threads = 0;
+    atomic_store(&pool.pending, 0);
+}
+__attribute__((constructor)) static void pool_register(void) { pthread_atfork(NULL, NULL, pool_after_fork); }
+/* Workers 1 .. threads-1 exist; 0 when one cannot be started. */
+static int pool_ready(int threads) {
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    while (pool.size < threads - 1) {
+        pthread_t tid;
+        pool.born[pool.size + 1] = atomic_load(&pool.job);
+        if (pthread_create(&tid, &attr, pool_worker, (void *)(idx)(pool.size + 1)) != 0) break;
+        pool.size++;
+    }
+    pthread_attr_destroy(&attr);
+    return pool.size >= threads - 1;
+}
+static int pool_run(int threads, idx items, range_fn fn, void *ctx) {
+    if (pthread_mutex_trylock(&pool.busy) != 0) return 0;
+    if (!pool_ready(threads)) {
+        pthread_mutex_unlock(&pool.busy);
+        return 0;
+    }
+    for (int t = 0; t < threads; t++) pool.r[t] = (range_t){fn, ctx, items * t / threads, items * (t + 1) / threads};
+    pool.threads = threads;
+    atomic_store_explicit(&pool.pending, threads - 1, memory_order_relaxed);
+    pthread_mutex_lock(&pool.mu);
+    atomic_fetch_add_explicit(&pool.job, 1, memory_order_release);
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.mu);
+    range_main(&pool.r[0]);
+    if (!spin_until(job_done, 0)) {
+        pthread_mutex_lock(&pool.mu);
+        while (!job_done(0)) pthread_cond_wait(&pool.done, &pool.mu);
+        pthread_mutex_unlock(&pool.mu);
+    }
+    pthread_mutex_unlock(&pool.busy);
+    return 1;
+}
 static void parallel_for(int threads, idx items, range_fn fn, void *ctx) {
-    enum { MAX_THREADS = 64 };
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (threads > items) threads = (int)items;
     if (threads <= 1) { if (items > 0) fn(ctx, 0, items); return; }
+    if (pool_run(threads, items, fn, ctx)) return;
     pthread_t tid[MAX_THREADS];
     range_t r[MAX_THREADS];
     int started[MAX_THREADS];
@@ -330,14 +456,12 @@ static void parallel_for(int threads, idx items, range_fn fn, void *ctx) {
 static void gemm_range(void *ctx, idx begin, idx end) {
     const gemm_t *g = (const gemm_t *)ctx;
     int MR = g->k->mr, NR = g->k->nr;
-    float *ap = alloc_floats((idx)g->bl.mc * imin(g->bl.kc, imax(g->K, 1)));
-    float *bp = alloc_floats((idx)g->bl.nc * imin(g->bl.kc, imax(g->K, 1)));
+    float *ap = scratch(GEMM_A, (idx)g->bl.mc * imin(g->bl.kc, imax(g->K, 1)));
+    float *bp = scratch(GEMM_B, (idx)g->bl.nc * imin(g->bl.kc, imax(g->K, 1)));
     if (ap && bp) {
         if (g->split_n) gemm_serial(g, 0, g->M, imin(begin * NR, g->N), imin(end * NR, g->N), ap, bp);
         else gemm_serial(g, imin(begin * MR, g->M), imin(end * MR, g->M), 0, g->N, ap, bp);
     }
-    free(ap);
-    free(bp);
 }
 
 static int check_blocks(const kernel_t *k, blocks_t bl) {
@@ -412,7 +536,7 @@ static idx phases_size(const conv_t *cv, idx channels) {
 
 static float *alloc_phases(const conv_t *cv, idx channels) {
     idx size = phases_size(cv, channels);
-    float *xp = alloc_floats(size);
+    float *xp = scratch(CONV_PLANES, size);
     if (xp) memset(xp, 0, sizeof(float) * size);  /* padding and slack stay zero; fill_phases writes the rest */
     return xp;
 }
@@ -574,14 +698,11 @@ static void conv_gemm_range(void *ctx, idx begin, idx end) {
     const conv_t *cv = (const conv_t *)ctx;
     idx Cg = cv->C / cv->G, Kg = Cg * cv->KH * cv->KW, kb = imin(cv->bl.kc, imax(Kg, 1));
     int rows = cv->algo == ALGO_IMPLICIT_OC;  /* bp then holds the group's weights as B panels */
-    float *ap = alloc_floats((idx)cv->bl.mc * kb);
-    float *bp = alloc_floats(rows ? round_up(cv->OC / cv->G, cv->k->nr) * Kg : (idx)cv->bl.nc * kb);
+    float *ap = scratch(CONV_A, (idx)cv->bl.mc * kb);
+    float *bp = scratch(CONV_B, rows ? round_up(cv->OC / cv->G, cv->k->nr) * Kg : (idx)cv->bl.nc * kb);
     float *xp = cv->algo >= ALGO_IMPLICIT ? alloc_phases(cv, Cg) : bp;
     if (ap && bp && xp)
         for (idx item = begin; item < end; item++) conv_gemm_item(cv, item, ap, bp, xp, cv->inner_threads);
-    if (xp != bp) free(xp);
-    free(ap);
-    free(bp);
 }
 
 /* The output plane of channel oc (at y) of a direct convolution over its group's phase planes xp, four rows at
@@ -632,7 +753,7 @@ STRIDE_TWO_TAPS
 static void conv_direct_range(void *ctx, idx begin, idx end) {
     const conv_t *cv = (const conv_t *)ctx;
     idx Cg = cv->C / cv->G, OCg = cv->OC / cv->G, P = cv->OH * cv->OW;
-    float *xp = alloc_phases(cv, Cg), *rows = alloc_floats(4 * (cv->OW + LANES));
+    float *xp = alloc_phases(cv, Cg), *rows = scratch(CONV_ROWS, 4 * (cv->OW + LANES));
     if (xp && rows)
         for (idx item = begin; item < end; item++) {
             idx n = item / cv->G, gi = item % cv->G;
@@ -640,8 +761,6 @@ static void conv_direct_range(void *ctx, idx begin, idx end) {
             for (idx oc = gi * OCg; oc < (gi + 1) * OCg; oc++)
                 conv_direct_plane(cv, oc, xp, rows, cv->y + (n * cv->OC + oc) * P);
         }
-    free(xp);
-    free(rows);
 }
 
 /* NCHW convolution with OIHW weights, groups, strides, pads, dilations; algo 0 GEMM over packed im2col panels,

@@ -23,7 +23,7 @@ from .spec import (
     check_schedule,
 )
 
-_F32P = ctypes.POINTER(ctypes.c_float)
+_F32P = ctypes.c_void_p  # float arrays, passed as their data address (the arrays outlive each call)
 _I = ctypes.c_ssize_t
 _INT = ctypes.c_int
 _F = ctypes.c_float
@@ -31,8 +31,8 @@ _ERRORS = {1: "unknown micro-kernel variant", 2: "cache blocks do not hold whole
            4: "inconsistent shapes", 5: "unknown convolution algorithm"}
 
 
-def _ptr(array: np.ndarray | None):
-    return None if array is None else array.ctypes.data_as(_F32P)
+def _ptr(array: np.ndarray | None) -> int | None:
+    return None if array is None else array.ctypes.data
 
 
 def _elements(strides: tuple[int, ...]) -> tuple[int, ...]:

@@ -4,6 +4,8 @@ verification rejecting bad builds; the `kernels` provider inside plans, matching
 from __future__ import annotations
 
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import numpy as np
@@ -72,6 +74,24 @@ def test_gemm_matches_numpy(lib, m, n, k, trans_a, trans_b, bias, act, alpha, va
     got = lib.gemm(a, b, schedule, alpha=alpha, bias=c, epilogue=act, **packs)
     want = alpha * (a.astype(np.float64) @ b) + (0 if c is None else c)
     np.testing.assert_allclose(got, verify.clamp(want, act), rtol=1e-4, atol=1e-4)
+
+
+def test_the_worker_pool_serves_concurrent_callers_and_forked_children(lib):
+    """One caller at a time uses the pool (others, and calls from inside a job, start threads of their own);
+    a forked child starts workers of its own. Every result is right."""
+    rng = np.random.default_rng(5)
+    a, b = _rand(rng, 96, 200), _rand(rng, 200, 150)
+    want = a.astype(np.float64) @ b
+    mk = lib.spec.micro[0]
+    schedule = Schedule(0, mk.mr, 16, mk.nr, threads=3)
+    with ThreadPoolExecutor(4) as callers:
+        got = list(callers.map(lambda t: lib.gemm(a, b, replace(schedule, threads=t)), [2, 3, 4, 1] * 6))
+    for result in got:
+        np.testing.assert_allclose(result, want, rtol=1e-4, atol=1e-4)
+    pid = os.fork()
+    if pid == 0:  # the child has none of the parent's workers
+        os._exit(0 if np.allclose(lib.gemm(a, b, schedule), want, rtol=1e-4, atol=1e-4) else 1)
+    assert os.waitpid(pid, 0)[1] == 0
 
 
 @HYPOTHESIS
