@@ -35,11 +35,7 @@ from uhop_onnx.session import InferenceSession
 
 GAPS: dict[str, str] = {}  # case name pattern -> why we fail it while ONNX Runtime passes (none today)
 
-STRESS_GAPS = {  # case name pattern -> why the spread placement fails it (provider bugs it surfaced)
-    r"test_attention_4d_causal_fp16_expanded": "fp16 rounding: plain ONNX Runtime is itself one f16 ulp off the "
-                                               "reference here (at 0.94 of the case's rtol); cut into stages, 4 of "
-                                               "192 values land one ulp further",
-}
+STRESS_GAPS: dict[str, str] = {}  # case name pattern -> why the spread placement fails it (provider bugs it surfaced)
 
 EVERY_CASE = os.environ.get("UHOP_NODE_CASES") == "all"
 SAMPLE = 1 / 10  # share of the node cases a plain run takes

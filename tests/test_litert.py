@@ -209,7 +209,25 @@ def exported_flatten() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def test_shape_arithmetic_is_folded_into_the_litert_stage():
+def test_shape_arithmetic_is_folded_before_placement():
+    model = exported_flatten()
+    session = session_on(model, ["litert"])
+    assert [(s.provider, s.nodes) for s in session.plan.stages] == [("litert", ["conv", "reshape", "fc"])]
+    feeds = random_feeds(model)
+    assert_matches(session.run(None, feeds), reference(model, feeds))
+
+
+@pytest.fixture
+def unfolded(monkeypatch):
+    """Simplification without shape folding, as for a model whose control flow keeps it unfolded: the
+    converter meets the shape arithmetic itself."""
+    from uhop_onnx import simplify
+
+    monkeypatch.setattr(simplify, "PASSES", tuple(p for p in simplify.PASSES
+                                                  if not isinstance(p, simplify.FoldShapeArithmeticPass)))
+
+
+def test_shape_arithmetic_is_folded_into_the_litert_stage(unfolded):
     model = exported_flatten()
     session = session_on(model, ["litert"])
     assert [(s.provider, len(s.nodes)) for s in session.plan.stages] == [("litert", 7)]
@@ -222,7 +240,7 @@ def test_shape_arithmetic_is_folded_into_the_litert_stage():
 
 
 @pytest.mark.parametrize("first", [0, 1])
-def test_shape_arithmetic_split_over_stages_still_converts(first):
+def test_shape_arithmetic_split_over_stages_still_converts(unfolded, first):
     """What the query accepts converts in whatever stage it lands: a shape value from another provider is an
     int64 variable, computed by LiteRT's integer kernels, or pinned to the static shape it restates."""
     model = exported_flatten()

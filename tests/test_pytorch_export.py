@@ -71,3 +71,19 @@ def test_runs_under_a_forced_alternating_assignment(exported):
     session = uhop_onnx.InferenceSession(str(exported), providers=PROVIDERS, assign=assign, profile=False)
     assert len(session.plan.stages) > 2
     assert_matches(session.run(None, feeds), reference(onnx.load(exported), feeds))
+
+
+@pytest.mark.parametrize("provider", ["litert", "openvino"])
+def test_a_torchscript_encoder_runs_whole_once_its_shape_arithmetic_folds(tmp_path, provider):
+    """TorchScript exports attention with Shape -> Gather -> Concat -> Reshape chains; at a static input shape
+    they fold to constants, so a runtime that compiles static graphs takes the whole encoder."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True)
+    net = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False).eval()
+    path = tmp_path / "encoder.onnx"
+    torch.onnx.export(net, (torch.randn(1, 16, 32),), str(path), input_names=["x"], output_names=["y"], dynamo=False)
+    assert "Shape" in {node.op_type for node in onnx.load(path).graph.node}
+    session = uhop_onnx.InferenceSession(str(path), providers=[provider], profile=False)
+    assert session.get_providers() == [provider]
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 16, 32)).astype(np.float32)}
+    assert_matches(session.run(None, feeds), reference(onnx.load(path), feeds))

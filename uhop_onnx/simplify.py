@@ -30,18 +30,62 @@ class ConstantIdentityPass(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified)
 
 
+# onnxscript's folder inlines If branches and fails on sequence ops whatever `should_fold` says: models with
+# these are left unfolded.
+UNFOLDABLE = frozenset({"If", "Loop", "Scan", "SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase",
+                        "SequenceInsert", "SequenceLength", "SequenceMap", "SplitToSequence", "ConcatFromSequence",
+                        "Optional", "OptionalGetElement", "OptionalHasElement"})
+INTEGERS = frozenset({ir.DataType.INT64, ir.DataType.INT32})
+
+
+class FoldShapeArithmeticPass(ir.passes.InPlacePass):
+    """Integer results computable before run time become initializers: the Shape -> Gather -> Concat ->
+    Reshape chains exporters emit, which runtimes that compile static graphs (LiteRT, OpenVINO, RKNN)
+    refuse or split at. onnxscript's constant folder runs on a copy, and only its integer constants are
+    taken back (not its other rewrites), so every other node keeps its name and no float value changes;
+    the producers left unread go with the dead nodes."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        ops = {node.op_type for node in ir.traversal.RecursiveGraphIterator(model.graph)}
+        if ops & UNFOLDABLE or model.functions:
+            return ir.passes.PassResult(model, False)
+        from onnxscript.optimizer import fold_constants
+
+        copy = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+        fold_constants(copy, should_fold=lambda node: None if _integer_results(node) else False)
+        folded = {name: v.const_value for name, v in copy.graph.initializers.items()
+                  if v.const_value is not None and v.dtype in INTEGERS}
+        modified = False
+        for node in list(model.graph):
+            for value in node.outputs:
+                tensor = folded.get(value.name)
+                if tensor is None or value.is_graph_output() or not value.uses():
+                    continue
+                constant = ir.Value(name=f"{value.name}.folded", shape=tensor.shape,
+                                    type=ir.TensorType(tensor.dtype), const_value=tensor)
+                model.graph.register_initializer(constant)
+                value.replace_all_uses_with(constant)
+                modified = True
+        return ir.passes.PassResult(model, modified)
+
+
+def _integer_results(node: ir.Node) -> bool:
+    return bool(node.outputs) and all(v.dtype in INTEGERS for v in node.outputs)
+
+
 # Identity elimination in general is left out: onnx-ir's pass renames graph outputs it feeds.
 PASSES = (
     common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
     ConstantIdentityPass(),
+    FoldShapeArithmeticPass(),
     common.RemoveUnusedNodesPass(),
     common.RemoveUnusedFunctionsPass(),
 )
 
 
 def simplify(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Lift constants to initializers, read constant Identities through, remove dead nodes; shapes are
-    inferred again."""
+    """Lift constants to initializers, read constant Identities through, fold integer shape arithmetic,
+    remove dead nodes; shapes are inferred again."""
     result = ir.passes.PassManager(PASSES, steps=2)(ir.serde.deserialize_model(model))
     if not result.modified:
         return model
