@@ -217,6 +217,21 @@ def test_shape_arithmetic_is_folded_before_placement():
     assert_matches(session.run(None, feeds), reference(model, feeds))
 
 
+def test_a_failing_folder_leaves_the_shape_arithmetic_to_the_converter(monkeypatch, caplog):
+    import onnxscript.optimizer
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("folder bug")
+
+    monkeypatch.setattr(onnxscript.optimizer, "fold_constants", broken)
+    model = exported_flatten()
+    session = session_on(model, ["litert"])
+    assert [(s.provider, len(s.nodes)) for s in session.plan.stages] == [("litert", 7)]
+    assert "left unfolded: folder bug" in caplog.text
+    feeds = random_feeds(model)
+    assert_matches(session.run(None, feeds), reference(model, feeds))
+
+
 @pytest.fixture
 def unfolded(monkeypatch):
     """Simplification without shape folding, as for a model whose control flow keeps it unfolded: the
