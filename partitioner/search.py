@@ -10,8 +10,8 @@
 3. That plan, the greedy plan, and each provider's own plan (that provider first, the rest filling in) are
    built and timed whole, in alternating rounds; the fastest wins, so the result is never slower by the
    profiler's own figures than the best single provider; plans within 10% of the fastest are timed again
-   in fresh processes and keep their faster figure. While the budget lasts, merging a stage into a
-   neighbour's provider is tried and kept when it beats the noise.
+   in fresh processes and keep their faster figure. While the budget lasts, moving a stage's blocks to
+   another provider (a neighbour's first, merging the two) is tried and kept when it beats the noise.
 
 Every figure goes to the on-disk cache keyed by content hash, provider, version, threads and device.
 """
@@ -238,19 +238,20 @@ class Search:
 
     def _improve(self, candidates: dict[str, Placement], whole: dict[str, Measurement], best: str,
                  units: Sequence[Sequence[int]], allowed: Sequence[Sequence[int]], started: float) -> str:
-        """Merge runs of blocks into a neighbouring provider while that beats the noise and time remains."""
+        """Move runs of blocks to another provider (a neighbouring run's first: a merge) while that beats the
+        noise and time remains."""
         tried = {tuple(pl) for pl in candidates.values()}
         improved = True
         while improved and time.monotonic() - started < self.budget_s:
             improved = False
             current = candidates[best]
             choice = [current[b[0]] for b in units]
-            for alternative in _merges(choice, allowed):
+            for alternative in _moves(choice, allowed):
                 placement = expand(len(self.graph.nodes), units, alternative)
                 if tuple(placement) in tried or time.monotonic() - started >= self.budget_s:
                     continue
                 tried.add(tuple(placement))
-                name = f"merged {len(tried)}"
+                name = f"moved {len(tried)}"
                 candidates[name] = placement
                 result = self._measure_plans({name: placement, best: current})
                 whole[name] = result[name]
@@ -351,22 +352,22 @@ def _by_class(figures: Mapping[tuple[str, int], Measurement]) -> dict[str, dict[
     return out
 
 
-def _merges(choice: Sequence[int], allowed: Sequence[Sequence[int]]) -> list[list[int]]:
-    """Alternatives where one run of same-provider blocks takes the provider of a neighbouring run."""
+def _moves(choice: Sequence[int], allowed: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Alternatives where one run of same-provider blocks goes to another provider that runs all of it: first
+    every merge into a neighbouring run's provider (a stage boundary fewer), then the other providers."""
     runs: list[list[int]] = []
     for k, p in enumerate(choice):
         if runs and choice[runs[-1][0]] == p:
             runs[-1].append(k)
         else:
             runs.append([k])
-    out = []
+    merges, others = [], []
     for r, run in enumerate(runs):
-        for neighbour in (r - 1, r + 1):
-            if 0 <= neighbour < len(runs):
-                target = choice[runs[neighbour][0]]
-                if all(target in allowed[k] for k in run):
-                    out.append([target if k in run else p for k, p in enumerate(choice)])
-    return out
+        neighbours = {choice[runs[n][0]] for n in (r - 1, r + 1) if 0 <= n < len(runs)}
+        for target in sorted(set.intersection(*(set(allowed[k]) for k in run)) - {choice[run[0]]}):
+            moved = [target if k in run else p for k, p in enumerate(choice)]
+            (merges if target in neighbours else others).append(moved)
+    return merges + others
 
 
 def _finite(ms: float) -> float | None:

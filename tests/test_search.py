@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import uhop_onnx
 from uhop_onnx.models import cnn, mlp
 from uhop_onnx.partitioner.profiler import Measurement, Profiler
-from uhop_onnx.partitioner.search import cheapest_path
+from uhop_onnx.partitioner.search import _moves, cheapest_path
 from uhop_onnx.providers import REGISTRY
 from uhop_onnx.providers.ort import OrtCpu
 
@@ -170,6 +170,15 @@ def test_a_boundary_costs_what_its_size_class_costs():
     entry = [{0: ms(0.5), 1: ms(0.5)}] * 3
     wide, narrow = {(0, 1): ms(4.0), (1, 0): ms(4.0)}, {(0, 1): ms(0.1), (1, 0): ms(0.1)}
     assert cheapest_path([[0, 1]] * 3, costs, entry, [narrow, wide, narrow]) == [0, 0, 1]
+
+
+def test_local_moves_try_merges_first_then_other_providers():
+    """Runs [0 0] [1] [0]: the middle run merges into provider 0 first; then each run goes to any other
+    provider that runs all of its blocks (block 3 runs only on 0, so the last run stays)."""
+    allowed = [[0, 1, 2], [0, 1, 2], [0, 1, 2], [0]]
+    moves = _moves([0, 0, 1, 0], allowed)
+    assert moves[:2] == [[1, 1, 1, 0], [0, 0, 0, 0]]  # the merges: first run into 1, middle run into 0
+    assert sorted(moves[2:]) == [[0, 0, 2, 0], [2, 2, 1, 0]]
 
 
 def test_boundaries_are_measured_per_provider_pair(monkeypatch, clock, tmp_path):
