@@ -51,7 +51,7 @@ class FoldShapeArithmeticPass(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         ops = {node.op_type for node in ir.traversal.RecursiveGraphIterator(model.graph)}
-        if ops & UNFOLDABLE or model.functions:
+        if ops & UNFOLDABLE or model.functions or not any(map(_integer_results, model.graph)):
             return ir.passes.PassResult(model, False)
         from onnxscript.optimizer import fold_constants
 
@@ -81,11 +81,12 @@ def _integer_results(node: ir.Node) -> bool:
     return bool(node.outputs) and all(v.dtype in INTEGERS for v in node.outputs)
 
 
-# Identity elimination in general is left out: onnx-ir's pass renames graph outputs it feeds.
+FOLDING = (FoldShapeArithmeticPass(),)  # once, first: it works on a copy of the whole model
+# Then these, twice (each may leave work for another). Identity elimination in general is left out: onnx-ir's
+# pass renames graph outputs it feeds.
 PASSES = (
     common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
     ConstantIdentityPass(),
-    FoldShapeArithmeticPass(),
     common.RemoveUnusedNodesPass(),
     common.RemoveUnusedFunctionsPass(),
 )
@@ -94,7 +95,8 @@ PASSES = (
 def simplify(model: onnx.ModelProto) -> onnx.ModelProto:
     """Lift constants to initializers, read constant Identities through, fold integer shape arithmetic,
     remove dead nodes; shapes are inferred again."""
-    result = ir.passes.PassManager(PASSES, steps=2)(ir.serde.deserialize_model(model))
+    passes = ir.passes.Sequential(*FOLDING, ir.passes.PassManager(PASSES, steps=2))
+    result = passes(ir.serde.deserialize_model(model))
     if not result.modified:
         return model
     simplified = ir.serde.serialize_model(result.model)
