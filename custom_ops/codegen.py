@@ -334,8 +334,9 @@ static void gemm_serial(const gemm_t *g, idx m0, idx m1, idx n0, idx n1, float *
 
 /* Run fn over [0, items) split into `threads` contiguous ranges: range 0 on the caller, the others on a
    pool of workers. Between jobs a worker spins for SPIN_NS (waking a sleeping CPU costs tens of
-   microseconds on a VM, more than many calls take), then sleeps on a condition variable. One caller uses
-   the pool at a time; a call made while it is busy (from another thread, or from inside a job) starts
+   microseconds on a VM, more than many calls take), then sleeps on a condition variable; uk_rest sends
+   spinning workers to sleep at once (a caller done for now, whose process runs other work next). One caller
+   uses the pool at a time; a call made while it is busy (from another thread, or from inside a job) starts
    threads of its own. */
 typedef void (*range_fn)(void *ctx, idx begin, idx end);
 typedef struct { range_fn fn; void *ctx; idx begin, end; } range_t;
@@ -347,10 +348,11 @@ static struct {
     int size, threads;       /* workers started; ranges in the current job */
     atomic_int pending;      /* workers still in the current job */
     atomic_ulong job;        /* bumped for every job, after its ranges are written */
+    atomic_int resting;      /* set by uk_rest, cleared by the next job: workers sleep instead of spinning */
     range_t r[MAX_THREADS];
     unsigned long born[MAX_THREADS];  /* the last job posted before each worker started: it waits for the next */
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-          PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, {{0}}, {0}};
+          PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, {{0}}, {0}};
 static void *range_main(void *arg) { range_t *r = (range_t *)arg; r->fn(r->ctx, r->begin, r->end); return NULL; }
 static long now_ns(void) {
     struct timespec ts;
@@ -365,6 +367,9 @@ static int spin_until(int (*done)(unsigned long), unsigned long arg) {
     return 1;
 }
 static int job_after(unsigned long seen) { return atomic_load_explicit(&pool.job, memory_order_acquire) != seen; }
+static int job_or_rest(unsigned long seen) {
+    return job_after(seen) || atomic_load_explicit(&pool.resting, memory_order_relaxed);
+}
 static int job_done(unsigned long unused) {
     (void)unused;
     return atomic_load_explicit(&pool.pending, memory_order_acquire) == 0;
@@ -373,7 +378,8 @@ static void *pool_worker(void *arg) {
     int t = (int)(idx)arg;
     unsigned long seen = pool.born[t];
     for (;;) {
-        if (!spin_until(job_after, seen)) {
+        spin_until(job_or_rest, seen);
+        if (!job_after(seen)) {
             pthread_mutex_lock(&pool.mu);
             while (!job_after(seen)) pthread_cond_wait(&pool.wake, &pool.mu);
             pthread_mutex_unlock(&pool.mu);
@@ -421,6 +427,7 @@ static int pool_run(int threads, idx items, range_fn fn, void *ctx) {
     }
     for (int t = 0; t < threads; t++) pool.r[t] = (range_t){fn, ctx, items * t / threads, items * (t + 1) / threads};
     pool.threads = threads;
+    atomic_store_explicit(&pool.resting, 0, memory_order_relaxed);
     atomic_store_explicit(&pool.pending, threads - 1, memory_order_relaxed);
     pthread_mutex_lock(&pool.mu);
     atomic_fetch_add_explicit(&pool.job, 1, memory_order_release);
@@ -435,6 +442,8 @@ static int pool_run(int threads, idx items, range_fn fn, void *ctx) {
     pthread_mutex_unlock(&pool.busy);
     return 1;
 }
+void uk_rest(void) { atomic_store_explicit(&pool.resting, 1, memory_order_relaxed); }
+
 static void parallel_for(int threads, idx items, range_fn fn, void *ctx) {
     if (threads > MAX_THREADS) threads = MAX_THREADS;
     if (threads > items) threads = (int)items;

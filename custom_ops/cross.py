@@ -129,6 +129,9 @@ class Emulated:
         self.spec = spec or LibrarySpec("aarch64-neon")
         self.path = build_driver(self.spec)
 
+    def rest(self) -> None:
+        """Nothing to do: each call is a process of its own."""
+
     def pack(self, _a: np.ndarray, schedule: Schedule, _groups: int = 1, side: int | None = None) -> None:
         check_schedule(self.spec, schedule)
 

@@ -120,6 +120,10 @@ class Library:
         if c.uk_variants() != len(spec.micro):
             raise KernelSpecError(f"{self.path.name} has {c.uk_variants()} micro-kernels, the spec {len(spec.micro)}")
 
+    def rest(self) -> None:
+        """Send the worker threads to sleep now rather than after their spin: the process runs other work next."""
+        self.cdll.uk_rest()
+
     def _check(self, code: int, what: str) -> None:
         if code:
             raise KernelSpecError(f"{what}: {_ERRORS.get(code, f'error {code}')} ({self.path.name})")

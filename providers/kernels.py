@@ -117,8 +117,9 @@ class KernelsProvider(Provider):
         return verdicts
 
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
-        """A runner over the host's verified library. Its worker threads live for one kernel call and never
-        spin, so sharing the process with other stages (`exclusive=False`) needs nothing more."""
+        """A runner over the host's verified library. The library's worker threads spin briefly between
+        kernel calls; sharing the process with other stages (`exclusive=False`), the runner sends them to
+        sleep at the end of each run, so they take no core from the next stage."""
         from uhop_onnx.custom_ops.build import BuildError
         from uhop_onnx.custom_ops.verify import VerificationError, host_library
 
@@ -128,7 +129,7 @@ class KernelsProvider(Provider):
         except (VerificationError, BuildError) as error:
             raise ProviderError(f"kernels: no library built and passed verification on this host: {error}") from None
         threads = self.threads or len(os.sched_getaffinity(0))
-        return KernelsRunner(*lower(model), lib, threads, bool(self.options.get("tune", False)))
+        return KernelsRunner(*lower(model), lib, threads, bool(self.options.get("tune", False)), exclusive)
 
     def _emulated(self):
         """The board's (option `arch`) kernels under qemu; only aarch64 has an emulator here."""
@@ -205,7 +206,8 @@ def load_stage(folder: Path, artifact: Mapping[str, Any], threads: int | None, e
         constants = {name: stored[f"arr_{i}"] for i, name in enumerate(program["constants"])}
     lib = Library(files[".so"], LibrarySpec(options["target"]))
     verify(lib)
-    return KernelsRunner(program, constants, lib, threads or len(os.sched_getaffinity(0)), bool(options.get("tune")))
+    return KernelsRunner(program, constants, lib, threads or len(os.sched_getaffinity(0)), bool(options.get("tune")),
+                         exclusive)
 
 def _rank(graph, name: str) -> int | None:
     info = graph.tensors.get(name)
@@ -384,10 +386,10 @@ class KernelsRunner(Runner):
     """Runs a stage's steps (from `lower`) as fused kernel calls; needs only numpy and the library."""
 
     def __init__(self, program: Mapping[str, Any], constants: Mapping[str, np.ndarray], lib: Library, threads: int,
-                 tune: bool):
+                 tune: bool, exclusive: bool = True):
         from uhop_onnx.custom_ops.spec import Epilogue
 
-        self.lib, self.threads, self.tune = lib, threads, tune
+        self.lib, self.threads, self.tune, self.exclusive = lib, threads, tune, exclusive
         self.constants = dict(constants)
         self.outputs = list(program["outputs"])
         self.schedules: dict[tuple[str, int], Any] = {}  # (op key, threads) -> Schedule
@@ -411,6 +413,8 @@ class KernelsRunner(Runner):
         values = {**self.constants, **{k: np.asarray(v) for k, v in feeds.items()}}
         for step in self.steps:
             values[step.output] = step(values)
+        if not self.exclusive:
+            self.lib.rest()
         return {name: values[name] for name in self.outputs}
 
     # -- kernels -------------------------------------------------------------------------------------------
