@@ -176,7 +176,12 @@ def _runner(candidate: dict, model: str | None, feeds: dict, threads: int | None
         session = InferenceSession(model, providers=[target], profile=False, threads=threads)
     else:
         session = InferenceSession(target, threads=threads)
-    return lambda: session.run(None, feeds), [f"{s.label} x{len(s.nodes)}" for s in session.plan.stages]
+    return lambda: session.run(None, feeds), _stages(session.plan)
+
+
+def _stages(plan) -> list[str]:
+    """`openvino x12` per stage of a plan: its provider and how many nodes it runs."""
+    return [f"{s.label} x{len(s.nodes)}" for s in plan.stages]
 
 
 def _worker(request: dict) -> None:
@@ -211,7 +216,7 @@ def _optimize(request: dict) -> None:
     plan = optimize(request["model"], request["providers"], threads=request["threads"], budget=request["budget"])
     seconds = time.perf_counter() - start
     plan.save(request["out"])
-    print(json.dumps({"seconds": seconds, "stages": [f"{s.label} x{len(s.nodes)}" for s in plan.stages]}))
+    print(json.dumps({"seconds": seconds, "stages": _stages(plan)}))
 
 
 if __name__ == "__main__":
