@@ -38,10 +38,16 @@ class TensorInfo:
         dtype = onnx.TensorProto.DataType.Name(tensor.elem_type).lower() if tensor.elem_type else None
         if not tensor.HasField("shape"):
             return cls(dtype, None)
-        shape = tuple(
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim
-        )
-        return cls(dtype, shape)
+        return cls(dtype, tuple(dimension(d) for d in tensor.shape.dim))
+
+
+def dimension(dim: onnx.TensorShapeProto.Dimension) -> int | str | None:
+    """One axis as ONNX Runtime shows it: its size, the name of a symbolic axis, or None for a free axis
+    without a name (none given, a negative `dim_value` as Paddle writes, or a name ONNX's shape inference
+    made up: `unk__0`)."""
+    if dim.HasField("dim_value"):
+        return dim.dim_value if dim.dim_value >= 0 else None
+    return None if dim.dim_param.startswith("unk__") else dim.dim_param or None
 
 
 def type_string(type_proto: onnx.TypeProto) -> str:
@@ -195,6 +201,6 @@ def declared_outputs(model: onnx.ModelProto) -> list[tuple[str, tuple[int | None
     declared = []
     for output in model.graph.output:
         tensor = output.type.tensor_type
-        dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
+        dims = tuple(d if isinstance(d, int) else None for d in map(dimension, tensor.shape.dim))
         declared.append((output.name, dims if tensor.HasField("shape") else None))
     return declared
