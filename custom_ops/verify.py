@@ -3,12 +3,18 @@
 Every micro-kernel is run on odd sizes that leave edge tiles and cross cache blocks, with transposed and
 broadcast operands, every bias form and a clamp, on one and two threads; every convolution algorithm on
 grouped, strided, padded and dilated shapes. A library that fails to load or to match is evicted from the
-disk cache, reported, and never returned.
+disk cache, reported, and never returned. A library is first loaded and checked in a child process, and
+only one that passed there is loaded into the caller.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import pickle
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from uhop_onnx.cache import JsonTable, cache_dir
 from uhop_onnx.errors import UhopError
 
 from . import build, codegen
@@ -114,31 +121,74 @@ def verify(lib: Library, seed: int = 0) -> None:
 
 
 _VERIFIED: dict[Path, Library] = {}
+PASSED = "passed.json"  # sha256 of a library -> the spec it passed `verify` with, in a child process
+CHILD_SECONDS = 300
 
 
 def load(spec: LibrarySpec, source: str | None = None) -> Library:
-    """Build (or take from the disk cache), load and verify the library of `spec` (or of the given source).
+    """Build (or take from the disk cache), self-test and load the library of `spec` (or of the given source).
 
-    A cached file that does not load is rebuilt once; a library that fails verification is evicted and
-    `VerificationError` raised.
+    A library that fails its self-test in the child process (a crash included) is evicted and rebuilt once;
+    one that fails again raises `VerificationError`.
     """
     source = source if source is not None else codegen.generate(spec)
     path = build.build(source, spec.target)
     if path in _VERIFIED:
         return _VERIFIED[path]
     try:
-        lib = Library(path, spec)
-    except OSError as error:
-        log.warning("cached kernels %s do not load (%s); rebuilding", path.name, error)
+        lib = tested(path, spec)
+    except VerificationError as error:
+        log.warning("kernels %s failed their self-test (%s); rebuilding", path.name, error)
         build.evict(path)
-        lib = Library(build.build(source, spec.target), spec)
-    try:
-        verify(lib)
-    except VerificationError:
-        build.evict(path)
-        raise
+        path = build.build(source, spec.target)
+        try:
+            lib = tested(path, spec)
+        except VerificationError:
+            build.evict(path)
+            raise
     _VERIFIED[path] = lib
     return lib
+
+
+def tested(path: Path, spec: LibrarySpec) -> Library:
+    """`path` loaded into this process, once a child process has loaded it and it passed `verify` there, so
+    a broken, truncated or swapped file (a crash, a wrong result) can never take this process down. A pass
+    is recorded in the cache by the file's sha256; a file with a recorded pass skips the child."""
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    table = JsonTable(cache_dir() / "kernels" / PASSED)
+    if table.get(digest) != repr(spec):
+        _self_test(path, spec)
+        try:
+            table.update({digest: repr(spec)})
+        except OSError as error:
+            log.info("cannot record the kernels' self-test in %s (%s); it runs again next time", table.path, error)
+    return Library(path, spec)
+
+
+def _self_test(path: Path, spec: LibrarySpec) -> None:
+    """Load and verify `path` in a child process; `VerificationError` when it fails, crashes or hangs."""
+    try:
+        done = subprocess.run([sys.executable, "-m", __name__, str(path)], input=pickle.dumps(spec),
+                              capture_output=True, timeout=CHILD_SECONDS, check=False)
+    except subprocess.TimeoutExpired:
+        raise VerificationError(f"{path.name}: the self-test did not finish in {CHILD_SECONDS} s") from None
+    if done.returncode < 0:
+        raise VerificationError(f"{path.name}: loading it killed the self-test process "
+                                f"({signal.Signals(-done.returncode).name})")
+    if done.returncode != 0:
+        lines = done.stderr.decode(errors="replace").strip().splitlines() or [f"exit {done.returncode}"]
+        raise VerificationError(lines[-1].removeprefix("error: "))
+
+
+def _child(path: str) -> int:
+    """The self-test's process: load the library at `path` (its spec pickled on stdin) and verify it."""
+    spec = pickle.loads(sys.stdin.buffer.read())
+    try:
+        verify(Library(Path(path), spec))
+    except (OSError, UhopError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def host_library() -> Library:
@@ -151,3 +201,7 @@ def host_library() -> Library:
             raise
         log.warning("the %s kernels are rejected (%s); using portable scalar C", target, error)
         return load(LibrarySpec("scalar"))
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))

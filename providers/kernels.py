@@ -5,7 +5,8 @@ the channel axis) and residual Adds (two computed tensors of one shape). `lower`
 steps, where each Relu, Clip or bias Add that alone reads a product is fused into that product's epilogue, a
 residual Add into a convolution's (the sum then takes a Relu or Clip too), and the rest run as a
 bias+residual+clamp kernel. A runner is built from those steps; a bundle carries them as JSON, the constants
-as `.npz` and the library built for the board's architecture, so the board needs only numpy and ctypes. Schedules come from the autotuner's cache for
+as `.npz` and the library built for the board's architecture with its C source, so the board needs only numpy and ctypes
+(and a C compiler, for a bundle that is not signed). Schedules come from the autotuner's cache for
 this device (or are tuned on first sight with the option `tune`), else from the default.
 """
 
@@ -160,20 +161,25 @@ class KernelsProvider(Provider):
         return None
 
     def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
-        """The stage's steps as `stem.json`, its constants as `stem.npz` and the library for the board's
-        architecture as `kernels_<target>.so`, verified here when this host runs its ISA."""
+        """The stage's steps as `stem.json`, its constants as `stem.npz`, and for the board's architecture the
+        library `kernels_<target>.so` (verified here when this host runs its ISA) and its C source
+        `kernels_<target>.c`, from which a board builds its own when the bundle is not signed."""
+        from uhop_onnx.custom_ops import codegen
+        from uhop_onnx.custom_ops.spec import LibrarySpec
+
         blocker = self.export_blocker()
         if blocker:
             raise ProviderError(blocker)
         target = ARCH_TARGETS[self.options.get("arch", host_arch())][0]
         program, constants = lower(model)
         used = sorted({name for s in program["steps"] for name in (*s["inputs"], s["bias"]) if name in constants})
-        library = f"kernels_{target}.so"  # one copy, shared by the bundle's kernels stages
+        library, source = f"kernels_{target}.so", f"kernels_{target}.c"  # one copy, shared by the kernels stages
         if not (folder / library).exists():
             shutil.copyfile(_library(target), folder / library)
+            (folder / source).write_text(codegen.generate(LibrarySpec(target)))
         (folder / f"{stem}.json").write_text(json.dumps({**program, "constants": used}, indent=1) + "\n")
         np.savez(folder / f"{stem}.npz", *[constants[name] for name in used])
-        return Artifact("kernels", [f"{stem}.json", f"{stem}.npz", library],
+        return Artifact("kernels", [f"{stem}.json", f"{stem}.npz", library, source],
                         {"target": target, "tune": bool(self.options.get("tune", False))})
 
 
@@ -190,11 +196,15 @@ def _library(target: str) -> Path:
         raise ProviderError(f"kernels: the {target} library for the bundle failed: {error}") from None
 
 
-def load_stage(folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool) -> KernelsRunner:
-    """A bundle's kernels stage: its steps and constants over its library, checked against numpy first."""
-    from uhop_onnx.custom_ops.library import Library
+def load_stage(folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool,
+               trusted: bool = False) -> KernelsRunner:
+    """A bundle's kernels stage: its steps and constants over a library that passed its self-test.
+
+    The library the bundle carries is loaded only when `trusted` (a signature the loader checked covers it);
+    otherwise this host builds its own from the C source the bundle ships, which must be the source this
+    version generates for the target, so that no code from the bundle runs."""
     from uhop_onnx.custom_ops.spec import LibrarySpec, host_targets
-    from uhop_onnx.custom_ops.verify import verify
+    from uhop_onnx.custom_ops.verify import VerificationError, load, tested
 
     files = {Path(name).suffix: Path(folder) / name for name in artifact["files"]}
     options = artifact["options"]
@@ -204,10 +214,33 @@ def load_stage(folder: Path, artifact: Mapping[str, Any], threads: int | None, e
     program = json.loads(files[".json"].read_text())
     with np.load(files[".npz"], allow_pickle=False) as stored:
         constants = {name: stored[f"arr_{i}"] for i, name in enumerate(program["constants"])}
-    lib = Library(files[".so"], LibrarySpec(options["target"]))
-    verify(lib)
+    spec = LibrarySpec(options["target"])
+    try:
+        lib = tested(files[".so"], spec) if trusted else load(spec, _own_source(files.get(".c"), spec))
+    except VerificationError as error:
+        raise ProviderError(f"kernels: the stage's library failed its self-test: {error}") from None
     return KernelsRunner(program, constants, lib, threads or len(os.sched_getaffinity(0)), bool(options.get("tune")),
                          exclusive)
+
+
+def _own_source(shipped: Path | None, spec) -> str:
+    """The C source to build an unsigned bundle's kernels from: the bundle's, when it is what this version
+    generates for the target and this host has the compiler."""
+    from uhop_onnx.custom_ops import codegen
+    from uhop_onnx.custom_ops.spec import TARGETS
+
+    unsigned = "the bundle is not signed, so the library it carries is not loaded"
+    source = codegen.generate(spec)
+    if shipped is None or shipped.read_text() != source:
+        raise ProviderError(f"kernels: {unsigned}, and its C source is missing or not what this uhop-onnx "
+                            f"generates for {spec.target}; load a signed bundle with its key "
+                            "(load_bundle(path, key=...)), or export it again with this version")
+    compiler = TARGETS[spec.target].compiler
+    if shutil.which(compiler) is None:
+        raise ProviderError(f"kernels: {unsigned}, and building it here from the bundle's C source needs {compiler}; "
+                            f"install: {KernelsProvider.install}; or load a signed bundle with its key")
+    return source
+
 
 def _rank(graph, name: str) -> int | None:
     info = graph.tensors.get(name)

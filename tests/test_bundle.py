@@ -64,10 +64,11 @@ def test_openvino_ir_stages(tmp_path):
 def test_gpu_stages_are_said_not_to_run_here(tmp_path):
     bundle = uhop_onnx.export_bundle(mlp(), "jetson-orin", tmp_path / "b", providers=["ort-cuda", "ort-cpu"],
                                      assign={"/fc1/MatMul": "ort-cuda"})
-    report = uhop_onnx.verify_bundle(bundle)
+    report = uhop_onnx.verify_bundle(bundle, allow_unrun=True)
     gpu = [s for s in report["stages"] if s["provider"] in ("ort-tensorrt", "ort-cuda")]
     assert gpu and all(not s["ran"] and "onnxruntime" in s["how"] for s in gpu)
     assert report["ok"], "stages that cannot run here are reported, not failed"
+    assert report["unrun"] and not uhop_onnx.verify_bundle(bundle)["ok"], "nothing ran: only --allow-unrun accepts it"
 
 
 def test_tune_places_the_bundle_again_by_measurement(x86_bundle, tmp_path):

@@ -6,7 +6,7 @@ runtimes a bundle names.
 
 from importlib import import_module
 
-from .errors import InputError, ModelError, PlanError, ProviderError, StageError, UhopError
+from .errors import BundleError, InputError, KeyFileError, ModelError, PlanError, ProviderError, StageError, UhopError
 
 __version__ = "0.1.0"
 
@@ -25,8 +25,10 @@ _LAZY = {
 }
 
 __all__ = [
+    "BundleError",
     "InferenceSession",
     "InputError",
+    "KeyFileError",
     "ModelError",
     "Plan",
     "PlanError",

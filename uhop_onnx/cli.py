@@ -291,7 +291,9 @@ def export(model: Path,
            fmt: Annotated[ExportFormat, typer.Option("--format", help="bundle: stages in their runtimes' own formats "
                                                      "for a board; triton: a Triton model repository.")]
            = ExportFormat.bundle,
-           providers: ProvidersOption = None, threads: ThreadsOption = None) -> None:
+           providers: ProvidersOption = None, threads: ThreadsOption = None,
+           sign: Annotated[Path | None, typer.Option("--sign", help="Sign the bundle's manifest with this Ed25519 "
+                                                     "private key (from `uhop-onnx keygen`).")] = None) -> None:
     """Write a deployment bundle for a board, or a Triton model repository."""
     if fmt is ExportFormat.triton:
         from .triton import export_triton
@@ -306,8 +308,20 @@ def export(model: Path,
     from .export import export_bundle
 
     with _steps("exporting") as step:
-        written = export_bundle(model, target, output, providers=_providers(providers), threads=threads, progress=step)
-    _print_bundle(written, f"bundle for {target}")
+        written = export_bundle(model, target, output, providers=_providers(providers), threads=threads,
+                                progress=step, sign=sign)
+    _print_bundle(written, f"{'signed ' if sign else ''}bundle for {target}")
+
+
+@app.command()
+def keygen(name: Annotated[Path, typer.Option("--output", "-o", help="Writes NAME.key (private, mode 0600) and "
+                                              "NAME.pub (public).")]) -> None:
+    """Write a new Ed25519 key pair (PEM) to sign bundles with: `export --sign NAME.key`, `verify --key NAME.pub`."""
+    from .bundle.signature import keygen as write_pair
+
+    private, public = write_pair(name)
+    out.print(f"private key: {private} (keep it secret; it signs bundles)\npublic key:  {public} (give it to "
+              "whoever loads the bundles: `verify --key`, `load_bundle(path, key=...)`)")
 
 
 @app.command()
@@ -342,15 +356,22 @@ def _manifest_of(bundle: Path) -> dict:
 
 
 @app.command()
-def verify(bundle: Annotated[Path, typer.Argument(help="A bundle folder or .tar.gz.")], as_json: JsonOption = False) -> None:
-    """Check a bundle's hashes, then run every stage this host can run and compare with ONNX Runtime."""
+def verify(bundle: Annotated[Path, typer.Argument(help="A bundle folder or .tar.gz.")],
+           key: Annotated[Path | None, typer.Option("--key", help="The signer's public key (NAME.pub): the "
+                                                    "manifest must carry a valid signature by it.")] = None,
+           allow_unrun: Annotated[bool, typer.Option("--allow-unrun", help="Succeed even when no stage can run "
+                                                     "here (only the hashes are then checked).")] = False,
+           as_json: JsonOption = False) -> None:
+    """Check a bundle's signature (with --key) and hashes, then run every stage this host can run and compare
+    with ONNX Runtime."""
     from .verify import verify_bundle
 
     with _steps("verifying", not as_json):
-        report = verify_bundle(bundle)
+        report = verify_bundle(bundle, key=key, allow_unrun=allow_unrun)
     if as_json:
         _print_json(report)
     else:
+        _print_signature(report["signature"])
         for problem in report["files"]:
             out.print(f"[red]tampered:[/] {problem}")
         table = Table("stage", "provider", "ran here", "how", "result", title=str(bundle))
@@ -362,8 +383,25 @@ def verify(bundle: Annotated[Path, typer.Argument(help="A bundle folder or .tar.
         for name, o in (report["outputs"] or {}).items():
             out.print(f"output {name}: {'[green]matches[/]' if o['ok'] else '[red]differs[/]'} the reference "
                       f"(max abs error {o.get('max_abs_error')})")
+        if report.get("unrun"):
+            out.print(f"[{'yellow' if allow_unrun else 'red'}]no stage could run here[/]: only the hashes were "
+                      "checked" + ("" if allow_unrun else "; pass --allow-unrun to accept that"))
     if not report["ok"]:
         raise typer.Exit(1)
+
+
+def _print_signature(signature: dict) -> None:
+    if signature["ok"]:
+        out.print("[green]signature valid[/]: the manifest, and through its hashes every file, is as the key's "
+                  "owner signed it")
+    elif signature["ok"] is False:
+        out.print(f"[red]tampered:[/] {signature['error']}")
+    elif signature["signed"]:
+        out.print("[yellow]signed, signature not checked[/]: give --key PUB to check it; the hashes alone prove "
+                  "only that no file was corrupted")
+    else:
+        out.print("[yellow]unsigned[/]: the hashes prove only that no file was corrupted, not who made the bundle "
+                  "(sign with `export --sign KEY`, check with `verify --key PUB`)")
 
 
 # Sub-commands that live beside what they serve.

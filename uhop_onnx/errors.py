@@ -23,6 +23,16 @@ class PlanError(UhopError):
     """A plan or an assignment is inconsistent, or a plan folder cannot be read or written."""
 
 
+class BundleError(UhopError):
+    """A bundle is missing, malformed, unsafe or tampered with."""
+
+    exit_code = 1
+
+
+class KeyFileError(UhopError):
+    """A signing key is missing, unreadable, not an Ed25519 PEM key, or would overwrite a file."""
+
+
 class StageError(ProviderError):
     """A stage failed at run time; names the stage and its provider."""
 

@@ -24,10 +24,12 @@ from .bundle.manifest import (
     FP32_TOLERANCE,
     MANIFEST,
     SCHEMA,
+    SIGNATURE,
     hash_files,
     read_checked,
     unpacked,
 )
+from .bundle import signature
 from .dtypes import TensorSig
 from .errors import ProviderError, UhopError
 from .files import new_folder, read_npz, write_archive
@@ -45,9 +47,10 @@ from .targets import Target, TargetProvider, load_target, target_from_json
 def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Target, out: str | os.PathLike,
                   providers: Sequence[str] | None = None, assign: Mapping[str, str] | None = None,
                   threads: int | None = None, progress: Callable[[str], None] = lambda step: None, *,
-                  measure: bool = False, budget: float = 60.0) -> Path:
+                  measure: bool = False, budget: float = 60.0, sign: str | os.PathLike | bytes | None = None) -> Path:
     """Write a bundle for `target` (a built-in profile name, a JSON profile path, or a `Target`) to `out`: a
-    folder (absent or empty) or a file ending `.tar.gz`. Returns `out`.
+    folder (absent or empty) or a file ending `.tar.gz`. Returns `out`. With `sign` (an Ed25519 private key,
+    PEM path or bytes, as `uhop-onnx keygen` writes), the manifest is signed.
 
     With `measure`, this host is the board: placement is measured here (as `optimize` does) over the
     profile's providers present here, instead of the profile's static cost model."""
@@ -55,6 +58,7 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
     archive = out.name.endswith(".tar.gz")
     if out.exists() and (archive or out.is_file() or any(out.iterdir())):
         raise UhopError(f"{out}: exists; give a new folder or .tar.gz path")
+    signer = None if sign is None else signature.signer(sign)
     profile = target if isinstance(target, Target) else load_target(target)
     entries, chosen = _providers(profile, providers, threads, present=measure)
     a = analyze(model, assign=assign, threads=threads, progress=progress, chosen=chosen)
@@ -69,8 +73,10 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
         staging = Path(staging)
         manifest = _write(staging, a, plan, profile, entries, progress)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        if signer is not None:
+            signer(staging)
         if archive:
-            write_archive(staging, out)
+            write_archive(staging, out, first=(MANIFEST, SIGNATURE))
     return out
 
 

@@ -52,8 +52,11 @@ def read_npz(path: str | os.PathLike) -> dict:
         return {name: data[name] for name in data.files}
 
 
-def write_archive(folder: Path, out: Path) -> None:
-    """`folder`'s files as a `.tar.gz` at `out`, written atomically."""
+def write_archive(folder: Path, out: Path, first: tuple[str, ...] = ()) -> None:
+    """`folder`'s files as a `.tar.gz` at `out`, written atomically; the files named in `first` (relative
+    to `folder`) lead, in that order."""
+    paths = [folder / name for name in first if (folder / name).exists()]
+    paths += [p for p in sorted(folder.rglob("*")) if p.relative_to(folder).as_posix() not in first]
     with atomic_file(out, "wb") as handle, tarfile.open(fileobj=handle, mode="w:gz") as tar:
-        for path in sorted(folder.rglob("*")):
+        for path in paths:
             tar.add(path, arcname=path.relative_to(folder).as_posix(), recursive=False)

@@ -1,4 +1,4 @@
-"""`verify_bundle`: hashes first, then every stage this host can run, against ONNX Runtime on the same inputs.
+"""`verify_bundle`: the signature (given a key) and hashes first, then every stage this host can run, against ONNX Runtime on the same inputs.
 
 Stages run in their own formats where the runtime is here; an `.rknn` stage runs in Rockchip's simulator and
 an aarch64 kernels stage in a static aarch64 driver under qemu, each rebuilt from the stage's ONNX the bundle
@@ -13,9 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from .bundle import load_stage
-from .bundle.manifest import BundleError, check_files, read_manifest, unpacked
-from .errors import UhopError, first_line
+from .bundle import KeySource, load_stage
+from .bundle.manifest import check_files, read_manifest, unpacked
+from .bundle.signature import signed
+from .errors import BundleError, UhopError, first_line
 from .files import read_npz
 from .samples import reference_outputs
 
@@ -26,35 +27,56 @@ SIMULATORS = {
 }
 
 
-def verify_bundle(path: str | os.PathLike) -> dict[str, Any]:
-    """A report: `ok` is True only when every hash matches and every stage run here matches its reference."""
+def verify_bundle(path: str | os.PathLike, key: KeySource | None = None, allow_unrun: bool = False) -> dict[str, Any]:
+    """A report: `ok` is True only when the signature (with `key`, a public key's PEM path or bytes) and every
+    hash match, every stage run here matches its reference, and at least one stage ran here (unless
+    `allow_unrun`). Without a key, `signature` says whether the bundle is signed: its hashes then prove only
+    that no file was corrupted, not who made them."""
     with unpacked(path) as folder:
+        report: dict[str, Any] = {"bundle": str(path), "signature": _signature(folder, path, key), "files": [],
+                                  "stages": [], "outputs": None, "ok": False}
+        if report["signature"].get("ok") is False:
+            return report
         manifest = read_manifest(folder)
-        problems = check_files(folder, manifest)
-        report: dict[str, Any] = {"bundle": str(path), "files": problems, "stages": [], "outputs": None}
-        if problems:  # never load what does not match the manifest
-            report["ok"] = False
+        report["files"] = check_files(folder, manifest)
+        if report["files"]:  # never load what does not match the manifest
             return report
         values = read_npz(folder / manifest["samples"]["inputs"])
         if manifest.get("constants"):
             values.update(read_npz(folder / manifest["constants"]))
         for k, stage in enumerate(manifest["stages"]):
             feeds = {name: values[name] for name in stage["inputs"] if name in values}
-            entry, produced = _check_stage(folder, stage, feeds)
+            entry, produced = _check_stage(folder, stage, feeds, key is not None)
             report["stages"].append({"index": k, "provider": stage["provider"], **entry})
             values.update(produced)
         expected = read_npz(folder / manifest["samples"]["outputs"])
         tolerance = manifest["tolerance"]
         report["outputs"] = {name: _compare(values[name], want, tolerance) for name, want in expected.items()}
-        report["ok"] = all(s["ok"] is not False for s in report["stages"]) and all(
-            o["ok"] for o in report["outputs"].values())
+        report["unrun"] = not any(s["ran"] for s in report["stages"])
+        report["ok"] = (all(s["ok"] is not False for s in report["stages"])
+                        and all(o["ok"] for o in report["outputs"].values()) and (allow_unrun or not report["unrun"]))
         return report
 
 
-def _check_stage(folder, stage: dict, feeds: dict[str, np.ndarray]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """(what happened, the stage's outputs) for one stage."""
+def _signature(folder, path, key: KeySource | None) -> dict[str, Any]:
+    """The signature's part of the report: checked with `key`, else only whether there is one."""
+    if key is None:
+        return {"ok": None, "signed": signed(folder), "checked": False}
+    from .bundle.signature import check
+
+    try:
+        read_manifest(folder)
+        check(folder, key, path)
+    except BundleError as error:
+        return {"ok": False, "signed": signed(folder), "checked": True, "error": str(error)}
+    return {"ok": True, "signed": True, "checked": True}
+
+
+def _check_stage(folder, stage: dict, feeds: dict[str, np.ndarray],
+                 trusted: bool) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(what happened, the stage's outputs) for one stage; `trusted` as for `load_stage`."""
     reference = reference_outputs(folder / stage["reference"], feeds)
-    runner, how = _host_runner(folder, stage)
+    runner, how = _host_runner(folder, stage, trusted)
     if runner is None:
         return {"ran": False, "how": how, "ok": None}, reference
     try:
@@ -68,11 +90,12 @@ def _check_stage(folder, stage: dict, feeds: dict[str, np.ndarray]) -> tuple[dic
     return {"ran": True, "how": how, "ok": ok, "outputs": compared}, results
 
 
-def _host_runner(folder, stage: dict):
+def _host_runner(folder, stage: dict, trusted: bool):
     """A runner for the stage on this host and how it runs, or (None, why not)."""
     try:
-        return load_stage(folder, stage, threads=None, exclusive=False), f"{stage['artifact']['format']} natively"
-    except (BundleError, UhopError, OSError) as native:
+        return (load_stage(folder, stage, threads=None, exclusive=False, trusted=trusted),
+                f"{stage['artifact']['format']} natively")
+    except (UhopError, OSError) as native:
         if stage["provider"] not in SIMULATORS:
             return None, f"cannot run here: {first_line(native)}"
         simulate, simulator = SIMULATORS[stage["provider"]]

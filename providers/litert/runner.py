@@ -14,6 +14,7 @@ import numpy as np
 from uhop_onnx.errors import ProviderError
 
 from ..base import Runner
+from . import delegates
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +58,14 @@ class LiteRtRunner(Runner):
         self.delegates = []
 
 
-def load_stage(folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool) -> LiteRtRunner:
-    """A bundle's `.tflite` stage, with the delegate it was exported with."""
+def load_stage(folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool,
+               trusted: bool = False) -> LiteRtRunner:
+    """A bundle's `.tflite` stage, with the delegate it was exported with: any when `trusted` (a signature
+    the loader checked covers the manifest), else only a known or allowed one (see `delegates`)."""
     options = artifact.get("options", {})
+    why = "" if trusted or not options.get("delegate") else delegates.refusal(options["delegate"])
+    if why:
+        raise ProviderError(f"the unsigned bundle's LiteRT delegate {why}")
     return LiteRtRunner((Path(folder) / artifact["files"][0]).read_bytes(), threads, options.get("delegate"),
                         options.get("delegate_options"), bool(options.get("allow_fallback")))
 
@@ -68,8 +74,8 @@ def load_delegate(lite, library: str, options: Mapping[str, Any] | None, allow_f
     """The external delegate in `library`; when it fails to load, an error naming it, or None (XNNPACK)
     with a warning when fallback is allowed."""
     try:
-        return lite.load_delegate(library, {k: str(v) for k, v in (options or {}).items()})
-    except (ValueError, OSError, RuntimeError) as error:
+        return lite.load_delegate(delegates.resolve(library), {k: str(v) for k, v in (options or {}).items()})
+    except (ValueError, OSError, RuntimeError, AttributeError) as error:  # AttributeError: no delegate's symbols
         message = f"LiteRT delegate {library!r} failed to load: {str(error).strip().splitlines()[0]}"
         if not allow_fallback:
             raise ProviderError(f"{message}; pass allow_fallback=True to run on XNNPACK instead") from None

@@ -3,8 +3,8 @@
     bundle = uhop_onnx.load_bundle("model.bundle.tar.gz")
     outputs = bundle.run(None, {"input": x})
 
-or `python -m uhop_onnx.bundle run BUNDLE --inputs in.npz [--output out.npz]`. Every file is checked
-against the manifest's sha256 before anything is loaded.
+or `python -m uhop_onnx.bundle run BUNDLE --inputs in.npz [--output out.npz] [--key PUB]`. Every file is
+checked against the manifest's sha256 before anything is loaded; with a key, the manifest's signature first.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 
 from uhop_onnx.dtypes import TensorSig
+from uhop_onnx.errors import BundleError
 from uhop_onnx.executor import Executor, StageIO
 from uhop_onnx.files import read_npz
 
-from .manifest import BundleError, open_bundle, read_checked
+from .manifest import open_bundle, read_checked
 
 # Stage format -> the module whose `load_stage(folder, artifact, threads, exclusive)` runs it.
 FORMATS = {
@@ -31,16 +32,21 @@ FORMATS = {
     "rknn": "uhop_onnx.providers.rknn.runner",
     "kernels": "uhop_onnx.providers.kernels",
 }
+# Formats whose stages may carry native code (a library, a delegate path); their `load_stage` takes `trusted`,
+# true only when a signature the loader checked covers the stage's files.
+NATIVE = {"kernels", "tflite"}
+KeySource = str | os.PathLike | bytes
 
 
 class Bundle:
     """A loaded bundle, with onnxruntime's interface: `get_inputs`, `get_outputs`, `run`."""
 
-    def __init__(self, path: str | os.PathLike, threads: int | None = None):
+    def __init__(self, path: str | os.PathLike, threads: int | None = None, key: KeySource | None = None):
         self.folder, self._scratch = open_bundle(path)
-        self.manifest = read_checked(self.folder, path)
+        self.manifest, self.signed = open_checked(self.folder, path, key)
         stages = self.manifest["stages"]
-        runners = [load_stage(self.folder, s, threads, exclusive=len(stages) == 1) for s in stages]
+        runners = [load_stage(self.folder, s, threads, exclusive=len(stages) == 1, trusted=self.signed)
+                   for s in stages]
         constants = read_npz(self.folder / self.manifest["constants"]) if self.manifest.get("constants") else {}
         ios = [StageIO(f"{s['provider']} ({s['artifact']['format']})", s["inputs"], s["outputs"],
                        [(name, None if dims is None else tuple(dims)) for name, dims in s["declared"]]) for s in stages]
@@ -59,20 +65,37 @@ class Bundle:
         return self._executor.run(output_names, input_feed)
 
 
-def load_stage(folder: Path, stage: Mapping[str, Any], threads: int | None, exclusive: bool):
+def open_checked(folder: Path, path: str | os.PathLike, key: KeySource | None) -> tuple[dict[str, Any], bool]:
+    """(the manifest, whether a signature by `key` covers it), once the signature (when a key is given) and
+    then every file's hash and size match."""
+    if key is not None:
+        from .manifest import read_manifest
+        from .signature import check
+
+        read_manifest(folder)  # a well-formed manifest of bounded size before any cryptography
+        check(folder, key, path)
+    return read_checked(folder, path), key is not None
+
+
+def load_stage(folder: Path, stage: Mapping[str, Any], threads: int | None, exclusive: bool, trusted: bool = False):
     """A stage's runner, from its runtime's own format; a missing runtime is named with its install."""
     artifact = stage["artifact"]
-    if artifact["format"] not in FORMATS:
-        raise BundleError(f"stage format {artifact['format']!r} is unknown; known: {', '.join(FORMATS)}")
+    fmt = artifact["format"]
     try:
-        return import_module(FORMATS[artifact["format"]]).load_stage(folder, artifact, threads, exclusive)
+        module = import_module(FORMATS[fmt])
+        return module.load_stage(folder, artifact, threads, exclusive, **({"trusted": trusted} if fmt in NATIVE else {}))
     except ImportError as error:
-        runtime = stage.get("runtime", {})
-        raise BundleError(f"stage on {stage['provider']} needs {runtime.get('name', artifact['format'])} "
+        runtime = stage.get("runtime") or {}
+        raise BundleError(f"stage on {stage['provider']} needs {runtime.get('name', fmt)} "
                           f"{runtime.get('version', '')}, which is not installed here ({error}); "
                           f"install: {runtime.get('install', 'see the manifest')}") from None
+    except (KeyError, IndexError, TypeError, AttributeError) as error:
+        raise BundleError(f"stage on {stage['provider']}: its {fmt} artifact options are malformed "
+                          f"({type(error).__name__}: {error})") from None
 
 
-def load_bundle(path: str | os.PathLike, threads: int | None = None) -> Bundle:
-    """A bundle folder or `.tar.gz`, checked against its manifest and ready to run."""
-    return Bundle(path, threads)
+def load_bundle(path: str | os.PathLike, threads: int | None = None, key: KeySource | None = None) -> Bundle:
+    """A bundle folder or `.tar.gz`, checked against its manifest and ready to run. With `key` (a public key's
+    PEM path or bytes), the manifest must carry a valid signature by it, and only then is native code the
+    bundle carries (its kernels library, a delegate path) loaded."""
+    return Bundle(path, threads, key)

@@ -1,4 +1,5 @@
-"""`python -m uhop_onnx.bundle run BUNDLE --inputs in.npz [--output out.npz] [--threads N]` on a board."""
+"""`python -m uhop_onnx.bundle run BUNDLE --inputs in.npz [--output out.npz] [--threads N] [--key PUB]` on a
+board."""
 
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--inputs", required=True, help="an .npz with one array per model input")
     run.add_argument("--output", help="write the outputs to this .npz")
     run.add_argument("--threads", type=int, default=None)
+    run.add_argument("--key", help="the signer's public key (PEM): the bundle must be signed by it")
     args = parser.parse_args(argv)
     try:
-        bundle = load_bundle(args.bundle, args.threads)
+        bundle = load_bundle(args.bundle, args.threads, key=args.key)
         feeds = read_npz(args.inputs)
         names = [o.name for o in bundle.get_outputs()]
         results = dict(zip(names, bundle.run(None, feeds), strict=True))

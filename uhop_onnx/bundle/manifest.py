@@ -1,28 +1,35 @@
-"""A bundle's manifest: its schema, file hashes, and safe unpacking of archives. Imports no runtime."""
+"""A bundle's manifest: its schema, file hashes and sizes, and safe unpacking of archives. Imports no runtime.
+
+The manifest is checked field by field with plain code (a board has only numpy): every violation is a
+`BundleError` naming the field. An archive is read manifest first; each later member must be a file the
+manifest names, of the size it records, before a byte of it is written.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from uhop_onnx.errors import UhopError
+from uhop_onnx.errors import BundleError
 
-SCHEMA = "uhop-onnx.bundle/1"
+SCHEMA = "uhop-onnx.bundle/2"
 MANIFEST = "manifest.json"
+SIGNATURE = "manifest.sig"  # Ed25519 over the manifest's bytes (see `signature`)
+MANIFEST_LIMIT = 16 << 20  # bytes: a manifest is JSON of names, hashes and small tables
+SIGNATURE_LIMIT = 4096
 FP32_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+FORMATS = ("onnx", "openvino-ir", "tflite", "rknn", "kernels")
 
-
-class BundleError(UhopError):
-    """A bundle is missing, malformed, unsafe or tampered with."""
-
-    exit_code = 1
+__all__ = ["BundleError", "FORMATS", "MANIFEST", "SCHEMA", "SIGNATURE", "check_files", "hash_files", "open_bundle",
+           "read_checked", "read_manifest", "unpacked", "validate"]
 
 
 def sha256(path: Path) -> str:
@@ -33,23 +40,33 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def hash_files(folder: Path) -> dict[str, str]:
-    """sha256 of every file under `folder` but the manifest, by POSIX path relative to it."""
-    return {p.relative_to(folder).as_posix(): sha256(p) for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != MANIFEST}
+def hash_files(folder: Path) -> dict[str, dict[str, Any]]:
+    """`{"sha256", "size"}` of every file under `folder` but the manifest and its signature, by POSIX path
+    relative to it."""
+    return {p.relative_to(folder).as_posix(): {"sha256": sha256(p), "size": p.stat().st_size}
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name not in (MANIFEST, SIGNATURE)}
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
+    """The bundle's manifest, checked against the schema."""
     path = folder / MANIFEST
-    if not path.is_file():
+    if path.is_symlink() or not path.is_file():
         raise BundleError(f"{folder}: not a bundle (no {MANIFEST}); create one with `uhop-onnx export`")
+    if path.stat().st_size > MANIFEST_LIMIT:
+        raise BundleError(f"{path}: {path.stat().st_size} bytes, more than a manifest may hold ({MANIFEST_LIMIT})")
+    return parse(path.read_bytes(), path)
+
+
+def parse(data: bytes, where: object) -> dict[str, Any]:
+    """A manifest from its bytes, validated; `where` names it in errors."""
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(data)
     except ValueError as error:
-        raise BundleError(f"{path}: not valid JSON ({error})") from None
+        raise BundleError(f"{where}: not valid JSON ({error})") from None
     if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
         found = manifest.get("schema") if isinstance(manifest, dict) else None
-        raise BundleError(f"{path}: schema {found!r} is not {SCHEMA!r}; re-export the bundle")
+        raise BundleError(f"{where}: schema {found!r} is not {SCHEMA!r}; re-export the bundle")
+    validate(manifest, where)
     return manifest
 
 
@@ -62,19 +79,147 @@ def read_checked(folder: Path, path: str | os.PathLike) -> dict[str, Any]:
     return manifest
 
 
-def check_files(folder: Path, manifest: dict[str, Any]) -> list[str]:
-    """Problems with the bundle's files: missing, changed, or unlisted; empty when all match."""
+def check_files(folder: Path, manifest: Mapping[str, Any]) -> list[str]:
+    """Problems with the bundle's files: missing, changed, links, or unlisted; empty when all match."""
     problems = []
-    listed = manifest.get("files", {})
-    for name, digest in listed.items():
-        path = _inside(folder, name)
-        if not path.is_file():
+    listed = manifest["files"]
+    for name, entry in listed.items():
+        path = folder / name
+        if path.is_symlink() or os.path.realpath(path) != os.path.join(os.path.realpath(folder), *name.split("/")):
+            problems.append(f"{name}: a symbolic link, or inside one (refused)")
+        elif not path.is_file():
             problems.append(f"{name}: missing")
-        elif sha256(path) != digest:
+        elif path.stat().st_size != entry["size"] or sha256(path) != entry["sha256"]:
             problems.append(f"{name}: sha256 does not match the manifest (changed or truncated)")
-    problems += [f"{name}: not listed in the manifest" for name in hash_files(folder) if name not in listed]
+    for path in sorted(folder.rglob("*")):
+        name = path.relative_to(folder).as_posix()
+        if name not in listed and name not in (MANIFEST, SIGNATURE) and (path.is_symlink() or not path.is_dir()):
+            problems.append(f"{name}: not listed in the manifest")
     return problems
 
+
+# -- the schema ----------------------------------------------------------------------------------------------
+
+def _field(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, optional: bool = False):
+    """`data[key]`, of type `kind` (None allowed when `optional`), else a `BundleError` naming `where.key`."""
+    if key not in data:
+        if optional:
+            return None
+        raise BundleError(f"{where}.{key} is missing")
+    value = data[key]
+    if value is None and optional:
+        return None
+    if not isinstance(value, kind) or isinstance(value, bool) and bool not in _kinds(kind):
+        names = "/".join(k.__name__ for k in _kinds(kind))
+        raise BundleError(f"{where}.{key} must be {names}, got {type(value).__name__} {str(value)[:60]!r}")
+    return value
+
+
+def _kinds(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _strings(data: Mapping[str, Any], key: str, where: str) -> list[str]:
+    values = _field(data, key, list, where)
+    for k, value in enumerate(values):
+        if not isinstance(value, str):
+            raise BundleError(f"{where}.{key}[{k}] must be str, got {type(value).__name__}")
+    return values
+
+
+def _relative(name: str, where: str) -> str:
+    """`name` when it is a plain relative POSIX path inside the bundle."""
+    path = PurePosixPath(name)
+    if not name or path.is_absolute() or ".." in path.parts or "\\" in name or name != path.as_posix():
+        raise BundleError(f"{where} names {name!r}, which is not a relative path inside the bundle")
+    return name
+
+
+def _listed(files: Mapping[str, Any], name: object, where: str) -> None:
+    if not isinstance(name, str) or name not in files:
+        raise BundleError(f"{where} names {name!r}, a file the manifest's files do not list")
+
+
+def _signatures(data: Mapping[str, Any], key: str, where: str) -> None:
+    for k, sig in enumerate(_field(data, key, list, where)):
+        at = f"{where}.{key}[{k}]"
+        if not isinstance(sig, dict):
+            raise BundleError(f"{at} must be an object")
+        _field(sig, "name", str, at)
+        _field(sig, "type", str, at)
+        shape = _field(sig, "shape", list, at, optional=True)
+        if shape is not None and not all(d is None or isinstance(d, (int, str)) for d in shape):
+            raise BundleError(f"{at}.shape must hold ints, names or null")
+
+
+def _tolerance(data: Mapping[str, Any], key: str, where: str) -> None:
+    tolerance = _field(data, key, dict, where)
+    for bound in ("rtol", "atol"):
+        value = _field(tolerance, bound, (int, float), f"{where}.{key}")
+        if not value >= 0:
+            raise BundleError(f"{where}.{key}.{bound} must be a number >= 0, got {value!r}")
+
+
+def validate(manifest: Mapping[str, Any], where: object) -> None:
+    """Check every field the runner and `verify` read; raise a `BundleError` naming the first bad one."""
+    top = f"{where}: manifest"
+    files = _field(manifest, "files", dict, top)
+    for name, entry in files.items():
+        at = f"{top}.files[{name!r}]"
+        _relative(name, at)
+        if not isinstance(entry, dict):
+            raise BundleError(f"{at} must be an object with sha256 and size")
+        digest = _field(entry, "sha256", str, at)
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise BundleError(f"{at}.sha256 must be 64 lower-case hex digits")
+        if _field(entry, "size", int, at) < 0:
+            raise BundleError(f"{at}.size must be >= 0")
+    model = _field(manifest, "model", dict, top)
+    _field(model, "name", str, f"{top}.model")
+    _field(model, "sha256", str, f"{top}.model")
+    _field(manifest, "target", dict, top)
+    _field(manifest, "placement", str, top, optional=True)
+    _field(manifest, "profile", dict, top, optional=True)
+    _signatures(manifest, "inputs", top)
+    _signatures(manifest, "outputs", top)
+    _tolerance(manifest, "tolerance", top)
+    constants = _field(manifest, "constants", str, top, optional=True)
+    if constants is not None:
+        _listed(files, constants, f"{top}.constants")
+    samples = _field(manifest, "samples", dict, top)
+    for key in ("inputs", "outputs"):
+        _listed(files, _field(samples, key, str, f"{top}.samples"), f"{top}.samples.{key}")
+    stages = _field(manifest, "stages", list, top)
+    if not stages:
+        raise BundleError(f"{top}.stages is empty")
+    for k, stage in enumerate(stages):
+        at = f"{top}.stages[{k}]"
+        if not isinstance(stage, dict):
+            raise BundleError(f"{at} must be an object")
+        _field(stage, "provider", str, at)
+        _field(stage, "options", dict, at)
+        for key in ("nodes", "inputs", "outputs"):
+            _strings(stage, key, at)
+        for d, pair in enumerate(_field(stage, "declared", list, at)):
+            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)
+                    and (pair[1] is None or isinstance(pair[1], list))):
+                raise BundleError(f"{at}.declared[{d}] must be [name, dims or null]")
+        artifact = _field(stage, "artifact", dict, at)
+        fmt = _field(artifact, "format", str, f"{at}.artifact")
+        if fmt not in FORMATS:
+            raise BundleError(f"{at}.artifact.format {fmt!r} is unknown; known: {', '.join(FORMATS)}")
+        names = _strings(artifact, "files", f"{at}.artifact")
+        if not names:
+            raise BundleError(f"{at}.artifact.files is empty")
+        for f, name in enumerate(names):
+            _listed(files, name, f"{at}.artifact.files[{f}]")
+        _field(artifact, "options", dict, f"{at}.artifact")
+        _field(stage, "runtime", dict, at, optional=True)
+        _listed(files, _field(stage, "reference", str, at), f"{at}.reference")
+        _tolerance(stage, "tolerance", at)
+
+
+# -- folders and archives ------------------------------------------------------------------------------------
 
 def open_bundle(path: str | os.PathLike) -> tuple[Path, tempfile.TemporaryDirectory | None]:
     """The bundle's folder: `path` itself, or a `.tar.gz` unpacked safely into a temporary folder (returned
@@ -105,23 +250,43 @@ def unpacked(path: str | os.PathLike) -> Iterator[Path]:
 
 
 def extract(archive: Path, folder: Path) -> None:
-    """Unpack a `.tar.gz` refusing absolute paths, `..`, links and anything but plain files and folders."""
+    """Unpack a `.tar.gz` written by `export`: the manifest first (at most `MANIFEST_LIMIT` bytes), then its
+    signature if any, then only plain files the manifest lists, each of the size it records, once each.
+    Folders are made as the files need them; anything else is refused before it is written."""
     try:
-        with tarfile.open(archive, "r:gz") as tar:
-            members = tar.getmembers()
-            for member in members:
-                name = PurePosixPath(member.name)
-                if name.is_absolute() or ".." in name.parts:
-                    raise BundleError(f"{archive}: refused: member {member.name!r} would land outside the bundle")
-                if not (member.isfile() or member.isdir()):
+        with tarfile.open(archive, "r|gz") as tar:
+            manifest = None
+            seen: set[str] = set()
+            for member in tar:
+                name = member.name.removeprefix("./")
+                if member.isdir():
+                    continue
+                if not member.isfile():
                     raise BundleError(f"{archive}: refused: member {member.name!r} is a link or special file")
-            tar.extractall(folder, members=members, filter="data")
+                if manifest is None:
+                    if name != MANIFEST:
+                        raise BundleError(f"{archive}: refused: the first member is {member.name!r}, not {MANIFEST}")
+                    if member.size > MANIFEST_LIMIT:
+                        raise BundleError(f"{archive}: refused: {MANIFEST} of {member.size} bytes "
+                                          f"(at most {MANIFEST_LIMIT})")
+                    data = tar.extractfile(member).read()
+                    manifest = parse(data, f"{archive}: {MANIFEST}")
+                    (folder / MANIFEST).write_bytes(data)
+                    continue
+                expected = SIGNATURE_LIMIT if name == SIGNATURE else manifest["files"].get(name, {}).get("size")
+                if expected is None:
+                    raise BundleError(f"{archive}: refused: member {member.name!r} is not listed in the manifest")
+                if name in seen:
+                    raise BundleError(f"{archive}: refused: member {member.name!r} appears twice")
+                if member.size != expected and not (name == SIGNATURE and member.size <= expected):
+                    raise BundleError(f"{archive}: refused: member {member.name!r} is {member.size} bytes; "
+                                      f"the manifest records {expected}")
+                seen.add(name)
+                target = folder / _relative(name, f"{archive}: member")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with tar.extractfile(member) as source, open(target, "xb") as sink:
+                    shutil.copyfileobj(source, sink)
+            if manifest is None:
+                raise BundleError(f"{archive}: refused: no {MANIFEST} in the archive")
     except (tarfile.TarError, OSError, EOFError) as error:
         raise BundleError(f"{archive}: not a readable .tar.gz bundle ({error})") from None
-
-
-def _inside(folder: Path, name: str) -> Path:
-    relative = PurePosixPath(name)
-    if relative.is_absolute() or ".." in relative.parts:
-        raise BundleError(f"manifest names {name!r}, outside the bundle")
-    return folder / relative
