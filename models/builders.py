@@ -96,6 +96,25 @@ def resnet(size: int = 32, width: int = 16, blocks: int = 3, classes: int = 10, 
     return _head(b, x, width, classes, "resnet", [1, 3, size, size])
 
 
+def resnet50(size: int = 224, classes: int = 1000, seed: int = 6) -> onnx.ModelProto:
+    """ResNet-50's shape: a 7x7 stem, bottleneck blocks 3-4-6-3 (1x1, 3x3, 1x1 convs; a 1x1 projection where
+    the width or stride changes), 25.6 M weights (100 MB), 224x224 by default."""
+    b = _Builder(seed)
+    x = b.conv("input", "/stem", 3, 64, k=7, stride=2)
+    x = b.op("MaxPool", [x], "/stem/pool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = 64
+    for i, (width, count) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3))):
+        for j in range(count):
+            scope, stride = f"/layer{i + 1}/{j}", 2 if j == 0 and i > 0 else 1
+            y = b.conv(x, f"{scope}/conv1", cin, width, k=1)
+            y = b.conv(y, f"{scope}/conv2", width, width, stride=stride)
+            y = b.conv(y, f"{scope}/conv3", width, 4 * width, k=1, relu=False)
+            skip = b.conv(x, f"{scope}/downsample", cin, 4 * width, k=1, stride=stride, relu=False) if j == 0 else x
+            x = b.op("Relu", [b.op("Add", [skip, y], f"{scope}/add")], f"{scope}/relu")
+            cin = 4 * width
+    return _head(b, x, cin, classes, "resnet50", [1, 3, size, size])
+
+
 def mobilenet(size: int = 32, widths: tuple[int, ...] = (16, 32, 64), classes: int = 10, seed: int = 3) -> onnx.ModelProto:
     """Depthwise-separable blocks: depthwise 3x3 conv + Clip(0, 6), pointwise 1x1 conv + Clip(0, 6)."""
     b = _Builder(seed)

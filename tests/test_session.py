@@ -32,7 +32,8 @@ def test_signatures_look_like_onnxruntime(session):
     ({"input": np.zeros((1, 3, 32, 32), np.float64)}, "has dtype float64.*expects float32"),
     ({"input": np.zeros((3, 32, 32), np.float32)}, "rank 3.*expects rank 4"),
     ({"input": np.zeros((1, 3, 32, 31), np.float32)}, "dimension 3 must be 32"),
-    ({"input": [[1.0]]}, "pass a numpy array"),
+    ({"input": [[1.0]]}, "rank 2.*expects rank 4"),
+    ({"input": "text"}, "is a str; pass a numpy array, a list or an OrtValue"),
 ])
 def test_bad_feeds_are_named(session, feeds, message):
     with pytest.raises(InputError, match=message):

@@ -22,6 +22,12 @@ _LAZY = {
     "load_bundle": "uhop_onnx.bundle",
     "verify_bundle": "uhop_onnx.verify",
     "tune_bundle": "uhop_onnx.export",
+    "get_available_providers": "uhop_onnx.providers",
+    # onnxruntime's own option and value types, so that `import uhop_onnx as ort` scripts find them
+    "SessionOptions": "onnxruntime",
+    "RunOptions": "onnxruntime",
+    "OrtValue": "onnxruntime",
+    "GraphOptimizationLevel": "onnxruntime",
 }
 
 __all__ = [
@@ -38,6 +44,7 @@ __all__ = [
     "UhopError",
     "devices",
     "export_bundle",
+    "get_available_providers",
     "load",
     "load_bundle",
     "optimize",

@@ -11,8 +11,8 @@ class ModelError(UhopError):
     """The model file or graph is unusable: not ONNX, truncated, cyclic, unsafe, unsupported."""
 
 
-class InputError(UhopError):
-    """Feeds passed to `run` do not match the model's inputs."""
+class InputError(UhopError, ValueError):
+    """Feeds passed to `run` do not match the model's inputs (a `ValueError` too, as onnxruntime raises)."""
 
 
 class ProviderError(UhopError):

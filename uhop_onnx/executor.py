@@ -5,6 +5,7 @@ Shared by `InferenceSession` and bundles; imports only numpy, so a board needs n
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ from .errors import InputError, ProviderError, StageError, first_line
 from .providers.base import Runner
 
 Dims = tuple[int | None, ...] | None  # fixed dimensions (None where free); None when the shape is unknown
+Timing = tuple[int, float, float]  # stage index, start and end (`time.perf_counter()` seconds)
 
 
 @dataclass(frozen=True)
@@ -45,24 +47,29 @@ class Executor:
         self._last_use = {name: k for k, stage in enumerate(self.stages) for name in stage.inputs}
         produced = {name for stage in self.stages for name in stage.outputs}
         # Initializers declared as graph inputs: a feed overrides them, as in ONNX Runtime.
-        self._overridable = set(self._last_use) - produced - set(self._signatures)
+        self.overridable = set(self._last_use) - produced - set(self._signatures)
         self._all_stages = stages_for(self.stages, self.outputs)
 
-    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any]) -> list[np.ndarray]:
-        """The model's outputs in `output_names` order (all outputs when None)."""
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], *, host: bool = True,
+            timings: list[Timing] | None = None) -> list[Any]:
+        """The model's outputs in `output_names` order (all outputs when None): host arrays, or with
+        `host=False` left where their stage put them. `timings` receives each stage's run time."""
         wanted = self._check_outputs(output_names)
         values: dict[str, Any] = {**self._check_feeds(input_feed), **self.constants}
         origin: dict[str, Runner] = {}
         for k in self._all_stages if output_names is None else stages_for(self.stages, wanted):
             stage, runner = self.stages[k], self.runners[k]
             feeds = {name: hand_over(values[name], origin.get(name), runner) for name in stage.inputs if name in values}
+            start = time.perf_counter()
             results = self._run_stage(k, feeds)
+            if timings is not None:
+                timings.append((k, start, time.perf_counter()))
             values.update(results)
             origin.update(dict.fromkeys(results, self.runners[k]))
             for name in stage.inputs:
                 if self._last_use.get(name) == k and name not in wanted:
                     values.pop(name, None)
-        return [hand_over(values[name], origin.get(name), None) for name in wanted]
+        return [hand_over(values[name], origin.get(name), None) if host else values[name] for name in wanted]
 
     def _run_stage(self, k: int, feeds: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -99,7 +106,7 @@ class Executor:
     def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         if not isinstance(feeds, Mapping):
             raise InputError(f"feeds must be a dict of input name -> numpy array, got {type(feeds).__name__}")
-        unknown = [n for n in feeds if n not in self._signatures and n not in self._overridable]
+        unknown = [n for n in feeds if n not in self._signatures and n not in self.overridable]
         if unknown:
             raise InputError(f"unknown input(s) {', '.join(map(repr, unknown))}; {_describe(self.inputs)}")
         missing = [n for n in self._signatures if n not in feeds]
@@ -120,7 +127,8 @@ def stages_for(stages: Sequence[Any], wanted: Sequence[str]) -> list[int]:
 
 def _checked_feed(sig: TensorSig | None, name: str, value: Any) -> Any:
     """A feed as the runners take it: an array; a list of arrays for a `seq(...)` input; None allowed for an
-    `optional(...)` one."""
+    `optional(...)` one. As in ONNX Runtime, an `OrtValue` is read on the host and a Python list (or scalar)
+    becomes an array of the input's type."""
     kind = sig.type if sig else "tensor"
     if kind.startswith("optional("):
         if value is None:
@@ -130,12 +138,24 @@ def _checked_feed(sig: TensorSig | None, name: str, value: Any) -> Any:
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, np.ndarray) for v in value):
             raise InputError(f"input {name!r} is a sequence ({sig.type}); pass a list of numpy arrays")
         return list(value)
-    if not isinstance(value, (np.ndarray, np.generic)):
-        raise InputError(f"input {name!r} is a {type(value).__name__}; pass a numpy array")
-    value = np.asarray(value)
+    value = _as_array(sig, name, value)
     if sig is not None:
         _check_value(sig, value)
     return value
+
+
+def _as_array(sig: TensorSig | None, name: str, value: Any) -> np.ndarray:
+    if isinstance(value, (np.ndarray, np.generic)):
+        return np.asarray(value)
+    if type(value).__name__ == "OrtValue" and callable(getattr(value, "numpy", None)):
+        return value.numpy()
+    if isinstance(value, (list, int, float, bool)):
+        dtype = (sig.dtype if sig is not None else None) or None
+        try:
+            return np.array(value, dtype=dtype)
+        except (TypeError, ValueError) as error:
+            raise InputError(f"input {name!r}: cannot make a {dtype or 'numpy'} array of this list ({error})") from None
+    raise InputError(f"input {name!r} is a {type(value).__name__}; pass a numpy array, a list or an OrtValue")
 
 
 def _check_value(sig: TensorSig, value: np.ndarray) -> None:

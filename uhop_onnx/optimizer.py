@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -13,7 +16,7 @@ from onnx import numpy_helper
 
 from .bench import time_plans_in_processes
 from .cache import JsonTable, cache_dir, device_fingerprint
-from .errors import PlanError
+from .errors import PlanError, UhopError
 from .graph import Graph
 from .loader import load
 from .partitioner.capabilities import capabilities
@@ -22,7 +25,7 @@ from .partitioner.partition import partition
 from .partitioner.placement import first_supported
 from .partitioner.profiler import Profiler
 from .partitioner.search import Search, in_process
-from .plan import Plan, Stage
+from .plan import PLAN_FILE, ModelMetadata, Plan, Stage
 from .providers import (
     LAST_RESORT,
     Provider,
@@ -32,9 +35,12 @@ from .providers import (
     parse_spec,
     resolve,
 )
+from .report import ms_text
 from .samples import sample_feeds
 from .session import InferenceSession
 from .simplify import simplify
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -53,11 +59,13 @@ class Analysis:
 def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[ProviderSpec] | None = None,
             assign: Mapping[str, str] | None = None, threads: int | None = None,
             progress: Callable[[str], None] = lambda step: None, *,
-            chosen: list[Provider] | None = None) -> Analysis:
+            chosen: list[Provider] | None = None, strict: bool = False,
+            resolved: list[Provider] | None = None) -> Analysis:
     """Load, check and simplify `model`, and ask every provider which of its nodes it can run.
 
     `chosen` gives the provider objects directly (a target board's, present here or not); a provider not
-    present on this host answers from its table alone.
+    present on this host answers from its table alone. `resolved` is `resolve(providers, threads, strict)`
+    when the caller has it already.
     """
     progress("loading and checking the model")
     loaded = load(model)
@@ -65,7 +73,10 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
     simplified = simplify(loaded)
     graph = Graph.from_model(simplified)
     extend = chosen is None
-    chosen = resolve(providers, threads) if chosen is None else list(chosen)
+    if chosen is not None:
+        chosen = list(chosen)
+    else:
+        chosen = list(resolved) if resolved is not None else resolve(providers, threads, strict)
     pinned = _pins(assign or {}, loaded, graph, chosen, threads, extend)
     support = []
     for provider in chosen:
@@ -76,7 +87,7 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
 
 def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[ProviderSpec] | None = None,
              assign: Mapping[str, str] | None = None, profile: bool = True, threads: int | None = None, *,
-             budget: float = 60.0, profiler: Profiler | None = None,
+             strict: bool = False, budget: float = 60.0, profiler: Profiler | None = None,
              progress: Callable[[str], None] = lambda step: None) -> Plan:
     """Place every node of `model` on a provider and split it into stages.
 
@@ -85,13 +96,65 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     placements are measured on this machine (within `budget` seconds for the search, figures cached on
     disk) and the fastest is kept; without it, each node goes to the first provider that supports it.
     Whole plans are timed each in its own process, as they will run; a given `profiler` times everything
-    in this process instead (with a fake clock, tests get exact figures).
+    in this process instead (with a fake clock, tests get exact figures). A measured plan is kept in the
+    cache, keyed by the model's bytes, the providers present (and their versions), the arguments and this
+    machine; the same call again reuses it. A listed provider absent here is skipped with one warning;
+    `strict` makes that an error.
     """
-    a = analyze(model, providers, assign, threads, progress)
+    chosen = resolve(providers, threads, strict)
     if not profile:
+        a = analyze(model, providers, assign, threads, progress, resolved=chosen)
         progress("placing nodes and cutting stages")
         return build_plan(a, first_supported(a.graph, a.support, a.pinned, [p.label for p in a.providers]), threads)
-    return place_measured(a, threads, budget=budget, profiler=profiler, progress=progress)
+    if profiler is not None:
+        a = analyze(model, providers, assign, threads, progress, resolved=chosen)
+        return place_measured(a, threads, budget=budget, profiler=profiler, progress=progress)
+    folder = cache_dir() / "plans" / _plan_key(model, chosen, assign=assign, threads=threads, budget=budget)
+    if (folder / PLAN_FILE).is_file():
+        try:
+            plan = Plan.load(folder)
+        except UhopError as error:
+            log.warning("cached plan %s is unreadable (%s); measuring again", folder, error)
+        else:
+            log.info("reusing the plan measured earlier on this machine: %s", folder)
+            return plan
+    a = analyze(model, providers, assign, threads, progress, resolved=chosen)
+    plan = place_measured(a, threads, budget=budget, profiler=profiler, progress=progress)
+    try:
+        plan.save(folder)
+    except (UhopError, OSError) as error:  # a full disk, or another process caching the same plan
+        log.warning("could not keep the plan in the cache at %s: %s", folder, error)
+    plan.folder = None
+    return plan
+
+
+def _plan_key(model: str | os.PathLike | onnx.ModelProto | bytes, chosen: Sequence[Provider], **arguments: Any) -> str:
+    """What a measured plan depends on, hashed: the model's bytes, the providers (with options and
+    versions), `arguments`, this machine and uhop-onnx's version."""
+    from . import __version__
+
+    described = [(p.id, p.options, p.availability.version) for p in chosen]
+    settings = json.dumps([__version__, device_fingerprint(), described, arguments], sort_keys=True, default=repr)
+    return hashlib.sha256(f"{_model_digest(model)}\0{settings}".encode()).hexdigest()[:32]
+
+
+def _model_digest(model: str | os.PathLike | onnx.ModelProto | bytes) -> str:
+    """The sha256 of a model's bytes; for a file, remembered by path, size and modification time."""
+    if isinstance(model, (onnx.ModelProto, bytes)):
+        data = model if isinstance(model, bytes) else model.SerializeToString(deterministic=True)
+        return hashlib.sha256(data).hexdigest()
+    path = Path(model).resolve()
+    try:
+        stat = path.stat()
+    except OSError:
+        return hashlib.sha256(os.fsencode(path)).hexdigest()  # load() names the problem
+    seen, store = f"{stat.st_size}:{stat.st_mtime_ns}", JsonTable(cache_dir() / "model-hashes.json")
+    known = store.get(str(path))
+    if known and known[0] == seen:
+        return known[1]
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    store.update({str(path): [seen, digest]})
+    return digest
 
 
 def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, profiler: Profiler | None = None,
@@ -118,7 +181,16 @@ def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, pr
     plan = build_plan(a, placement, threads)
     plan.placement, plan.profile = "measured", search.report
     _attribute_costs(plan, a, search)
+    _log_measured(plan.model_name, search.report)
     return plan
+
+
+def _log_measured(model_name: str, report: dict[str, Any]) -> None:
+    for name, candidate in report["candidates"].items():
+        log.info("%s: candidate %s measured %s ms (spread %.1f%%)", model_name, name,
+                 ms_text(candidate["ms"]) or "no figure", 100 * candidate["spread"])
+    log.info("%s: chose %s; %d figures measured, %d from the cache, in %s s", model_name, report["chosen"],
+             report["measured"], report["cached"], report["seconds"])
 
 
 def _attribute_costs(plan: Plan, a: Analysis, search: Search) -> None:
@@ -162,6 +234,7 @@ def build_plan(a: Analysis, placement: Sequence[int], threads: int | None) -> Pl
         stages=stages,
         constants={t.name: numpy_helper.to_array(t) for t in a.simplified.graph.initializer if t.name in graph.outputs},
         threads=threads,
+        metadata=ModelMetadata.of(a.loaded),
     )
 
 

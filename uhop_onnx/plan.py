@@ -20,6 +20,26 @@ PLAN_FILE = "plan.json"
 CONSTANTS_FILE = "constants.npz"
 
 
+@dataclass(frozen=True)
+class ModelMetadata:
+    """The model's own description, as onnxruntime's `ModelMetadata` gives it."""
+
+    producer_name: str = ""
+    graph_name: str = ""
+    domain: str = ""
+    description: str = ""
+    graph_description: str = ""
+    version: int = 0
+    custom_metadata_map: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, model) -> ModelMetadata:
+        """The metadata of an `onnx.ModelProto`; an unset version is the largest int64, as onnxruntime says."""
+        version = model.model_version if model.HasField("model_version") else 2**63 - 1
+        return cls(model.producer_name, model.graph.name, model.domain, model.doc_string, model.graph.doc_string,
+                   version, {p.key: p.value for p in model.metadata_props})
+
+
 @dataclass
 class Stage:
     """One subgraph on one provider. `nodes` are node names of the loaded model."""
@@ -56,6 +76,7 @@ class Plan:
     profile: dict[str, Any] | None = None  # the measured placement's report
     constants: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # outputs no stage computes
     threads: int | None = None
+    metadata: ModelMetadata = field(default_factory=ModelMetadata, repr=False)
     folder: Path | None = field(default=None, repr=False)
 
     def get_providers(self) -> list[str]:
@@ -64,7 +85,7 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
-            "model": {"name": self.model_name, "sha256": self.model_hash},
+            "model": {"name": self.model_name, "sha256": self.model_hash, "metadata": asdict(self.metadata)},
             "inputs": [asdict(t) for t in self.inputs],
             "outputs": [asdict(t) for t in self.outputs],
             "providers": self.providers,
@@ -142,6 +163,7 @@ class Plan:
                 profile=data.get("profile"),
                 constants=constants,
                 threads=data.get("threads"),
+                metadata=ModelMetadata(**data["model"].get("metadata", {})),
                 folder=folder,
             )
         except PlanError:

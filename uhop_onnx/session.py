@@ -3,33 +3,56 @@ onnxruntime's interface."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import threading
+import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .dtypes import TensorSig
-from .errors import StageError, UhopError, first_line
-from .executor import Executor, StageIO
-from .graph import declared_outputs
-from .plan import PLAN_FILE, Plan, Stage
+from .errors import InputError, StageError, UhopError, first_line
+from .executor import Executor, StageIO, Timing
+from .files import atomic_file
+from .graph import TensorInfo, declared_outputs
+from .plan import PLAN_FILE, ModelMetadata, Plan, Stage
 from .providers import LAST_RESORT, Runner, create
+
+log = logging.getLogger(__name__)
 
 
 class InferenceSession:
-    """A model (or a plan, or a plan folder) compiled stage by stage on its providers.
+    """A model (a path, its bytes, an `onnx.ModelProto`), a `Plan` or a plan folder, compiled stage by stage
+    on its providers; called as `onnxruntime.InferenceSession` is.
 
-    `run(output_names, feeds)` returns what ONNX Runtime returns for the same model. With
-    `fallback=True`, a stage that fails at run time is re-run on `ort-cpu`, with one warning, and the
-    plan records it; otherwise the failure is raised as `StageError` naming the stage and provider.
+    `run(output_names, feeds)` returns what ONNX Runtime returns for the same model. The second and third
+    positional places are ONNX Runtime's: `sess_options` (an `onnxruntime.SessionOptions`: its
+    `intra_op_num_threads`, `enable_profiling`, `profile_file_prefix` and `log_severity_level` are read; a
+    list there is taken as `providers`), `providers` (ids, ONNX Runtime's EP names, or `(name, options)`
+    pairs) and `provider_options` (one dict per provider). A listed provider absent here is skipped with one
+    warning (`strict=True`: an error). uhop's own parameters are keyword-only; any other keyword goes to
+    `optimize`. With `fallback=True`, a stage that fails at run time is re-run on `ort-cpu`, with one
+    warning; otherwise the failure is raised as `StageError` naming the stage and provider.
     """
 
-    def __init__(self, model_or_plan_or_dir: Any, providers=None, assign=None, profile: bool = True,
-                 threads: int | None = None, fallback: bool = False):
-        source = model_or_plan_or_dir
+    def __init__(self, path_or_bytes: Any, sess_options: Any = None, providers: Sequence | None = None,
+                 provider_options: Sequence[Mapping[str, Any]] | None = None, *, assign: Mapping[str, str] | None = None,
+                 profile: bool = True, threads: int | None = None, fallback: bool = False, strict: bool = False,
+                 **optimize_options: Any):
+        if isinstance(sess_options, (list, tuple)):
+            if providers is not None:
+                raise InputError("providers given twice: as the second argument and as providers=")
+            sess_options, providers = None, sess_options
+        options = _read_session_options(sess_options)
+        if threads is None:
+            threads = options["threads"]
+        source = path_or_bytes
         if isinstance(source, Plan):
             self.plan = source
         elif isinstance(source, (str, os.PathLike)) and (Path(source) / PLAN_FILE).is_file():
@@ -37,9 +60,12 @@ class InferenceSession:
         else:
             from .optimizer import optimize
 
-            self.plan = optimize(source, providers=providers, assign=assign, profile=profile, threads=threads)
+            self.plan = optimize(source, providers=_with_options(providers, provider_options), assign=assign,
+                                 profile=profile, threads=threads, strict=strict, progress=log.info,
+                                 **optimize_options)
         self.fallback = fallback
         self.threads = threads if threads is not None else self.plan.threads
+        self._sess_options = sess_options
         self._exclusive = len(self.plan.stages) == 1
         runners = [self._compile(stage, stage.fallback or stage.provider) for stage in self.plan.stages]
         stages = [StageIO(_describe(s), s.inputs, s.outputs, declared_outputs(self.plan.stage_model(s)), s.provider)
@@ -47,6 +73,12 @@ class InferenceSession:
         self._executor = Executor(stages, runners, self.plan.inputs, [o.name for o in self.plan.outputs],
                                   self.plan.constants, self._fall_back if fallback else None)
         self._warned = False
+        self._trace: list[dict[str, Any]] | None = [] if options["profiling"] else None
+        self._profile_prefix = options["profile_prefix"]
+        self._started = time.perf_counter()
+        self._lock = threading.Lock()
+
+    # onnxruntime's getters
 
     def get_inputs(self) -> list[TensorSig]:
         return list(self.plan.inputs)
@@ -54,12 +86,121 @@ class InferenceSession:
     def get_outputs(self) -> list[TensorSig]:
         return list(self.plan.outputs)
 
+    def get_overridable_initializers(self) -> list[TensorSig]:
+        """Initializers that are also graph inputs: a feed of that name replaces the stored value."""
+        found: dict[str, TensorSig] = {}
+        for stage in self.plan.stages:
+            for value in self.plan.stage_model(stage).graph.input:
+                if value.name in self._executor.overridable and value.name not in found:
+                    info = TensorInfo.from_type_proto(value.type)
+                    found[value.name] = TensorSig(value.name, info.type, None if info.shape is None else list(info.shape))
+        return list(found.values())
+
     def get_providers(self) -> list[str]:
         return self.plan.get_providers()
 
-    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any]) -> list[np.ndarray]:
-        """Run the model; outputs in `output_names` order (all of `get_outputs()` when None)."""
-        return self._executor.run(output_names, input_feed)
+    def get_provider_options(self) -> dict[str, dict[str, Any]]:
+        """Each provider the plan uses -> its options, in `get_providers()` order."""
+        options: dict[str, dict[str, Any]] = {}
+        for stage in self.plan.stages:
+            options.setdefault(stage.provider, dict(stage.options))
+        return options
+
+    def get_session_options(self) -> Any:
+        """The `onnxruntime.SessionOptions` this session reads: the one given, else one describing it."""
+        if self._sess_options is None:
+            import onnxruntime as ort
+
+            self._sess_options = ort.SessionOptions()
+            self._sess_options.intra_op_num_threads = self.threads or 0
+            self._sess_options.enable_profiling = self._trace is not None
+        return self._sess_options
+
+    def get_modelmeta(self) -> ModelMetadata:
+        return self.plan.metadata
+
+    # fallback switches
+
+    def enable_fallback(self) -> None:
+        """From the next call, a stage that fails is re-run on `ort-cpu` (with one warning)."""
+        self.fallback = True
+        self._executor.on_failure = self._fall_back
+
+    def disable_fallback(self) -> None:
+        """From the next call, a stage that fails raises `StageError`."""
+        self.fallback = False
+        self._executor.on_failure = None
+
+    # running
+
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
+            run_options: Any = None) -> list[np.ndarray]:
+        """Run the model; outputs in `output_names` order (all of `get_outputs()` when None). `run_options`
+        (an `onnxruntime.RunOptions`) is accepted; nothing in it changes how uhop-onnx runs."""
+        return self._run(output_names, input_feed)
+
+    def run_with_ort_values(self, output_names: Sequence[str] | None, input_dict_ort_values: Mapping[str, Any],
+                            run_options: Any = None) -> list[Any]:
+        """`run` with `onnxruntime.OrtValue`s in and out; an output a GPU stage leaves on its device stays there."""
+        return [_ort_value(value) for value in self._run(output_names, input_dict_ort_values, host=False)]
+
+    def run_async(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
+                  callback: Callable[[list[np.ndarray] | None, Any, str], None], user_data: Any,
+                  run_options: Any = None) -> None:
+        """Run on another thread, then call `callback(outputs, user_data, error)`, as onnxruntime does:
+        `error` is "" on success, else the message, with `outputs` None."""
+        def work() -> None:
+            try:
+                outputs = self._run(output_names, input_feed)
+            except Exception as error:  # noqa: BLE001 - handed to the callback, as onnxruntime does
+                callback(None, user_data, str(error))
+            else:
+                callback(outputs, user_data, "")
+
+        threading.Thread(target=work, name="uhop-run-async", daemon=True).start()
+
+    def io_binding(self) -> IOBinding:
+        return IOBinding(self)
+
+    def run_with_iobinding(self, iobinding: IOBinding, run_options: Any = None) -> None:
+        """Run on the binding's inputs; its bound outputs are then in `iobinding.get_outputs()`."""
+        iobinding.outputs = self.run_with_ort_values(iobinding.output_names or None, iobinding.inputs, run_options)
+
+    def end_profiling(self) -> str:
+        """Write the profile gathered since the session started (one Chrome trace event per stage run, with
+        its provider) to `<prefix>_<date>.json` in the working folder and return that file's name; profiling
+        stops. "" when profiling was not on, as onnxruntime returns."""
+        if self._trace is None:
+            return ""
+        with self._lock:
+            events, self._trace = self._trace, None
+        name = f"{self._profile_prefix}_{datetime.now():%Y-%m-%d_%H-%M-%S}.json"
+        with atomic_file(Path(name)) as handle:
+            json.dump(events, handle, indent=1)
+        return name
+
+    def _run(self, output_names, feeds, host: bool = True) -> list[Any]:
+        if self._trace is None:
+            return self._executor.run(output_names, feeds, host=host)
+        timings: list[Timing] = []
+        start = time.perf_counter()
+        results = self._executor.run(output_names, feeds, host=host, timings=timings)
+        self._record(start, time.perf_counter(), timings)
+        return results
+
+    def _record(self, start: float, end: float, timings: list[Timing]) -> None:
+        def event(name: str, cat: str, begin: float, finish: float, args: dict[str, Any]) -> dict[str, Any]:
+            return {"cat": cat, "pid": os.getpid(), "tid": threading.get_ident(), "ph": "X", "name": name,
+                    "ts": round((begin - self._started) * 1e6), "dur": round((finish - begin) * 1e6), "args": args}
+
+        events = [event("model_run", "Session", start, end, {})]
+        for k, begin, finish in timings:
+            stage = self.plan.stages[k]
+            events.append(event(f"stage_{k}", "Node", begin, finish, {
+                "provider": stage.fallback or stage.label, "nodes": len(stage.nodes), "first_node": stage.nodes[0]}))
+        with self._lock:
+            if self._trace is not None:
+                self._trace.extend(events)
 
     def _compile(self, stage: Stage, provider_id: str) -> Runner:
         options = stage.options if provider_id == stage.provider else {}
@@ -88,6 +229,103 @@ class InferenceSession:
         self.plan.record_fallback(k, LAST_RESORT)
         feeds = {name: np.asarray(value) for name, value in feeds.items()}
         return self._executor.checked(k, self._executor.runners[k].run(feeds))
+
+
+class IOBinding:
+    """onnxruntime's `IOBinding` over a session: inputs bound by name (arrays or `OrtValue`s), outputs by
+    name; `run_with_iobinding` fills `get_outputs()`. Only host memory can be bound by pointer."""
+
+    def __init__(self, session: InferenceSession):
+        self._session = session
+        self.inputs: dict[str, Any] = {}
+        self.output_names: list[str] = []
+        self.outputs: list[Any] = []
+
+    def bind_cpu_input(self, name: str, arr_on_cpu: np.ndarray) -> None:
+        self.inputs[name] = arr_on_cpu
+
+    def bind_ortvalue_input(self, name: str, ortvalue: Any) -> None:
+        self.inputs[name] = ortvalue
+
+    def bind_input(self, name: str, device_type: str, device_id: int, element_type: Any, shape: Sequence[int],
+                   buffer_ptr: int) -> None:
+        """Bind `shape` elements of `element_type` at host address `buffer_ptr` (read when the session runs)."""
+        self.inputs[name] = _host_buffer(name, device_type, element_type, shape, buffer_ptr)
+
+    def bind_output(self, name: str, device_type: str = "cpu", device_id: int = 0, element_type: Any = None,
+                    shape: Sequence[int] | None = None, buffer_ptr: int | None = None) -> None:
+        if buffer_ptr is not None:
+            raise InputError(f"output {name!r}: binding a preallocated buffer is not supported; "
+                             "bind the output by name and read it from get_outputs()")
+        self.output_names.append(name)
+
+    def get_outputs(self) -> list[Any]:
+        """The outputs of the last `run_with_iobinding`, as `OrtValue`s."""
+        return list(self.outputs)
+
+    def copy_outputs_to_cpu(self) -> list[np.ndarray]:
+        return [value.numpy() for value in self.outputs]
+
+    def clear_binding_inputs(self) -> None:
+        self.inputs.clear()
+
+    def clear_binding_outputs(self) -> None:
+        self.output_names.clear()
+        self.outputs = []
+
+    def synchronize_inputs(self) -> None:
+        """Nothing to wait for: inputs are read when the session runs."""
+
+    def synchronize_outputs(self) -> None:
+        """Nothing to wait for: outputs are complete when `run_with_iobinding` returns."""
+
+
+def _read_session_options(so: Any) -> dict[str, Any]:
+    """What uhop-onnx takes from an `onnxruntime.SessionOptions` (or None)."""
+    if so is None:
+        return {"threads": None, "profiling": False, "profile_prefix": "onnxruntime_profile_"}
+    if not hasattr(so, "intra_op_num_threads"):
+        raise InputError(f"sess_options must be an onnxruntime.SessionOptions (or a list of providers), "
+                         f"got {type(so).__name__}")
+    if getattr(so, "log_severity_level", -1) in range(5):  # -1: not set
+        from .providers.ort import set_log_severity
+
+        set_log_severity(so.log_severity_level)
+    return {"threads": so.intra_op_num_threads or None, "profiling": bool(so.enable_profiling),
+            "profile_prefix": so.profile_file_prefix or "onnxruntime_profile_"}
+
+
+def _with_options(providers: Sequence | None, provider_options: Sequence[Mapping[str, Any]] | None) -> list | None:
+    """`providers` paired with onnxruntime's parallel `provider_options` list."""
+    if provider_options is None:
+        return None if providers is None else list(providers)
+    if providers is None or len(provider_options) != len(providers):
+        raise InputError(f"provider_options has {len(provider_options)} entries; it needs one per provider "
+                         f"({0 if providers is None else len(providers)} given)")
+    return [(p if isinstance(p, str) else p[0], dict(o)) for p, o in zip(providers, provider_options, strict=True)]
+
+
+def _ort_value(value: Any) -> Any:
+    """A run's result as an `onnxruntime.OrtValue`: a device tensor's own, else one over the host array."""
+    import onnxruntime as ort
+
+    inner = getattr(value, "value", value)
+    if isinstance(inner, ort.OrtValue):
+        return inner
+    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value))
+
+
+def _host_buffer(name: str, device_type: str, element_type: Any, shape: Sequence[int], pointer: int) -> np.ndarray:
+    """A copy of the array at host address `pointer`."""
+    import ctypes
+
+    if str(device_type).lower() != "cpu":
+        raise InputError(f"input {name!r}: only host (cpu) buffers can be bound by pointer, not {device_type!r}; "
+                         "bind an OrtValue with bind_ortvalue_input")
+    dtype = np.dtype(element_type)
+    count = int(np.prod(shape, dtype=np.int64))
+    raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(pointer)
+    return np.frombuffer(raw, dtype=dtype, count=count).reshape(tuple(shape)).copy()
 
 
 def _describe(stage: Stage) -> str:
