@@ -13,6 +13,11 @@
    in fresh processes and keep their faster figure. While the budget lasts, moving a stage's blocks to
    another provider (a neighbour's first, merging the two) is tried and kept when it beats the noise.
 
+A measurement that fails (the runtime raises while building or running) is recorded with its error, as
+the provider that raised it said it, and is never a figure: a block is placed only where it was
+measured, a failed entry or boundary is treated as not measured, and a whole plan that failed is never
+chosen; when every whole plan fails, the search raises `MeasurementError` listing each one's error.
+
 Every figure goes to the on-disk cache keyed by content hash, provider, version, threads and device.
 """
 
@@ -29,7 +34,7 @@ import numpy as np
 import onnx
 
 from uhop_onnx.cache import JsonTable
-from uhop_onnx.errors import first_line
+from uhop_onnx.errors import MeasurementError, ProviderError, first_line
 from uhop_onnx.executor import hand_over
 from uhop_onnx.graph import Graph
 from uhop_onnx.providers import Provider, Runner, Support
@@ -38,7 +43,7 @@ from uhop_onnx.samples import sample_feeds
 from .blocks import blocks, live_tensors
 from .extract import extract
 from .placement import first_supported
-from .profiler import Measurement, Profiler
+from .profiler import Measurement, Profiler, build
 from .static_cost import nbytes
 
 log = logging.getLogger(__name__)
@@ -52,7 +57,8 @@ PlanTimer = Callable[[Mapping[str, Placement]], dict[str, Measurement]]  # named
 def in_process(run_plan: Callable[[Placement], Callable[[], object]], profiler: Profiler) -> PlanTimer:
     """Time whole plans in this process with `profiler`; `run_plan` makes a call that runs a placement's plan."""
     def time_plans(placements: Mapping[str, Placement]) -> dict[str, Measurement]:
-        return profiler.measure({name: run_plan(placement) for name, placement in placements.items()})
+        calls, failed = build({name: (lambda pl=pl: run_plan(pl)) for name, pl in placements.items()})
+        return profiler.measure(calls) | failed
 
     return time_plans
 
@@ -75,6 +81,7 @@ class Search:
     _known: dict[str, Any] = field(default_factory=dict, repr=False)  # the cache as read
     _fresh: dict[str, Any] = field(default_factory=dict, repr=False)  # measured in this search
     _hits: set[str] = field(default_factory=set, repr=False)  # keys whose cached figure this search used
+    _failed: dict[str, str] = field(default_factory=dict, repr=False)  # block, entry, pair key -> its error
 
     def run(self) -> Placement:
         started = time.monotonic()
@@ -84,17 +91,25 @@ class Search:
         units = blocks(self.graph, self.support, self.pinned)
         allowed = [allowed_providers(self.graph, self.support, self.pinned, b) for b in units]
         block_costs = self._block_costs(units, allowed)
+        measured = [[p for p in ps if block_costs[k][p].ok] for k, ps in enumerate(allowed)]
         classes = boundary_classes(self.graph, units)
         entry, boundary = self._entry_costs(classes, allowed)
-        entries = [{p: entry[p, c] for p in ps} for ps, c in zip(allowed, classes)]
-        crossings = [{(q, p): m for (q, p, size), m in boundary.items() if size == c} for c in classes]
-        searched = expand(len(self.graph.nodes), units, cheapest_path(allowed, block_costs, entries, crossings))
-        candidates = {"searched": searched, "first-supported": greedy}
+        entries = [{p: entry[p, c] for p in ps if entry[p, c].ok} for ps, c in zip(measured, classes)]
+        crossings = [{(q, p): m for (q, p, size), m in boundary.items() if size == c and m.ok} for c in classes]
+        candidates = {}
+        if all(measured):
+            candidates["searched"] = expand(len(self.graph.nodes), units,
+                                            cheapest_path(measured, block_costs, entries, crossings))
+        candidates["first-supported"] = greedy
         for p, label in enumerate(labels):
             candidates[f"{label} first"] = self._prefer([p, *(q for q in range(len(labels)) if q != p)])
         whole = self._measure_plans(_unique(candidates))
-        best = min(whole, key=lambda name: whole[name].ms)
-        best = self._improve(candidates, whole, best, units, allowed, started)
+        timed = [name for name, m in whole.items() if m.ok]
+        if not timed:
+            raise MeasurementError("no candidate plan could be timed; each one's error:\n" + "\n".join(
+                f"  {name} ({_stage_labels(candidates[name], labels)}): {m.error}" for name, m in whole.items()))
+        best = min(timed, key=lambda name: whole[name].ms)
+        best = self._improve(candidates, whole, best, units, measured, started)
         self.report = {
             "placement": "measured",
             "chosen": best,
@@ -105,6 +120,8 @@ class Search:
                        for b, size, costs in zip(units, classes, block_costs)],
             "entry_ms": _by_class({(labels[p], size): m for (p, size), m in entry.items()}),
             "boundary_ms": _by_class({(f"{labels[q]}>{labels[p]}", size): m for (q, p, size), m in boundary.items()}),
+            "failures": [{"kind": key.split("|")[0], "on": _measured_on(key), "error": error}
+                         for key, error in self._failed.items()],
             "measured": len(self._fresh),
             "cached": len(self._hits),
             "seconds": round(time.monotonic() - started, 3),
@@ -127,37 +144,33 @@ class Search:
     # -- measuring, through the cache
 
     def _lookup(self, keys: Iterable[str]) -> dict[str, Measurement]:
-        """The figures the cache holds for `keys`."""
+        """The figures the cache holds for `keys` (a failure an older version cached is not a figure)."""
         found = {k: Measurement(**self._known[k]) for k in set(keys) if k in self._known}
+        found = {k: m for k, m in found.items() if m.ok}
         self._hits.update(found)
         return found
 
     def _remember(self, fresh: Mapping[str, Measurement]) -> None:
-        self._fresh.update({k: m.to_json() for k, m in fresh.items()})
+        """Keep the figures for the cache; a failure is never cached."""
+        self._fresh.update({k: m.to_json() for k, m in fresh.items() if m.ok})
 
     def _cached(self, jobs: Mapping[str, Callable[[], Callable[[], object]]], together: bool = False
                 ) -> dict[str, Measurement]:
         """Measure the jobs whose keys the cache does not hold (all of them, `together`, unless it holds
         every one: figures that are compared must come from the same rounds); `jobs` build their call
-        lazily. A job that fails to build or run costs infinity, so no choice falls on it."""
+        lazily. A job that fails to build or run is a failure, so no choice falls on it."""
         found = self._lookup(jobs)
         if together and len(found) < len(jobs):
             self._hits.difference_update(found)
             found = {}
-        missing, failed = {}, {}
-        for key, build in jobs.items():
-            if key in found:
-                continue
-            try:
-                call = build()
-                call()
-                missing[key] = call
-            except Exception as error:  # noqa: BLE001 - a runtime may fail in any way; the search goes on
-                log.warning("not measured: %s (%s)", key.split("|")[:2], first_line(error))
-                failed[key] = Measurement(float("inf"), 0.0, 0)
-        fresh = self.profiler.measure(missing)
+        calls, failed = build({key: job for key, job in jobs.items() if key not in found})
+        fresh = self.profiler.measure(calls) | failed
+        for key, m in fresh.items():
+            if not m.ok:
+                log.warning("not measured: %s on %s (%s)", key.split("|")[0], _measured_on(key), m.error)
+                self._failed[key] = m.error or "no figure"
         self._remember(fresh)
-        return found | fresh | failed
+        return found | fresh
 
     def _key(self, kind: str, provider: Provider, content: str) -> str:
         return f"{kind}|{provider.label}|{provider.availability.version}|threads={self.threads}|{content}"
@@ -170,11 +183,11 @@ class Search:
         runners: dict[tuple[int, int], Runner] = {}
 
         def job(k: int, p: int) -> Callable[[], object]:
-            if (k, p) not in runners:
-                runners[k, p] = self.providers[p].compile(models[k], exclusive=False)
-            runner = runners[k, p]
             block_feeds = feeds.for_block(k, models, allowed, runners)
-            return lambda: runner.run(block_feeds)
+            if (k, p) not in runners:
+                runners[k, p] = raised_by(self.providers[p], self.providers[p].compile, models[k], exclusive=False)
+            runner = runners[k, p]
+            return lambda: raised_by(self.providers[p], runner.run, block_feeds)
 
         measured = self._cached({key: (lambda k=k, p=p: job(k, p)) for (k, p), key in keys.items()})
         return [{p: measured[keys[k, p]] for p in ps} for k, ps in enumerate(allowed)]
@@ -189,16 +202,18 @@ class Search:
 
         def runner(p: int, size: int) -> Runner:
             if (p, size) not in runners:
-                runners[p, size] = self.providers[p].compile(_entry_model(size // 4, self.model), exclusive=False)
+                runners[p, size] = raised_by(self.providers[p], self.providers[p].compile,
+                                             _entry_model(size // 4, self.model), exclusive=False)
             return runners[p, size]
 
         def alone(p: int, size: int) -> Callable[[], object]:
             data = {"x": np.zeros(size // 4, np.float32)}
-            return lambda: runner(p, size).run(data)
+            return lambda: raised_by(self.providers[p], runner(p, size).run, data)
 
         def pair(q: int, p: int, size: int) -> Callable[[], object]:
             first, second, data = runner(q, size), runner(p, size), {"x": np.zeros(size // 4, np.float32)}
-            return lambda: second.run({"x": hand_over(first.run(data)["y"], first, second)})
+            return lambda: raised_by(self.providers[p], second.run, {
+                "x": hand_over(raised_by(self.providers[q], first.run, data)["y"], first, second)})
 
         sizes = sorted(set(classes))
         keys = {(p, c): self._key("entry", self.providers[p], f"bytes={c}") for p in used for c in sizes}
@@ -209,8 +224,7 @@ class Search:
                                 | {key: (lambda q=q, p=p, c=c: pair(q, p, c)) for (q, p, c), key in pairs.items()},
                                 together=True)
         entry = {pc: measured[key] for pc, key in keys.items()}
-        boundary = {(q, p, c): Measurement(max(measured[key].ms - entry[q, c].ms, 0.0), measured[key].spread,
-                                           measured[key].rounds) for (q, p, c), key in pairs.items()}
+        boundary = {(q, p, c): _less(measured[key], entry[q, c]) for (q, p, c), key in pairs.items()}
         return entry, boundary
 
     def _measure_plans(self, placements: Mapping[str, Placement]) -> dict[str, Measurement]:
@@ -230,11 +244,11 @@ class Search:
         makes processes) and kept at the faster: one process may run a plan 10-20% slower than the next."""
         first = self.time_plans(placements)
         fastest = min(m.ms for m in first.values())
-        close = {name: placements[name] for name, m in first.items() if m.ms <= fastest * (1 + CONTENDERS)}
+        close = {name: placements[name] for name, m in first.items() if m.ok and m.ms <= fastest * (1 + CONTENDERS)}
         if len(close) < 2:
             return first
         again = self.time_plans(close)
-        return {name: min(m, again.get(name, m), key=lambda x: x.ms) for name, m in first.items()}
+        return {name: _again(m, again[name]) if name in again else m for name, m in first.items()}
 
     def _improve(self, candidates: dict[str, Placement], whole: dict[str, Measurement], best: str,
                  units: Sequence[Sequence[int]], allowed: Sequence[Sequence[int]], started: float) -> str:
@@ -277,12 +291,31 @@ class _Feeds:
         return {i.name: self.values[i.name] for i in models[k].graph.input if i.name in self.values}
 
     def _run(self, k: int, models, allowed, runners) -> None:
-        p = allowed[k][0]
-        if (k, p) not in runners:
-            runners[k, p] = self.search.providers[p].compile(models[k], exclusive=False)
-        runner = runners[k, p]
+        """Block k's results, from the first provider that runs it; a `ProviderError` naming each
+        provider's error when none does (the blocks after it cannot be fed)."""
         feeds = {i.name: self.values[i.name] for i in models[k].graph.input if i.name in self.values}
-        self.values.update({name: np.asarray(v) for name, v in runner.run(feeds).items()})
+        errors = []
+        for p in allowed[k]:
+            provider = self.search.providers[p]
+            try:
+                if (k, p) not in runners:
+                    runners[k, p] = raised_by(provider, provider.compile, models[k], exclusive=False)
+                results = raised_by(provider, runners[k, p].run, feeds)
+            except ProviderError as error:
+                errors.append(str(error))
+                continue
+            self.values.update({name: np.asarray(v) for name, v in results.items()})
+            return
+        raise ProviderError(f"no sample values after block {k}, which failed on every provider: {'; '.join(errors)}")
+
+
+def raised_by(provider: Provider, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`call(*args, **kwargs)`; what it raises comes back as a `ProviderError` that names `provider`."""
+    try:
+        return call(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - a runtime may fail in any way; say whose it was
+        text = first_line(error)
+        raise ProviderError(text if text.startswith(f"{provider.label}:") else f"{provider.label}: {text}") from error
 
 
 def allowed_providers(graph: Graph, support: Sequence[Mapping[str, Support]], pinned: Mapping[str, int],
@@ -312,7 +345,7 @@ def cheapest_path(allowed: Sequence[Sequence[int]], costs: Sequence[Mapping[int,
     are charged the block figure less that entry, and a block after another provider q the block figure
     with the entry replaced by the boundary from q (when measured). For the same reason an entry is worth
     no more than the provider's cheapest block: a larger entry figure is work the probe stage did, not the
-    boundary's price."""
+    boundary's price. `allowed` holds only measured providers; a missing entry or boundary is not subtracted."""
     used = {p for ps in allowed for p in ps}
     cheapest = {p: min(costs[k][p].ms for k, ps in enumerate(allowed) if p in ps) for p in used}
     best: dict[int, tuple[float, list[int]]] = {}
@@ -320,7 +353,8 @@ def cheapest_path(allowed: Sequence[Sequence[int]], costs: Sequence[Mapping[int,
         step: dict[int, tuple[float, list[int]]] = {}
         for p in ps:
             own = costs[k][p].ms
-            inside = max(own - min(entry[k][p].ms, cheapest[p]), 0.0)  # the block's work without its entry
+            probe = entry[k].get(p)  # absent where the entry was not measured: nothing is taken off
+            inside = own if probe is None else max(own - min(probe.ms, cheapest[p]), 0.0)  # without its entry
             options = [(own, [p])] if not best else []
             for q, (total, path) in best.items():
                 measured = boundary[k].get((q, p)) if boundary else None
@@ -368,6 +402,24 @@ def _moves(choice: Sequence[int], allowed: Sequence[Sequence[int]]) -> list[list
             moved = [target if k in run else p for k, p in enumerate(choice)]
             (merges if target in neighbours else others).append(moved)
     return merges + others
+
+
+def _less(pair: Measurement, first: Measurement) -> Measurement:
+    """A pair's figure less its first stage's own: what the boundary costs; a failure when either failed."""
+    if not pair.ok or not first.ok:
+        return pair if not pair.ok else Measurement.failed(first.error or "the first stage was not measured")
+    return Measurement(max(pair.ms - first.ms, 0.0), pair.spread, pair.rounds)
+
+
+def _again(first: Measurement, second: Measurement) -> Measurement:
+    """Two timings of one plan: the faster, or the failure when the second failed."""
+    return second if not second.ok else min(first, second, key=lambda m: m.ms)
+
+
+def _measured_on(key: str) -> str:
+    """The provider a figure's key measured (`openvino`), or for a boundary the pair (`openvino>ort-cpu`)."""
+    kind, label, *_, content = key.split("|", 4)
+    return f"{content.removeprefix('after=').split('@')[0]}>{label}" if kind == "pair" else label
 
 
 def _finite(ms: float) -> float | None:

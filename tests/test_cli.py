@@ -85,6 +85,59 @@ def test_bench_counts_only_whole_runners_as_single_providers(tmp_path):
     assert figures["uhop-onnx plan"]["ratio_to_best_single"] == pytest.approx(figures["uhop-onnx plan"]["ms"] / best)
 
 
+def reflect_front_end() -> onnx.ModelProto:
+    """A reflect `Pad` over a free batch dimension, which is measured at 1: every run at that shape fails
+    (`Pad reflect requires axis length >= 2`)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    pads = numpy_helper.from_array(np.array([1, 0, 1, 1, 1, 0, 1, 1], np.int64), "pads")
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Pad", ["x", "pads"], ["p"], mode="reflect", name="pad"),
+         helper.make_node("Conv", ["p", "w"], ["c"], name="conv"), helper.make_node("Relu", ["c"], ["y"], name="relu")],
+        "reflect", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", 4, 8, 8])], [pads, w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_optimize_fails_with_each_candidates_error_when_no_plan_runs(tmp_path):
+    onnx.save(reflect_front_end(), tmp_path / "reflect.onnx")
+    result = uhop("optimize", str(tmp_path / "reflect.onnx"), "-o", str(tmp_path / "plan"), "--providers",
+                  "openvino,ort-cpu", "--budget", "1")
+    assert result.returncode == 1, result.stderr
+    said = " ".join(result.stderr.split())  # as one line, however the console wrapped it
+    assert "no candidate plan could be timed" in said and "Traceback" not in said
+    assert "first-supported (openvino x3): stage 0 (openvino, 3 nodes from 'pad') failed: [CPU] Pad" in said
+    assert "ort-cpu first (ort-cpu x3): stage 0 (ort-cpu," in said and "axis length >= 2" in said
+    assert not (tmp_path / "plan").exists()
+
+
+def test_export_of_a_model_that_cannot_run_at_its_sample_shape_is_one_message(tmp_path):
+    onnx.save(reflect_front_end(), tmp_path / "reflect.onnx")
+    result = uhop("export", str(tmp_path / "reflect.onnx"), "--target", "x86-64", "-o", str(tmp_path / "b"))
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 2 and "Traceback" not in said
+    assert "ONNX Runtime cannot run the model on sample inputs of shapes x: 1x3x8x8" in said
+    assert not (tmp_path / "b").exists()
+
+
+def test_bench_exits_1_with_clean_reasons_when_candidates_fail(tmp_path):
+    onnx.save(reflect_front_end(), tmp_path / "reflect.onnx")
+    args = ["bench", str(tmp_path / "reflect.onnx"), "--providers", "ort-cpu", "--rounds", "1", "--budget", "1"]
+    result = uhop(*args, "--json")
+    assert result.returncode == 1, result.stderr
+    figures = json.loads(result.stdout)["candidates"]
+    assert set(figures) == {"onnxruntime (raw)", "ort-cpu alone", "uhop-onnx plan"}
+    assert all(f["ms"] is None for f in figures.values())
+    assert figures["ort-cpu alone"]["error"].startswith("stage 0 (ort-cpu, 3 nodes from 'pad') failed: ")
+    assert figures["uhop-onnx plan"]["error"].startswith("optimize: no candidate plan could be timed")
+    assert "axis length >= 2" in figures["onnxruntime (raw)"]["error"]
+    table = uhop(*args)
+    assert table.returncode == 1 and "3 candidate(s) failed" in table.stderr
+    assert "failed:" in table.stdout and "Traceback" not in table.stdout + table.stderr
+    assert 'File "' not in table.stdout
+
+
 @pytest.mark.parametrize("args, message", [
     (["optimize", "absent.onnx", "-o", "out"], "no such file"),
     (["inspect", "{model}", "--providers", "warp-drive"], "unknown provider 'warp-drive'"),

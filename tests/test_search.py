@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -11,6 +13,7 @@ from hypothesis import strategies as st
 import uhop_onnx
 from uhop_onnx.models import cnn, mlp
 from uhop_onnx.partitioner.profiler import Measurement, Profiler
+from uhop_onnx.errors import MeasurementError
 from uhop_onnx.partitioner.search import _moves, cheapest_path
 from uhop_onnx.providers import REGISTRY
 from uhop_onnx.providers.ort import OrtCpu
@@ -27,12 +30,15 @@ class FakeClock:
 
 
 class Charging:
-    """A runner that computes for real (ONNX Runtime) and charges the fake clock per op and per call."""
+    """A runner that computes for real (ONNX Runtime) and charges the fake clock per op and per call; with
+    `fails`, it raises instead, as a runtime that cannot run its stage does."""
 
-    def __init__(self, inner, cost: float, clock: FakeClock):
-        self.inner, self.cost, self.clock, self.device = inner, cost, clock, "cpu"
+    def __init__(self, inner, cost: float, clock: FakeClock, fails: str | None = None):
+        self.inner, self.cost, self.clock, self.device, self.fails = inner, cost, clock, "cpu", fails
 
     def run(self, feeds):
+        if self.fails:
+            raise RuntimeError(self.fails)
         self.clock.now += self.cost
         return self.inner.run(feeds)
 
@@ -40,7 +46,11 @@ class Charging:
         return value
 
 
-def fake_provider(ident: str, op_ms: dict[str, float], call_ms: float, clock: FakeClock, version: str = "1"):
+def fake_provider(ident: str, op_ms: dict[str, float], call_ms: float, clock: FakeClock, version: str = "1",
+                  fails: Callable[[onnx.ModelProto], bool] = lambda model: False):
+    """A provider that runs everything ONNX Runtime does, at the given cost; its runner raises, at run time,
+    on the models `fails` picks."""
+
     class Fake(OrtCpu):
         id = ident
 
@@ -51,7 +61,8 @@ def fake_provider(ident: str, op_ms: dict[str, float], call_ms: float, clock: Fa
 
         def compile(self, model, *, exclusive=True):
             cost = call_ms + sum(op_ms.get(n.op_type, 0.01) for n in model.graph.node)
-            return Charging(super().compile(model, exclusive=exclusive), cost / 1e3, clock)
+            failure = f"{ident} cannot run {model.graph.name}" if fails(model) else None
+            return Charging(super().compile(model, exclusive=exclusive), cost / 1e3, clock, failure)
 
     return Fake
 
@@ -192,3 +203,103 @@ def test_boundaries_are_measured_per_provider_pair(monkeypatch, clock, tmp_path)
     for before, stage in zip(plan.stages, plan.stages[1:]):
         size = first_block[stage.nodes[0]]["boundary_bytes"]
         assert stage.boundary_ms == pairs[f"{before.provider}>{stage.provider}"][str(size)]
+
+
+def _has(op: str) -> Callable[[onnx.ModelProto], bool]:
+    return lambda model: any(n.op_type == op for n in model.graph.node)
+
+
+def test_a_failed_measurement_is_never_a_winner(monkeypatch, clock, tmp_path):
+    """fake-gemm would be the fastest at everything, but raises on every stage with a Conv: its blocks with
+    a Conv are recorded as its failures, no stage with a Conv lands on it, and its own plan (everything on
+    it) failed, so it is not chosen."""
+    install(monkeypatch, clock, conv={"Conv": 5.0, "Gemm": 5.0}, gemm={"Conv": 1.0, "Gemm": 1.0})
+    monkeypatch.setitem(REGISTRY, "fake-gemm", fake_provider("fake-gemm", {"Conv": 1.0, "Gemm": 1.0}, 0.05, clock,
+                                                               fails=_has("Conv")))
+    model = cnn()
+    plan = optimize(model, clock, tmp_path)
+    report = plan.profile
+    assert report["candidates"][report["chosen"]]["error"] is None
+    failed = report["candidates"]["fake-gemm first"]
+    assert failed["ms"] is None and failed["rounds"] == 0 and "fake-gemm cannot run" in failed["error"]
+    assert "fake-gemm" in failed["error"].split(" failed:")[0], "the error names the stage's provider"
+    blocks = [f for f in report["failures"] if f["kind"] == "block"]
+    assert blocks and {f["on"] for f in blocks} == {"fake-gemm"}
+    assert all(f["error"].startswith("fake-gemm: fake-gemm cannot run") for f in blocks)
+    placed = {node: s.provider for s in plan.stages for node in s.nodes}
+    assert {placed[n.name] for n in model.graph.node if n.op_type == "Conv"} == {"fake-conv"}
+    assert any(p == "fake-gemm" for p in placed.values()), "it still gets the Gemm it is fast at"
+    feeds = random_feeds(model)
+    assert_matches(uhop_onnx.InferenceSession(plan).run(None, feeds), reference(model, feeds))
+
+
+def test_a_block_that_cannot_be_fed_blames_the_provider_that_failed(monkeypatch, clock, tmp_path):
+    """fake-conv, the first provider, raises on every stage: the sample values the later blocks need come
+    from the next provider that runs the earlier blocks, so no figure of fake-gemm is lost to it and no
+    failure is reported against fake-gemm or the last resort."""
+    install(monkeypatch, clock, conv={}, gemm={"Conv": 1.0, "Gemm": 1.0})
+    monkeypatch.setitem(REGISTRY, "fake-conv", fake_provider("fake-conv", {}, 0.05, clock, fails=lambda m: True))
+    plan = optimize(cnn(), clock, tmp_path)
+    report = plan.profile
+    assert {f["error"].split(":")[0] for f in report["failures"]} == {"fake-conv"}
+    assert {f["on"] for f in report["failures"] if f["kind"] == "block"} == {"fake-conv"}
+    assert "fake-conv>fake-gemm" in {f["on"] for f in report["failures"] if f["kind"] == "pair"}
+    assert all("fake-gemm" in b["ms"] for b in report["blocks"])
+    assert {s.provider for s in plan.stages} == {"fake-gemm"}
+
+
+def test_failed_entries_and_boundaries_are_failures_not_free(monkeypatch, clock, tmp_path):
+    """fake-gemm cannot run the probe stage (the one-Relu entry model): its entry and every pair it is in
+    are recorded as failures, and no boundary figure (least of all a zero one) is made of them."""
+    install(monkeypatch, clock, conv={"Conv": 1.0, "Gemm": 20.0}, gemm={"Conv": 20.0, "Gemm": 1.0})
+    monkeypatch.setitem(REGISTRY, "fake-gemm", fake_provider("fake-gemm", {"Conv": 20.0, "Gemm": 1.0}, 0.05, clock,
+                                                               fails=lambda m: m.graph.name == "entry"))
+    model = cnn()
+    plan = optimize(model, clock, tmp_path)
+    report = plan.profile
+    kinds = {(f["kind"], f["on"]) for f in report["failures"]}
+    assert {("entry", "fake-gemm"), ("pair", "fake-conv>fake-gemm"), ("pair", "fake-gemm>fake-conv")} <= kinds
+    assert "fake-gemm" not in report["entry_ms"]
+    assert not [pair for pair in report["boundary_ms"] if "fake-gemm" in pair]
+    assert "fake-gemm" in {s.provider for s in plan.stages}, "its blocks were measured, and it is fast at Gemm"
+    feeds = random_feeds(model)
+    assert_matches(uhop_onnx.InferenceSession(plan).run(None, feeds), reference(model, feeds))
+
+
+def test_every_candidate_failing_raises_with_each_error(monkeypatch, clock, tmp_path):
+    install(monkeypatch, clock, conv={}, gemm={})
+    for ident in ("fake-conv", "fake-gemm", "ort-cpu"):
+        monkeypatch.setitem(REGISTRY, ident, fake_provider(ident, {}, 0.05, clock, fails=_has("Gemm")))
+    with pytest.raises(MeasurementError) as raised:
+        optimize(cnn(), clock, tmp_path)
+    message = str(raised.value)
+    assert raised.value.exit_code == 1
+    for candidate in ("first-supported", "fake-gemm first", "ort-cpu first"):
+        assert f"\n  {candidate} (" in message
+    assert "(fake-gemm, " in message and "fake-gemm cannot run" in message
+
+
+def test_a_missing_entry_figure_takes_nothing_off():
+    """Provider 1's entry was not measured: its blocks cost their whole figure, so the consecutive blocks
+    where it is a little cheaper (0.9 against 1.0, with 0.5 of entry) stay on provider 0."""
+    ms = lambda x: Measurement(x, 0.0, 5)  # noqa: E731
+    costs = [{0: ms(1.0), 1: ms(0.9)}] * 3
+    assert cheapest_path([[0, 1]] * 3, costs, [{0: ms(0.5)}] * 3) == [0, 0, 0]
+    assert cheapest_path([[0, 1]] * 3, costs, [{0: ms(0.5), 1: ms(0.5)}] * 3) == [1, 1, 1]
+
+
+def test_the_profiler_records_a_call_that_raises_as_a_failure(clock):
+    calls = {"n": 0}
+
+    def flaky():
+        calls["n"] += 1
+        clock.now += 0.001
+        if calls["n"] > 4:
+            raise RuntimeError("Exception from src/inference/src/cpp/infer_request.cpp:224:\n[CPU] it broke")
+
+    def steady():
+        clock.now += 0.002
+
+    figures = Profiler(clock=clock, warmup=1, max_calls=1).measure({"flaky": flaky, "steady": steady})
+    assert not figures["flaky"].ok and figures["flaky"].error == "[CPU] it broke"
+    assert figures["steady"].ok and figures["steady"].ms == pytest.approx(2.0)

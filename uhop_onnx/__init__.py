@@ -6,7 +6,17 @@ runtimes a bundle names.
 
 from importlib import import_module
 
-from .errors import BundleError, InputError, KeyFileError, ModelError, PlanError, ProviderError, StageError, UhopError
+from .errors import (
+    BundleError,
+    InputError,
+    KeyFileError,
+    MeasurementError,
+    ModelError,
+    PlanError,
+    ProviderError,
+    StageError,
+    UhopError,
+)
 
 __version__ = "0.1.0"
 
@@ -35,6 +45,7 @@ __all__ = [
     "InferenceSession",
     "InputError",
     "KeyFileError",
+    "MeasurementError",
     "ModelError",
     "Plan",
     "PlanError",

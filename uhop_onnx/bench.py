@@ -6,6 +6,9 @@ follows one whose runtime leaves threads spinning; a round is several calls and 
 A candidate's figure is the minimum of its round medians, and ratios are taken between figures of the
 same run. The best single provider is the fastest that runs every node alone: a provider alone that
 needs another for some nodes is listed with its stages, as the greedy plan it is.
+
+A candidate that fails (to build, or in any round) has no figure: its `error` is one line naming the
+stage and provider that raised it, as the worker reported it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .errors import UhopError, first_line
 
 SETTLE_SECONDS = 0.05  # between candidates: worker threads the previous one left spinning go to sleep
 RAW = {"onnxruntime": "ort-cpu", "openvino": "openvino"}  # raw runtime -> the provider that wraps it
@@ -52,14 +57,19 @@ def bench(model: str | os.PathLike, providers: list[str] | None = None, threads:
     with tempfile.TemporaryDirectory(prefix="uhop-bench-") as work:
         work = Path(work)
         progress("optimizing with a cold cache")
-        cold = _optimize_in_process(model, providers, threads, budget, work / "cache", work / "plan")
-        progress("optimizing with a warm cache")
-        warm = _optimize_in_process(model, providers, threads, budget, work / "cache", work / "plan-warm")
+        cold = warm = _optimize_in_process(model, providers, threads, budget, work / "cache", work / "plan")
+        if "error" not in cold:
+            progress("optimizing with a warm cache")
+            warm = _optimize_in_process(model, providers, threads, budget, work / "cache", work / "plan-warm")
         candidates = [Candidate(f"{r} (raw)", "raw", r, wraps=w) for r, w in RAW.items() if w in present]
         candidates += [Candidate(f"{p} alone", "alone", p) for p in present]
-        candidates.append(Candidate("uhop-onnx plan", "plan", str(work / "plan")))
+        if "error" not in cold:
+            candidates.append(Candidate("uhop-onnx plan", "plan", str(work / "plan")))
         progress(f"timing {len(candidates)} candidates, {rounds} rounds")
         figures = time_candidates(candidates, model, inputs, threads, rounds, calls)
+        if "error" in cold:  # no plan to time: its figure is optimize's error
+            figures["uhop-onnx plan"] = {"ms": None, "spread": None, "round_medians_ms": [], "stages": [],
+                                         "error": cold["error"]}
     singles = {c.name: figures[c.name] for c in candidates if c.kind == "alone" and figures[c.name]["ms"] is not None
                and all(stage.startswith(f"{c.target} x") for stage in figures[c.name]["stages"])}
     best_single = min(singles.values(), key=lambda f: f["ms"])["ms"] if singles else None
@@ -71,19 +81,21 @@ def bench(model: str | os.PathLike, providers: list[str] | None = None, threads:
             figures[f"{c.wraps} alone"]["overhead_vs_raw"] = figures[f"{c.wraps} alone"]["ms"] / f["ms"] - 1
     return {"model": Path(model).name, "threads": threads, "rounds": rounds, "calls_per_round": calls,
             "candidates": figures, "best_single": min(singles, key=lambda n: singles[n]["ms"]) if singles else None,
-            "optimize_seconds": {"cold": cold["seconds"], "warm": warm["seconds"]},
-            "plan": cold["stages"]}
+            "optimize_seconds": {"cold": cold.get("seconds"), "warm": warm.get("seconds")},
+            "plan": cold.get("stages", []), "failed": sorted(n for n, f in figures.items() if f["error"])}
 
 
 def _optimize_in_process(model: str, providers, threads, budget, cache: Path, out: Path) -> dict[str, Any]:
-    """Time `optimize` in a fresh process with its own cache folder, as a user's first and second run."""
+    """Time `optimize` in a fresh process with its own cache folder, as a user's first and second run:
+    `{"seconds", "stages"}`, or `{"error"}` when it failed (the plan folder is then not written)."""
     env = {**os.environ, "UHOP_CACHE_DIR": str(cache)}
     request = json.dumps({"model": model, "providers": providers, "threads": threads, "budget": budget, "out": str(out)})
     result = subprocess.run([sys.executable, "-m", "uhop_onnx.bench", "optimize", request], env=env,
                             capture_output=True, text=True, timeout=3600)
-    if result.returncode != 0:
-        raise RuntimeError(f"optimize failed in its worker: {result.stderr.strip()[-2000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        return {"error": f"optimize: {_last_line(result.stderr) or f'exited with code {result.returncode}'}"}
+    return json.loads(lines[-1])
 
 
 def time_plans_in_processes(plans: dict[str, Any], threads: int | None, rounds: int = 5) -> dict[str, Any]:
@@ -99,7 +111,7 @@ def time_plans_in_processes(plans: dict[str, Any], threads: int | None, rounds: 
         inputs = next(iter(plans.values())).inputs
         figures = time_candidates(candidates, None, inputs, threads, rounds)
     return {name: Measurement(f["ms"], f["spread"], len(f["round_medians_ms"])) if f["ms"] is not None
-            else Measurement(float("inf"), 0.0, 0) for name, f in figures.items()}
+            else Measurement.failed(f["error"]) for name, f in figures.items()}
 
 
 def time_candidates(candidates: list[Candidate], model: str | None, inputs: list, threads: int | None, rounds: int,
@@ -118,37 +130,53 @@ def time_candidates(candidates: list[Candidate], model: str | None, inputs: list
     errors: dict[str, str] = {}
     try:
         for name, worker in workers.items():
-            ready = _expect(worker, "ready")
-            if ready is None:
-                logs[name].seek(0)
-                errors[name] = logs[name].read().strip()[-500:] or "the worker exited"
-            else:
-                stages[name] = json.loads(ready)
+            try:
+                stages[name] = json.loads(_reply(worker, "ready", logs[name]))
+            except WorkerFailed as failure:
+                errors[name] = str(failure)
         names = [c.name for c in candidates if c.name not in errors]
         order = random.Random(0)
         for _ in range(rounds if names else 0):
             for name in order.sample(names, len(names)):
+                if name in errors:
+                    continue
                 time.sleep(SETTLE_SECONDS)
-                workers[name].stdin.write("round\n")
-                workers[name].stdin.flush()
-                medians[name].append(float(_expect(workers[name], "median")))
+                try:
+                    workers[name].stdin.write("round\n")
+                    workers[name].stdin.flush()
+                    medians[name].append(float(_reply(workers[name], "median", logs[name])))
+                except (WorkerFailed, BrokenPipeError) as failure:
+                    errors[name] = str(failure) if isinstance(failure, WorkerFailed) else "the worker exited"
     finally:
         for name, worker in workers.items():
             if worker.poll() is None:
                 worker.stdin.close()
                 worker.wait(timeout=60)
             logs[name].close()
-    return {name: {"ms": min(m) if m else None, "spread": (max(m) - min(m)) / min(m) if m else None,
+    return {name: {"ms": min(m) if m and name not in errors else None,
+                   "spread": (max(m) - min(m)) / min(m) if m and name not in errors else None,
                    "round_medians_ms": m, "stages": stages[name], "error": errors.get(name)}
             for name, m in medians.items()}
 
 
-def _expect(worker: subprocess.Popen, word: str) -> str | None:
+class WorkerFailed(Exception):
+    """A worker reported a failure, or exited; the message is its one-line reason."""
+
+
+def _reply(worker: subprocess.Popen, word: str, log) -> str:
     """The rest of the worker's next line that starts with `word` (other lines are runtime chatter)."""
     for line in worker.stdout:
         if line.startswith(word):
             return line[len(word):].strip()
-    return None
+        if line.startswith("failed "):
+            raise WorkerFailed(json.loads(line[len("failed "):]))
+    log.seek(0)
+    raise WorkerFailed(_last_line(log.read()) or f"the worker exited with code {worker.wait()}")
+
+
+def _last_line(text: str) -> str:
+    """The last line of a log that says something: a traceback's own `Error: message` line."""
+    return next((line.strip()[:400] for line in reversed(text.splitlines()) if line.strip()), "")
 
 
 def _runner(candidate: dict, model: str | None, feeds: dict, threads: int | None
@@ -190,30 +218,34 @@ def _worker(request: dict) -> None:
     from .samples import sample_feeds
 
     feeds = sample_feeds(SimpleNamespace(**sig) for sig in request["inputs"])
-    call, stages = _runner(request["candidate"], request["model"], feeds, request["threads"])
-    warm = []
-    for _ in range(3):
-        start = time.perf_counter()
-        call()
-        warm.append(time.perf_counter() - start)
-    calls = request["calls"] or max(3, min(50, int(0.05 / max(min(warm), 1e-6))))
-    print("ready", json.dumps(stages), flush=True)
-    for line in sys.stdin:
-        if line.strip() != "round":
-            break
-        times = []
-        for _ in range(calls):
-            start = time.perf_counter()
-            call()
-            times.append((time.perf_counter() - start) * 1e3)
-        print("median", statistics.median(times), flush=True)
+    try:
+        call, stages = _runner(request["candidate"], request["model"], feeds, request["threads"])
+        warm = [_seconds(call) for _ in range(3)]
+        calls = request["calls"] or max(3, min(50, int(0.05 / max(min(warm), 1e-6))))
+        print("ready", json.dumps(stages), flush=True)
+        for line in sys.stdin:
+            if line.strip() != "round":
+                break
+            print("median", statistics.median(_seconds(call) * 1e3 for _ in range(calls)), flush=True)
+    except Exception as error:  # noqa: BLE001 - any failure is this candidate's result, told in one line
+        print("failed", json.dumps(first_line(error)), flush=True)
+
+
+def _seconds(call: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
 
 
 def _optimize(request: dict) -> None:
     from .optimizer import optimize
 
     start = time.perf_counter()
-    plan = optimize(request["model"], request["providers"], threads=request["threads"], budget=request["budget"])
+    try:
+        plan = optimize(request["model"], request["providers"], threads=request["threads"], budget=request["budget"])
+    except UhopError as error:
+        print(json.dumps({"error": f"optimize: {error}"}))
+        return
     seconds = time.perf_counter() - start
     plan.save(request["out"])
     print(json.dumps({"seconds": seconds, "stages": _stages(plan)}))

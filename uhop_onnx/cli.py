@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -173,7 +174,8 @@ def _print_candidates(profile: dict) -> None:
                   f"{profile['measured']} measured, {profile['cached']} cached, {profile['seconds']} s)")
     for name, c in sorted(profile["candidates"].items(), key=lambda kv: ms_order(kv[1]["ms"])):
         mark = "[bold green]" if name == profile["chosen"] else ""
-        table.add_row(f"{mark}{name}", ms_text(c["ms"]), f"{c['spread']:.1%}", c["stages"])
+        figure = ms_text(c["ms"]) if c["ms"] is not None else f"[red]failed:[/] {_short(c.get('error'))}"
+        table.add_row(f"{mark}{name}", figure, f"{c['spread']:.1%}", c["stages"])
     out.print(table)
 
 
@@ -246,26 +248,46 @@ def bench(model: Path, providers: ProvidersOption = None, threads: ThreadsOption
           rounds: Annotated[int, typer.Option(min=1, help="Alternating rounds per candidate.")] = 7,
           budget: Annotated[float, typer.Option(min=0, help="Seconds for the measured search.")] = 60.0,
           as_json: JsonOption = False) -> None:
-    """Time raw runtimes, each provider alone and the optimized plan, each in its own process, side by side."""
+    """Time raw runtimes, each provider alone and the optimized plan, each in its own process, side by side.
+    Exit 1 when a candidate failed (its error in the table and the JSON)."""
     from .bench import bench as run_bench
 
     with _steps("benchmarking", not as_json) as step:
         result = run_bench(model, _providers(providers), threads=threads, rounds=rounds, budget=budget, progress=step)
     if as_json:
-        return _print_json(result)
+        _print_json(result)
+    else:
+        _print_bench(result, threads)
+    if result["failed"]:
+        err.print(f"[bold red]error:[/] {len(result['failed'])} candidate(s) failed: {', '.join(result['failed'])}",
+                  highlight=False)
+        raise typer.Exit(1)
+
+
+def _print_bench(result: dict, threads: int | None) -> None:
     table = Table("candidate", "min of round medians (ms)", "vs best single provider", "overhead vs raw", "stages",
                   title=f"{result['model']}: {result['rounds']} alternating rounds, threads={threads or 'default'}",
                   caption=f"best single provider (runs every node alone): {result['best_single'] or 'none'}")
     for name, f in sorted(result["candidates"].items(), key=lambda kv: ms_order(kv[1]["ms"])):
         ratio = f.get("ratio_to_best_single")
         overhead = f.get("overhead_vs_raw")
-        table.add_row(name, ms_text(f["ms"]) if f["ms"] is not None else f"[red]failed[/] {f['error']}",
+        table.add_row(name, ms_text(f["ms"]) if f["ms"] is not None else f"[red]failed:[/] {_short(f['error'])}",
                       "" if ratio is None else f"{ratio:.3f}", "" if overhead is None else f"{overhead:+.1%}",
                       _stages_summary(f["stages"]))
     out.print(table)
+    for name in result["failed"]:
+        if "\n" in result["candidates"][name]["error"]:
+            out.print(f"{escape(name)}: {escape(result['candidates'][name]['error'])}", highlight=False)
     seconds = result["optimize_seconds"]
-    out.print(f"optimize: {seconds['cold']:.1f} s with a cold cache, {seconds['warm']:.1f} s warm; "
-              f"plan: {' > '.join(result['plan'])}")
+    if seconds["cold"] is not None:
+        out.print(f"optimize: {seconds['cold']:.1f} s with a cold cache, {seconds['warm']:.1f} s warm; "
+                  f"plan: {' > '.join(result['plan'])}")
+
+
+def _short(error: str | None, limit: int = 160) -> str:
+    """A table cell's reason: the error's first line, cut to `limit`, with no markup."""
+    line = (error or "no figure").strip().splitlines()[0]
+    return escape(line if len(line) <= limit else line[:limit - 3] + "...")
 
 
 def _stages_summary(stages: list[str]) -> str:

@@ -1,5 +1,7 @@
 """The exceptions uhop-onnx raises: one small tree under `UhopError`."""
 
+import re
+
 
 class UhopError(Exception):
     """Base of every error uhop-onnx raises on purpose."""
@@ -44,7 +46,18 @@ class StageError(ProviderError):
         self.provider = provider
 
 
+class MeasurementError(ProviderError):
+    """No candidate plan could be timed; the message lists each one with its error."""
+
+    exit_code = 1
+
+
 def first_line(error: BaseException, limit: int = 400) -> str:
-    """The first line of an exception's message (its class name when it has none), for one-line errors."""
-    text = str(error).strip() or type(error).__name__
-    return text.splitlines()[0][:limit]
+    """The first line of an exception's message that says something (its class name when none does), for
+    one-line errors; OpenVINO's "Exception from src/...cpp:224:" location lines are passed over."""
+    lines = [line.strip() for line in str(error).splitlines()]
+    said = [line for line in lines if line and not _LOCATION.fullmatch(line)]
+    return (said or [type(error).__name__])[0][:limit]
+
+
+_LOCATION = re.compile(r"Exception from \S+:\d+:")

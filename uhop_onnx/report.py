@@ -39,7 +39,9 @@ def markdown(plan: Plan) -> str:
                   f"Chosen: **{p['chosen']}**. {p['measured']} figures measured, {p['cached']} from the cache, "
                   f"in {p['seconds']} s.", "", "| candidate | ms | spread | stages |", "|---|---|---|---|"]
         for name, c in sorted(p["candidates"].items(), key=lambda kv: ms_order(kv[1]["ms"])):
-            lines.append(f"| {name} | {ms_text(c['ms'])} | {c['spread']:.1%} | {c['stages']} |")
+            failed = f"failed: {c.get('error') or 'no figure'}".replace("|", "\\|")
+            figure = ms_text(c["ms"]) if c["ms"] is not None else failed
+            lines.append(f"| {name} | {figure} | {c['spread']:.1%} | {c['stages']} |")
     return "\n".join(lines) + "\n"
 
 

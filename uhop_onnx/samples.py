@@ -9,6 +9,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from .dtypes import numpy_dtype
+from .errors import ModelError, first_line
 
 
 def sample_feeds(inputs: Iterable, seed: int = 0) -> dict[str, np.ndarray]:
@@ -24,9 +25,15 @@ def sample_feeds(inputs: Iterable, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def reference_outputs(model: str | os.PathLike | bytes, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """ONNX Runtime CPU's outputs of a model (its path or serialized bytes), by name."""
+    """ONNX Runtime CPU's outputs of a model (its path or serialized bytes), by name; a `ModelError` naming
+    the feeds' shapes when ONNX Runtime cannot run it on them."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(model if isinstance(model, bytes) else str(model), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, feeds), strict=True))
+    try:
+        return dict(zip(names, session.run(names, feeds), strict=True))
+    except Exception as error:  # noqa: BLE001 - ONNX Runtime's own refusal of these inputs is the message
+        shapes = ", ".join(f"{name}: {'x'.join(map(str, np.shape(value))) or 'scalar'}" for name, value in feeds.items())
+        raise ModelError(f"ONNX Runtime cannot run the model on sample inputs of shapes {shapes}: "
+                         f"{first_line(error)}") from error
