@@ -7,12 +7,12 @@ runtime, so a bundle can run them on a board that has nothing else.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from functools import cached_property
 from importlib import import_module
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
@@ -66,7 +66,8 @@ class Runner(ABC):
     """A compiled stage. Feeds and results are keyed by the stage's ONNX tensor names, in ONNX layout.
 
     Values are numpy arrays, or tensors resident on `device` when the next stage shares that device;
-    `to_host` brings one back to a numpy array.
+    `to_host` brings one back to a numpy array. `run` may be called from many threads at once, as
+    ONNX Runtime's `run` may: a runtime object that serves one call at a time is pooled or locked.
     """
 
     device: str = "cpu"
@@ -79,6 +80,29 @@ class Runner(ABC):
 
     def close(self) -> None:
         """Release the runtime's resources."""
+
+
+T = TypeVar("T")
+
+
+class Pool(Generic[T]):
+    """Runtime objects that serve one call at a time (an infer request, an interpreter), made on demand:
+    one per concurrent caller, each reused by later calls. `take` one, and `give` it back when done (a
+    list's `pop` and `append` are atomic, and cost far less than a lock or a queue)."""
+
+    def __init__(self, make: Callable[[], T], first: T | None = None):
+        self._make = make
+        self._idle: list[T] = [] if first is None else [first]
+
+    def take(self) -> T:
+        """An idle object, or a new one when all are in use."""
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return self._make()
+
+    def give(self, item: T) -> None:
+        self._idle.append(item)
 
 
 class Provider(ABC):

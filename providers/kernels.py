@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import shutil
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -426,6 +427,7 @@ class KernelsRunner(Runner):
         self.constants = dict(constants)
         self.outputs = list(program["outputs"])
         self.schedules: dict[tuple[str, int], Any] = {}  # (op key, threads) -> Schedule
+        self._choosing = threading.Lock()
         self.steps: list[Step] = []
         last_read = {name: k for k, s in enumerate(program["steps"]) for name in (*s["inputs"], s.get("residual"))}
         produced = {s["output"] for s in program["steps"]}
@@ -457,7 +459,9 @@ class KernelsRunner(Runner):
         if key not in self.schedules:
             from uhop_onnx.custom_ops.autotune import schedule_for
 
-            self.schedules[key] = schedule_for(self.lib, op, self.threads, self.tune)
+            with self._choosing:  # one search at a time: concurrent ones would time each other
+                if key not in self.schedules:
+                    self.schedules[key] = schedule_for(self.lib, op, self.threads, self.tune)
         return self.schedules[key]
 
     def _conv(self, inputs, attrs):

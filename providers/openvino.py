@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .base import Absent, Artifact, Provider, Runner, missing_module, output_dtypes
+from .base import Absent, Artifact, Pool, Provider, Runner, missing_module, output_dtypes
 from .capability import CapabilityTable, OpRule, Support
 
 if TYPE_CHECKING:
@@ -83,17 +83,22 @@ def read_model(model_bytes: bytes):
 
 
 class OpenVinoRunner(Runner):
-    """An OpenVINO `CompiledModel` over one stage, with outputs in their declared ONNX dtypes."""
+    """An OpenVINO `CompiledModel` over one stage, with outputs in their declared ONNX dtypes. An infer
+    request serves one call at a time, so concurrent calls each borrow one from a pool."""
 
     def __init__(self, compiled, dtypes: Mapping[str, np.dtype]):
         self.compiled = compiled
-        self.request = compiled.create_infer_request()
+        self.requests = Pool(compiled.create_infer_request, compiled.create_infer_request())
         self.outputs = [(port, _onnx_name(port, dtypes)) for port in compiled.outputs]
         self.dtypes = dict(dtypes)
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         # Inputs are read in place (inference is synchronous); outputs come as copies the caller may keep.
-        results = self.request.infer({name: _plain(value) for name, value in feeds.items()}, share_inputs=True)
+        request = self.requests.take()
+        try:
+            results = request.infer({name: _plain(value) for name, value in feeds.items()}, share_inputs=True)
+        finally:
+            self.requests.give(request)
         out = {}
         for port, name in self.outputs:
             value = np.asarray(results[port])

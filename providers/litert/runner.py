@@ -13,7 +13,7 @@ import numpy as np
 
 from uhop_onnx.errors import ProviderError
 
-from ..base import Runner
+from ..base import Pool, Runner
 from . import delegates
 
 log = logging.getLogger(__name__)
@@ -30,32 +30,42 @@ def interpreter_module():
 
 class LiteRtRunner(Runner):
     """A LiteRT interpreter over one stage. Tensors are fed and read by their ONNX names, which the
-    `.tflite` model carries on its inputs and outputs."""
+    `.tflite` model carries on its inputs and outputs. An interpreter serves one call at a time, so
+    concurrent calls each borrow one from a pool (made on demand, with its own delegate)."""
 
     error: float | None = None  # largest difference from ONNX Runtime found when the stage was checked
 
     def __init__(self, model: bytes, threads: int | None = None, delegate: str | None = None,
                  delegate_options: Mapping[str, Any] | None = None, allow_fallback: bool = False):
-        lite = interpreter_module()
         self.model = model
-        threads = threads or os.cpu_count() or 1  # LiteRT's own default is one thread; ONNX Runtime's, every core
-        loaded = load_delegate(lite, delegate, delegate_options, allow_fallback) if delegate else None
-        self.delegates = [loaded] if loaded is not None else []
-        self.interpreter = lite.Interpreter(model_content=model, num_threads=threads,
-                                            experimental_delegates=self.delegates or None)
-        self.interpreter.allocate_tensors()
-        self.inputs = [(d["name"], d["index"], d["dtype"]) for d in self.interpreter.get_input_details()]
-        self.outputs = [(d["name"], d["index"]) for d in self.interpreter.get_output_details()]
+        self.threads = threads or os.cpu_count() or 1  # LiteRT's own default is one thread; ONNX Runtime's, every core
+        self.delegate = (delegate, delegate_options, allow_fallback)
+        first = self._interpreter()
+        self.interpreters = Pool(self._interpreter, first)
+        self.inputs = [(d["name"], d["index"], d["dtype"]) for d in first.get_input_details()]
+        self.outputs = [(d["name"], d["index"]) for d in first.get_output_details()]
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        for name, index, dtype in self.inputs:
-            self.interpreter.set_tensor(index, np.require(feeds[name], dtype, "C"))
-        self.interpreter.invoke()
-        return {name: self.interpreter.get_tensor(index) for name, index in self.outputs}
+        interpreter = self.interpreters.take()
+        try:
+            for name, index, dtype in self.inputs:
+                interpreter.set_tensor(index, np.require(feeds[name], dtype, "C"))
+            interpreter.invoke()
+            return {name: interpreter.get_tensor(index) for name, index in self.outputs}
+        finally:
+            self.interpreters.give(interpreter)
 
     def close(self) -> None:
-        self.interpreter = None
-        self.delegates = []
+        self.interpreters = None
+
+    def _interpreter(self):
+        lite = interpreter_module()
+        library, options, allow_fallback = self.delegate
+        loaded = load_delegate(lite, library, options, allow_fallback) if library else None
+        interpreter = lite.Interpreter(model_content=self.model, num_threads=self.threads,
+                                       experimental_delegates=[loaded] if loaded is not None else None)
+        interpreter.allocate_tensors()
+        return interpreter
 
 
 def load_stage(folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool,

@@ -12,6 +12,7 @@ import logging
 import select
 import subprocess
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,13 +38,15 @@ IR_VERSION = 10  # the newest IR version the toolkit's onnx reads
 
 
 class Toolkit:
-    """A worker process of rknn-toolkit2 in the venv at `venv` (default: `setup.venv_path()`)."""
+    """A worker process of rknn-toolkit2 in the venv at `venv` (default: `setup.venv_path()`). It holds one
+    conversation at a time: requests from several threads take turns."""
 
     def __init__(self, venv: Path | None = None):
         self.venv = Path(venv) if venv else venv_path()
         self.folder = tempfile.TemporaryDirectory(prefix="uhop-rknn-")
         self._process: subprocess.Popen | None = None
         self._log = None
+        self._turn = threading.RLock()
 
     def require(self) -> None:
         if not is_ready(self.venv):
@@ -52,18 +55,19 @@ class Toolkit:
 
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
         """Send one request and return the reply; a failure raises `ProviderError` with the toolkit's reason."""
-        process = self._started()
-        process.stdin.write(json.dumps({"protocol": PROTOCOL, "op": op, **fields}) + "\n")
-        process.stdin.flush()
-        ready, _, _ = select.select([process.stdout], [], [], TIMEOUT)
-        line = process.stdout.readline() if ready else ""
-        if not line:
-            self.close()
-            raise ProviderError(f"rknn-toolkit2 worker gave no answer to {op!r}: {self._log_tail()}")
-        reply = json.loads(line)
-        if not reply.pop("ok"):
-            raise ProviderError(f"rknn-toolkit2 {op} failed: {reply['error']}; {self._log_tail()}")
-        return reply
+        with self._turn:
+            process = self._started()
+            process.stdin.write(json.dumps({"protocol": PROTOCOL, "op": op, **fields}) + "\n")
+            process.stdin.flush()
+            ready, _, _ = select.select([process.stdout], [], [], TIMEOUT)
+            line = process.stdout.readline() if ready else ""
+            if not line:
+                self.close()
+                raise ProviderError(f"rknn-toolkit2 worker gave no answer to {op!r}: {self._log_tail()}")
+            reply = json.loads(line)
+            if not reply.pop("ok"):
+                raise ProviderError(f"rknn-toolkit2 {op} failed: {reply['error']}; {self._log_tail()}")
+            return reply
 
     def build(self, model: onnx.ModelProto, target: str = "rk3588", dtype: str = "fp16",
               samples: Sequence[Mapping[str, np.ndarray]] = (), rknn: Path | None = None,
@@ -85,10 +89,11 @@ class Toolkit:
     def run(self, order: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """Run the model last built with `simulate=True` on the simulator; outputs in the model's order."""
         inputs, outputs = Path(self.folder.name) / "inputs.npz", Path(self.folder.name) / "outputs.npz"
-        np.savez(inputs, **{name: np.ascontiguousarray(feeds[name]) for name in order})
-        self.request("run", inputs=str(inputs), order=list(order), outputs=str(outputs))
-        with np.load(outputs) as results:
-            return [results[f"arr_{i}"] for i in range(len(results.files))]
+        with self._turn:  # the files are the worker's, one request's at a time
+            np.savez(inputs, **{name: np.ascontiguousarray(feeds[name]) for name in order})
+            self.request("run", inputs=str(inputs), order=list(order), outputs=str(outputs))
+            with np.load(outputs) as results:
+                return [results[f"arr_{i}"] for i in range(len(results.files))]
 
     def close(self) -> None:
         if self._process is not None:

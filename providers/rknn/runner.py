@@ -6,6 +6,7 @@ board that has nothing else.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,8 @@ def named_outputs(outputs: Sequence[np.ndarray] | None, names: Sequence[str],
 
 class RknnLiteRunner(Runner):
     """A converted stage on the NPU. Float inputs are quantized and outputs dequantized by the runtime
-    itself with the model's own scales, so int8 models take and give float tensors here too."""
+    itself with the model's own scales, so int8 models take and give float tensors here too. One context
+    serves one call at a time (the NPU cores it holds run one inference), so calls take turns."""
 
     def __init__(self, rknn: Path, inputs: Sequence[str], outputs: Sequence[str],
                  dtypes: Mapping[str, np.dtype], core_mask: str = "auto", formats: Sequence[str] | None = None):
@@ -49,13 +51,15 @@ class RknnLiteRunner(Runner):
         self.inputs, self.outputs, self.dtypes = list(inputs), list(outputs), dict(dtypes)
         self.formats = list(formats or data_formats(len(self.inputs)))
         self.lite = RKNNLite(verbose=False)
+        self.lock = threading.Lock()
         _check(self.lite.load_rknn(str(rknn)), f"load_rknn({rknn})")
         _check(self.lite.init_runtime(core_mask=getattr(RKNNLite, f"NPU_CORE_{core_mask.upper()}")),
                f"init_runtime(core_mask={core_mask})")
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         inputs = [np.ascontiguousarray(feeds[name]) for name in self.inputs]
-        outputs = self.lite.inference(inputs=inputs, data_format=self.formats)
+        with self.lock:
+            outputs = self.lite.inference(inputs=inputs, data_format=self.formats)
         return named_outputs(outputs, self.outputs, self.dtypes)
 
     def close(self) -> None:

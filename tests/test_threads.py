@@ -1,0 +1,79 @@
+"""`run` from many threads at once, as ONNX Runtime allows: 8 threads x 50 calls on one session (each
+provider present here, a plan mixing providers) and on one bundle, every result compared with ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import onnx
+import pytest
+
+import uhop_onnx
+from uhop_onnx.models import cnn
+from uhop_onnx.providers import REGISTRY, create
+from uhop_onnx.providers.rknn.table import FP16_TOLERANCE
+
+from .conftest import ATOL, RTOL, reference
+
+THREADS, CALLS = 8, 50
+
+
+def hammer(session, model: onnx.ModelProto, rtol: float = RTOL, atol: float = ATOL) -> None:
+    """Each thread runs its own input CALLS times; every result must be ONNX Runtime's for that input."""
+    name = model.graph.input[0].name
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(shape).astype(np.float32) for _ in range(THREADS)]
+    expected = [reference(model, {name: x}) for x in inputs]
+
+    def calls(t: int) -> int:
+        good = 0
+        for _ in range(CALLS):
+            got = session.run(None, {name: inputs[t]})
+            good += all(np.allclose(a, e, rtol=rtol, atol=atol) for a, e in zip(got, expected[t], strict=True))
+        return good
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        assert sum(pool.map(calls, range(THREADS))) == THREADS * CALLS
+
+
+PRESENT = [p for p in ("openvino", "litert", "kernels", "ort-cpu") if create(p).present]
+
+
+@pytest.mark.parametrize("provider", PRESENT)
+def test_one_session_from_many_threads(provider):
+    model = cnn()
+    session = uhop_onnx.InferenceSession(model, providers=[provider], profile=False)
+    assert provider in session.get_providers()
+    hammer(session, model)
+
+
+@pytest.mark.skipif(not REGISTRY["rknn"]({"simulate": True}).present, reason="no rknn-toolkit2 environment")
+def test_the_rknn_simulator_from_many_threads():
+    model = cnn()
+    session = uhop_onnx.InferenceSession(model, providers=[("rknn", {"simulate": True})], profile=False)
+    hammer(session, model, **FP16_TOLERANCE)
+
+
+def test_a_plan_mixing_providers_from_many_threads():
+    model = cnn()
+    cycle = [p for p in PRESENT if p != "ort-cpu"] + ["ort-cpu"]
+    convs = [n.name for n in model.graph.node if n.op_type == "Conv"]  # every provider runs a Conv
+    assign = {name: cycle[k % len(cycle)] for k, name in enumerate(convs)}
+    session = uhop_onnx.InferenceSession(model, providers=cycle, assign=assign, profile=False)
+    assert set(session.get_providers()) == set(cycle[:len(convs)]) and len(cycle[:len(convs)]) > 1
+    hammer(session, model)
+
+
+@pytest.mark.skipif("openvino" not in PRESENT, reason="openvino is not installed")
+def test_a_bundle_from_many_threads(tmp_path):
+    model = cnn()
+    names = [n.name for n in model.graph.node]
+    assign = {name: ("openvino", "ort-cpu")[k % 2] for k, name in enumerate(names)}
+    folder = uhop_onnx.export_bundle(model, "x86-64", tmp_path / "bundle", providers=["openvino", "ort-cpu"],
+                                     assign=assign)
+    bundle = uhop_onnx.load_bundle(folder)
+    assert bundle.get_providers() == ["openvino", "ort-cpu"]
+    hammer(bundle, model)
