@@ -1,8 +1,10 @@
-"""Which nodes each provider can run: its declarative table, refined by the runtime's own query."""
+"""Which nodes each provider can run: its declarative table, refined by the runtime's own query; and what
+an unlisted last resort may take."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection, Mapping, Sequence
 
 import onnx
 
@@ -32,6 +34,20 @@ def capabilities(model: onnx.ModelProto, graph: Graph, provider: Provider, query
         for i in accepted:
             verdicts.update(_query_one(model, graph, provider, i))
     return verdicts
+
+
+def only_the_rest(support: Sequence[Mapping[str, Support]], labels: Sequence[str], keep: Collection[str] = ()
+                  ) -> dict[str, Support]:
+    """The answers of a last resort that was not listed (the last of `support`): "no" for every node a listed
+    provider supports, except the nodes in `keep` (assigned to it)."""
+    *listed, last = support
+    answers = dict(last)
+    for name, verdict in last.items():
+        runners = [label for label, table in zip(labels, listed) if table[name].ok]
+        if verdict.ok and runners and name not in keep:
+            answers[name] = Support(False, f"a listed provider runs it ({', '.join(runners)}); {labels[-1]}, not "
+                                    "listed, takes only the nodes none of them runs", "list")
+    return answers
 
 
 def _query_one(model: onnx.ModelProto, graph: Graph, provider: Provider, index: int) -> dict[str, Support]:

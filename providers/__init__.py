@@ -98,7 +98,8 @@ def create(spec: ProviderSpec, threads: int | None = None) -> Provider:
 
 def resolve(specs: Sequence[ProviderSpec] | None, threads: int | None = None, strict: bool = False) -> list[Provider]:
     """The providers a plan may use, in preference order: the listed ones, or every present one when `specs`
-    is None; `ort-cpu` is appended as the last resort wherever it is installed. A listed provider absent
+    is None; `ort-cpu` is appended as the last resort wherever it is installed (`appended`, when a list did
+    not name it: it runs only the nodes no listed provider supports). A listed provider absent
     here is skipped with one warning, as ONNX Runtime does; with `strict` it raises `ProviderError`."""
     if isinstance(specs, str):
         specs = [s for s in specs.split(",") if s]
@@ -119,6 +120,7 @@ def resolve(specs: Sequence[ProviderSpec] | None, threads: int | None = None, st
                               f"Pass strict=True to make this an error", UserWarning, stacklevel=3)
     if all(p.id != LAST_RESORT for p in chosen):
         last = REGISTRY[LAST_RESORT](None, threads)
+        last.appended = specs is not None
         if last.present:
             chosen.append(last)
     if not chosen:

@@ -112,6 +112,7 @@ class Provider(ABC):
     install: ClassVar[str]  # the command that makes this provider present
     table: ClassVar[CapabilityTable]
     option_names: ClassVar[frozenset[str]] = frozenset()
+    appended: bool = False  # the last resort `resolve` added to a list that did not name it: it runs only the rest
 
     def __init__(self, options: Mapping[str, Any] | None = None, threads: int | None = None):
         options = dict(options or {})

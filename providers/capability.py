@@ -23,7 +23,7 @@ class Support:
 
     ok: bool
     reason: str = ""
-    source: str = "table"  # "table" or "runtime": who said so
+    source: str = "table"  # "table", "runtime", or "list" (a last resort that was not listed): who said so
 
     def __bool__(self) -> bool:
         return self.ok

@@ -5,17 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import uhop_onnx
-from uhop_onnx.models import cnn, mlp
+from uhop_onnx.models import cnn, mlp, resnet
 from uhop_onnx.partitioner.profiler import Measurement, Profiler
 from uhop_onnx.errors import MeasurementError
 from uhop_onnx.partitioner.search import _moves, cheapest_path
-from uhop_onnx.providers import REGISTRY
+from uhop_onnx.providers import REGISTRY, Support
 from uhop_onnx.providers.ort import OrtCpu
 
 from .conftest import assert_matches, random_feeds, reference
@@ -47,12 +48,16 @@ class Charging:
 
 
 def fake_provider(ident: str, op_ms: dict[str, float], call_ms: float, clock: FakeClock, version: str = "1",
-                  fails: Callable[[onnx.ModelProto], bool] = lambda model: False):
-    """A provider that runs everything ONNX Runtime does, at the given cost; its runner raises, at run time,
-    on the models `fails` picks."""
+                  fails: Callable[[onnx.ModelProto], bool] = lambda model: False, refuses: frozenset = frozenset()):
+    """A provider that runs everything ONNX Runtime does but the ops it `refuses`, at the given cost; its runner
+    raises, at run time, on the models `fails` picks."""
 
     class Fake(OrtCpu):
         id = ident
+
+        def query(self, model):
+            return {n.name: Support(False, f"{ident} has no {n.op_type}", "runtime")
+                    for n in model.graph.node if n.op_type in refuses}
 
         @property
         def availability(self):
@@ -274,7 +279,7 @@ def test_every_candidate_failing_raises_with_each_error(monkeypatch, clock, tmp_
         optimize(cnn(), clock, tmp_path)
     message = str(raised.value)
     assert raised.value.exit_code == 1
-    for candidate in ("first-supported", "fake-gemm first", "ort-cpu first"):
+    for candidate in ("first-supported", "fake-gemm first"):
         assert f"\n  {candidate} (" in message
     assert "(fake-gemm, " in message and "fake-gemm cannot run" in message
 
@@ -303,3 +308,78 @@ def test_the_profiler_records_a_call_that_raises_as_a_failure(clock):
     figures = Profiler(clock=clock, warmup=1, max_calls=1).measure({"flaky": flaky, "steady": steady})
     assert not figures["flaky"].ok and figures["flaky"].error == "[CPU] it broke"
     assert figures["steady"].ok and figures["steady"].ms == pytest.approx(2.0)
+
+
+def _placed(plan) -> dict[str, str]:
+    return {node: s.provider for s in plan.stages for node in s.nodes}
+
+
+def test_a_provider_list_keeps_every_node_it_runs(monkeypatch, clock, tmp_path):
+    """The last resort is far faster at everything, but was not listed: every node stays on fake-conv, and no
+    candidate, block figure or move puts one on ort-cpu. Listed, ort-cpu competes and wins."""
+    install(monkeypatch, clock, conv={"Conv": 5.0, "Gemm": 5.0}, gemm={})
+    monkeypatch.setitem(REGISTRY, "ort-cpu", fake_provider("ort-cpu", {"Conv": 0.1, "Gemm": 0.1}, 0.01, clock))
+    profiler = Profiler(clock=clock, warmup=1)
+    model = cnn()
+    plan = uhop_onnx.optimize(model, providers=["fake-conv"], profiler=profiler)
+    assert set(_placed(plan).values()) == {"fake-conv"}
+    assert all("ort-cpu" not in c["stages"] for c in plan.profile["candidates"].values())
+    assert all(set(b["ms"]) == {"fake-conv"} for b in plan.profile["blocks"])
+    feeds = random_feeds(model)
+    assert_matches(uhop_onnx.InferenceSession(plan).run(None, feeds), reference(model, feeds))
+    listed = uhop_onnx.optimize(model, providers=["fake-conv", "ort-cpu"], profiler=profiler)
+    assert set(_placed(listed).values()) == {"ort-cpu"}
+
+
+def test_the_unlisted_last_resort_takes_only_what_no_listed_provider_runs(monkeypatch, clock, tmp_path):
+    """fake-conv has no Gemm: the Gemm goes to ort-cpu, the fastest at everything; every other node stays on
+    fake-conv, in a measured placement and without one; a node assigned to ort-cpu goes there."""
+    install(monkeypatch, clock, conv={"Conv": 5.0}, gemm={})
+    monkeypatch.setitem(REGISTRY, "fake-conv", fake_provider("fake-conv", {"Conv": 5.0}, 0.05, clock,
+                                                               refuses=frozenset({"Gemm"})))
+    monkeypatch.setitem(REGISTRY, "ort-cpu", fake_provider("ort-cpu", {"Conv": 0.1, "Gemm": 0.1}, 0.01, clock))
+    model = cnn()
+    ops = {n.name: n.op_type for n in model.graph.node}
+    conv = next(name for name, op in ops.items() if op == "Conv")
+    for plan in (uhop_onnx.optimize(model, providers=["fake-conv"], profiler=Profiler(clock=clock, warmup=1)),
+                 uhop_onnx.optimize(model, providers=["fake-conv"], profile=False)):
+        placed = _placed(plan)
+        assert {placed[n] for n, op in ops.items() if op == "Gemm"} == {"ort-cpu"}
+        assert {p for n, p in placed.items() if ops[n] != "Gemm"} == {"fake-conv"}
+    assigned = uhop_onnx.optimize(model, providers=["fake-conv"], assign={conv: "ort-cpu"},
+                                  profiler=Profiler(clock=clock, warmup=1))
+    assert _placed(assigned)[conv] == "ort-cpu"
+
+
+def test_inspect_says_why_the_unlisted_last_resort_does_not_take_a_node():
+    from uhop_onnx.optimizer import analyze
+
+    a = analyze(cnn(), ["kernels"])
+    last = dict(zip([p.label for p in a.providers], a.support))["ort-cpu"]
+    conv = next(n.name for n in a.graph.nodes if n.op_type == "Conv")
+    assert not last[conv].ok and last[conv].source == "list" and "(kernels)" in last[conv].reason
+    assert all(s.ok for s in analyze(cnn(), ["kernels", "ort-cpu"]).support[1].values())
+
+
+@pytest.mark.parametrize("provider, model", [("litert", resnet), ("kernels", lambda: matmul(1024))])
+def test_a_listed_provider_that_runs_every_node_keeps_them_all(provider, model):
+    """Real runtimes, timed for real (one round): a ResNet on LiteRT and a 1024 MatMul on our kernels stay
+    whole on the listed provider, and match ONNX Runtime."""
+    if not REGISTRY[provider]().present:
+        pytest.skip(f"{provider} is not present here")
+    model = model()
+    plan = uhop_onnx.optimize(model, providers=[provider], profiler=Profiler(rounds=1, max_rounds=1, warmup=1),
+                              budget=0)
+    assert [s.provider for s in plan.stages] == [provider]
+    feeds = random_feeds(model)
+    assert_matches(uhop_onnx.InferenceSession(plan).run(None, feeds), reference(model, feeds))
+
+
+def matmul(size: int) -> onnx.ModelProto:
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((size, size)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul")], "matmul",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [size, size])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

@@ -19,7 +19,7 @@ from .cache import JsonTable, cache_dir, device_fingerprint
 from .errors import PlanError, UhopError
 from .graph import Graph
 from .loader import load
-from .partitioner.capabilities import capabilities
+from .partitioner.capabilities import capabilities, only_the_rest
 from .partitioner.extract import extract
 from .partitioner.partition import partition
 from .partitioner.placement import first_supported
@@ -82,6 +82,9 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
     for provider in chosen:
         progress(f"asking {provider.label} what it can run")
         support.append(capabilities(simplified, graph, provider, query=provider.present))
+    if chosen[-1].appended:
+        support[-1] = only_the_rest(support, [p.label for p in chosen],
+                                    keep={node for node, p in pinned.items() if p == len(chosen) - 1})
     return Analysis(model, loaded, simplified, graph, chosen, support, pinned)
 
 
