@@ -1,5 +1,6 @@
 """Providers that fail at run time: the error names the stage and provider; `fallback=True` re-runs the stage
-on ort-cpu, warns once, and the plan (and `explain`) records it.
+on ort-cpu for that call only, warns once per stage, counts it in `plan.fallbacks` (in memory), and an
+explicit `plan.save` (and `explain`) records the counts; `run` never writes to disk.
 
 The failing provider is a real `Provider`: it computes its stage with onnx's reference evaluator, then
 raises or returns a wrong shape, as a broken device or driver would. It is registered for each test only.
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import warnings
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 import numpy as np
@@ -28,7 +30,7 @@ from .conftest import assert_matches, reference
 
 
 class FaultyRunner(Runner):
-    """Computes the stage correctly, then fails the way `mode` says."""
+    """Computes the stage correctly, then fails the way `mode` says ("flaky": every other call)."""
 
     def __init__(self, model: onnx.ModelProto, mode: str):
         from onnx.reference import ReferenceEvaluator
@@ -36,10 +38,14 @@ class FaultyRunner(Runner):
         self.evaluator = ReferenceEvaluator(model)
         self.outputs = [o.name for o in model.graph.output]
         self.mode = mode
+        self.calls = 0
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         results = dict(zip(self.outputs, self.evaluator.run(None, dict(feeds))))
-        if self.mode == "raise":
+        self.calls += 1
+        if self.mode == "flaky" and self.calls % 2 == 0:
+            return results
+        if self.mode in ("raise", "flaky"):
             raise RuntimeError("device lost while running the stage")
         return {name: value[..., None] for name, value in results.items()}  # one axis too many
 
@@ -92,7 +98,7 @@ def test_failure_names_the_stage_and_provider(faulty):
     assert raised.value.stage == 0
     expected = "device lost" if faulty == "raise" else r"shape \[2, 3, 1\], expected \[2, 3\]"
     assert raised.match(expected)
-    assert all(s.fallback is None for s in session.plan.stages)
+    assert session.plan.fallbacks == {}
 
 
 def test_stage_error_provider_is_the_provider_id(faulty):
@@ -102,40 +108,84 @@ def test_stage_error_provider_is_the_provider_id(faulty):
     assert raised.value.provider == "faulty"
 
 
-def test_fallback_reruns_on_ort_cpu_warns_once_and_records_it(faulty, tmp_path):
+def test_fallback_reruns_on_ort_cpu_warns_once_per_stage_and_counts_it(faulty, tmp_path):
     session = InferenceSession(chain(), providers=["faulty"], profile=False, fallback=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         first = session.run(None, FEEDS)
         second = session.run(None, FEEDS)
     messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
-    assert len(messages) == 1, messages
+    assert len(messages) == 2, messages  # one per failing stage, not one per call
     assert "stage 0" in messages[0] and "faulty" in messages[0] and "ort-cpu" in messages[0]
+    assert "stage 2" in messages[1]
+    assert all(w.filename == __file__ for w in caught)  # pointed at the caller's line
     expected = reference(chain(), FEEDS)
     assert_matches(first, expected)
     assert_matches(second, expected)
-    assert [s.fallback for s in session.plan.stages] == ["ort-cpu", None, "ort-cpu"]
+    assert sorted(session.plan.fallbacks) == [0, 2]
+    assert {k: (v["provider"], v["count"]) for k, v in session.plan.fallbacks.items()} == {
+        0: ("ort-cpu", 2), 2: ("ort-cpu", 2)}
+    assert ("device lost" if faulty == "raise" else "shape") in session.plan.fallbacks[0]["last_error"]
+    assert session.get_providers() == ["faulty", "ort-cpu"]  # where the plan placed its stages
+    assert [s.provider for s in session.plan.stages] == ["faulty", "ort-cpu", "faulty"]
 
     folder = session.plan.save(tmp_path / "plan")
-    stages = json.loads((folder / "plan.json").read_text())["stages"]
-    assert [s["fallback"] for s in stages] == ["ort-cpu", None, "ort-cpu"]
+    saved = json.loads((folder / "plan.json").read_text())["fallbacks"]
+    assert {k: v["count"] for k, v in saved.items()} == {"0": 2, "2": 2}
     shown = subprocess.run([sys.executable, "-m", "uhop_onnx.cli", "explain", str(folder)], capture_output=True,
                            text=True, timeout=300, check=False, env={**os.environ, "COLUMNS": "250"})
     assert shown.returncode == 0, shown.stderr
-    assert "fell back to ort-cpu" in shown.stdout
+    assert "fell back to ort-cpu 2 times" in shown.stdout
 
 
-def test_a_saved_plan_records_a_fallback_in_its_folder(faulty, tmp_path):
+def test_fallback_is_per_call_not_sticky(monkeypatch):
+    """A stage that fails every other call runs on its own provider again once it works."""
+    monkeypatch.setitem(REGISTRY, Faulty.id, Faulty)
+    monkeypatch.setattr(Faulty, "mode", "flaky")
+    session = InferenceSession(chain(), providers=["faulty"], profile=False, fallback=True)
+    with pytest.warns(RuntimeWarning):
+        for _ in range(4):
+            assert_matches(session.run(None, FEEDS), reference(chain(), FEEDS))
+    runner = session._executor.runners[0]
+    assert isinstance(runner, FaultyRunner) and runner.calls == 4  # tried on its own provider every call
+    assert session.plan.fallbacks[0]["count"] == 2
+
+
+def test_run_writes_nothing_and_a_read_only_plan_folder_still_runs(faulty, tmp_path):
     folder = InferenceSession(chain(), providers=["faulty"], profile=False).plan.save(tmp_path / "plan")
-    session = InferenceSession(folder, fallback=True)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    for path in (*folder.iterdir(), folder):
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    try:
+        session = InferenceSession(folder, fallback=True)
+        with pytest.warns(RuntimeWarning, match="re-running it on ort-cpu"):
+            assert_matches(session.run(None, FEEDS), reference(chain(), FEEDS))
+        assert session.plan.fallbacks[0]["count"] == 1
+    finally:
+        folder.chmod(0o755)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    # Loaded again, the plan runs on its own providers: the stage fails and is re-run again.
     with pytest.warns(RuntimeWarning, match="re-running it on ort-cpu"):
-        assert_matches(session.run(None, FEEDS), reference(chain(), FEEDS))
-    stages = json.loads((folder / "plan.json").read_text())["stages"]
-    assert [s["fallback"] for s in stages] == ["ort-cpu", None, "ort-cpu"]
-    # Loaded again, the plan runs those stages on ort-cpu from the start: no failure, no warning.
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert_matches(InferenceSession(folder).run(None, FEEDS), reference(chain(), FEEDS))
+        InferenceSession(folder, fallback=True).run(None, FEEDS)
+
+
+def test_fallback_from_many_threads_counts_every_call(monkeypatch):
+    """The last resort is compiled once, under a lock, and every call's fallback is counted."""
+    monkeypatch.setitem(REGISTRY, Faulty.id, Faulty)
+    session = InferenceSession(chain(), providers=["faulty"], profile=False, fallback=True)
+    expected = reference(chain(), FEEDS)
+
+    def calls(_):
+        for _ in range(25):
+            assert_matches(session.run(None, FEEDS), expected)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(calls, range(8)))
+    assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 2
+    assert {k: v["count"] for k, v in session.plan.fallbacks.items()} == {0: 200, 2: 200}
+    assert sorted(session._last_resort) == [0, 2]
 
 
 def test_fallback_is_off_by_default(faulty):

@@ -162,7 +162,8 @@ def _print_stages(plan, title: str) -> None:
                   title=title)
     for k, s in enumerate(plan.stages):
         span = s.nodes[0] if len(s.nodes) == 1 else f"{s.nodes[0]} .. {s.nodes[-1]}"
-        provider = s.label + (f" [yellow](fell back to {s.fallback})[/]" if s.fallback else "")
+        note = plan.fell_back(k)
+        provider = s.label + (f" [yellow]{note}[/]" if note else "")
         others = ", ".join(f"{p} {ms:.3f}" for p, ms in sorted(s.alternatives.items(), key=lambda kv: kv[1])
                            if p != s.label)
         table.add_row(str(k), provider, str(len(s.nodes)), span, ms_text(s.cost_ms), ms_text(s.boundary_ms), others)

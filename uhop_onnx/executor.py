@@ -36,7 +36,8 @@ OnFailure = Callable[[int, Exception, dict[str, Any]], dict[str, Any]]
 
 
 class Executor:
-    """Runs `runners[k]` for each stage needed, in order; `runners` may be replaced (a fallback)."""
+    """Runs `runners[k]` for each stage needed, in order; `on_failure` may re-run a failed stage elsewhere.
+    Nothing in it changes during `run`, so calls from many threads at once are safe when the runners are."""
 
     def __init__(self, stages: Sequence[StageIO], runners: list[Runner], inputs: Sequence[TensorSig],
                  outputs: Sequence[str], constants: Mapping[str, np.ndarray], on_failure: OnFailure | None = None):

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .errors import PlanError
-from .files import atomic_file, new_folder, read_npz
+from .files import new_folder, read_npz
 from .dtypes import TensorSig
 from .report import write_report
 
@@ -53,7 +53,6 @@ class Stage:
     cost_ms: float | None = None  # measured: the stage's blocks on its provider
     alternatives: dict[str, float] = field(default_factory=dict)  # provider label -> measured ms, where it could run
     boundary_ms: float | None = None  # measured cost of entering this stage from another provider
-    fallback: str | None = None  # the provider that re-ran this stage after it failed
     model: Any = field(default=None, repr=False)  # onnx.ModelProto, read from `file` on demand
 
     @property
@@ -77,6 +76,9 @@ class Plan:
     constants: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # outputs no stage computes
     threads: int | None = None
     metadata: ModelMetadata = field(default_factory=ModelMetadata, repr=False)
+    # Stage index -> {"provider", "count", "last_error"}: how often a session with `fallback=True` re-ran that
+    # stage on another provider after it failed. Kept in memory; written only by `save`.
+    fallbacks: dict[int, dict[str, Any]] = field(default_factory=dict)
     folder: Path | None = field(default=None, repr=False)
 
     def get_providers(self) -> list[str]:
@@ -93,6 +95,7 @@ class Plan:
             "profile": self.profile,
             "threads": self.threads,
             "constants": sorted(self.constants),
+            "fallbacks": {str(k): v for k, v in sorted(self.fallbacks.items())},
             "stages": [
                 {k: v for k, v in asdict(s).items() if k != "model"} for s in self.stages
             ],
@@ -112,12 +115,13 @@ class Plan:
                 raise PlanError(f"{path}: cannot read stage model ({error})") from None
         return stage.model
 
-    def record_fallback(self, index: int, provider: str) -> None:
-        """Mark stage `index` as re-run on `provider`, in the plan folder too when there is one."""
-        self.stages[index].fallback = provider
-        if self.folder is not None:
-            with atomic_file(self.folder / PLAN_FILE) as handle:
-                handle.write(json.dumps(self.to_json(), indent=2) + "\n")
+    def fell_back(self, index: int) -> str:
+        """The note shown for a stage that failed and was re-run, ' (fell back to ort-cpu 3 times)'; else ''."""
+        entry = self.fallbacks.get(index)
+        if not entry:
+            return ""
+        times = "once" if entry["count"] == 1 else f"{entry['count']} times"
+        return f" (fell back to {entry['provider']} {times})"
 
     def save(self, folder: str | os.PathLike) -> Path:
         """Write `plan.json`, the stage models, constants and the report into `folder`, which must be absent
@@ -148,7 +152,7 @@ class Plan:
                 raise PlanError(f"{path}: schema {data.get('schema')!r} is not {SCHEMA!r}; re-run optimize")
             stored = read_npz(folder / CONSTANTS_FILE) if data.get("constants") else {}
             constants = {name: stored[name] for name in data.get("constants") or ()}
-            stages = [Stage(**s) for s in data["stages"]]
+            stages = [Stage(**{k: v for k, v in s.items() if k != "fallback"}) for s in data["stages"]]  # older plans
             for stage in stages:
                 if Path(stage.file).name != stage.file or not (folder / stage.file).is_file():
                     raise PlanError(f"{path}: stage file {stage.file!r} is missing or not inside the plan folder")
@@ -164,6 +168,7 @@ class Plan:
                 constants=constants,
                 threads=data.get("threads"),
                 metadata=ModelMetadata(**data["model"].get("metadata", {})),
+                fallbacks={int(k): dict(v) for k, v in (data.get("fallbacks") or {}).items()},
                 folder=folder,
             )
         except PlanError:

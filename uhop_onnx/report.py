@@ -31,7 +31,7 @@ def markdown(plan: Plan) -> str:
              "| stage | provider | nodes | first node | ms | boundary ms | alternatives (ms) |", "|---|---|---|---|---|---|---|"]
     for k, s in enumerate(plan.stages):
         alternatives = ", ".join(f"{p} {ms:.3f}" for p, ms in sorted(s.alternatives.items(), key=lambda kv: kv[1]))
-        lines.append(f"| {k} | {s.label}{' (fell back to ' + s.fallback + ')' if s.fallback else ''} | {len(s.nodes)} "
+        lines.append(f"| {k} | {s.label}{plan.fell_back(k)} | {len(s.nodes)} "
                      f"| `{s.nodes[0]}` | {ms_text(s.cost_ms)} | {ms_text(s.boundary_ms)} | {alternatives} |")
     if plan.profile:
         p = plan.profile

@@ -37,8 +37,10 @@ class InferenceSession:
     list there is taken as `providers`), `providers` (ids, ONNX Runtime's EP names, or `(name, options)`
     pairs) and `provider_options` (one dict per provider). A listed provider absent here is skipped with one
     warning (`strict=True`: an error). uhop's own parameters are keyword-only; any other keyword goes to
-    `optimize`. With `fallback=True`, a stage that fails at run time is re-run on `ort-cpu`, with one
-    warning; otherwise the failure is raised as `StageError` naming the stage and provider.
+    `optimize`. With `fallback=True`, a stage that fails during a call is re-run on `ort-cpu` for that call
+    only, with one warning per stage, and counted in `plan.fallbacks` (in memory; `plan.save` writes it);
+    otherwise the failure is raised as `StageError` naming the stage and provider. `run` may be called from
+    many threads at once.
     """
 
     def __init__(self, path_or_bytes: Any, sess_options: Any = None, providers: Sequence | None = None,
@@ -67,12 +69,14 @@ class InferenceSession:
         self.threads = threads if threads is not None else self.plan.threads
         self._sess_options = sess_options
         self._exclusive = len(self.plan.stages) == 1
-        runners = [self._compile(stage, stage.fallback or stage.provider) for stage in self.plan.stages]
+        runners = [self._compile(stage, stage.provider) for stage in self.plan.stages]
         stages = [StageIO(_describe(s), s.inputs, s.outputs, declared_outputs(self.plan.stage_model(s)), s.provider)
                   for s in self.plan.stages]
         self._executor = Executor(stages, runners, self.plan.inputs, [o.name for o in self.plan.outputs],
                                   self.plan.constants, self._fall_back if fallback else None)
-        self._warned = False
+        self._last_resort: dict[int, Runner] = {}  # stage index -> its runner on ort-cpu, compiled on first failure
+        self._warned: set[int] = set()
+        self._falling_back = threading.Lock()
         self._trace: list[dict[str, Any]] | None = [] if options["profiling"] else None
         self._profile_prefix = options["profile_prefix"]
         self._started = time.perf_counter()
@@ -197,7 +201,7 @@ class InferenceSession:
         for k, begin, finish in timings:
             stage = self.plan.stages[k]
             events.append(event(f"stage_{k}", "Node", begin, finish, {
-                "provider": stage.fallback or stage.label, "nodes": len(stage.nodes), "first_node": stage.nodes[0]}))
+                "provider": stage.label, "nodes": len(stage.nodes), "first_node": stage.nodes[0]}))
         with self._lock:
             if self._trace is not None:
                 self._trace.extend(events)
@@ -216,19 +220,26 @@ class InferenceSession:
                              f"{first_line(error)}", k, provider_id) from error
 
     def _fall_back(self, k: int, error: Exception, feeds: dict[str, Any]) -> dict[str, Any]:
-        """Re-run a failed stage on the last resort, warn once, and record it in the plan."""
+        """Re-run a stage that failed in this call on the last resort (this call only), count it in the plan,
+        and warn the first time the stage fails."""
         stage = self.plan.stages[k]
         where = f"stage {k} ({self._executor.stages[k].label})"
-        if (stage.fallback or stage.provider) == LAST_RESORT:
+        if stage.provider == LAST_RESORT:
             raise StageError(f"{where} failed: {first_line(error)}", k, stage.provider) from error
-        if not self._warned:
-            warnings.warn(f"{where} failed ({first_line(error)}); re-running it on {LAST_RESORT}",
-                          RuntimeWarning, stacklevel=4)
-            self._warned = True
-        self._executor.runners[k] = self._compile(stage, LAST_RESORT)
-        self.plan.record_fallback(k, LAST_RESORT)
+        with self._falling_back:
+            entry = self.plan.fallbacks.setdefault(k, {"provider": LAST_RESORT, "count": 0, "last_error": ""})
+            entry["count"] += 1
+            entry["last_error"] = first_line(error)
+            first = k not in self._warned
+            self._warned.add(k)
+            if k not in self._last_resort:
+                self._last_resort[k] = self._compile(stage, LAST_RESORT)
+            runner = self._last_resort[k]
+        if first:
+            warnings.warn(f"{where} failed ({first_line(error)}); re-running it on {LAST_RESORT} when it fails "
+                          f"(counted in plan.fallbacks)", RuntimeWarning, stacklevel=6)
         feeds = {name: np.asarray(value) for name, value in feeds.items()}
-        return self._executor.checked(k, self._executor.runners[k].run(feeds))
+        return self._executor.checked(k, runner.run(feeds))
 
 
 class IOBinding:
