@@ -6,6 +6,7 @@ runtime, so a bundle can run them on a board that has nothing else.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -16,9 +17,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
-from uhop_onnx.errors import ProviderError
+from uhop_onnx.errors import ProviderError, first_line
 
 from .capability import CapabilityTable, Support
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import onnx
@@ -136,11 +139,18 @@ class Provider(ABC):
 
     @cached_property
     def availability(self) -> Availability:
+        """Present, or absent with the reason. Any exception while importing or probing the runtime (a
+        protobuf clash raises `TypeError` on import) makes the provider absent, with it as the reason, and
+        leaves every other provider working."""
         try:
             version, device = self.probe()
         except Absent as absent:
             return Availability(self.id, False, reason=str(absent), install=absent.install or self.install,
                                 device=self.options.get("device"))
+        except Exception as error:  # noqa: BLE001 - a broken runtime fails in any way; it is only absent
+            log.info("%s is absent: probing it raised %s: %s", self.id, type(error).__name__, first_line(error))
+            return Availability(self.id, False, reason=f"probing {self.id} raised {type(error).__name__}: "
+                                f"{first_line(error)}", install=self.install, device=self.options.get("device"))
         return Availability(self.id, True, version=version, device=device)
 
     @property
@@ -183,11 +193,14 @@ class Provider(ABC):
 
 
 def missing_module(module: str, install: str) -> str | None:
-    """Why `module` cannot be imported on this host, with its install command; None when it can."""
+    """Why `module` cannot be imported on this host, with its install command; None when it can. Any
+    exception while importing it counts (a broken install is as absent as a missing one)."""
     try:
         import_module(module)
     except ImportError as error:
         return f"{module} is not installed on this host ({error}); {install}"
+    except Exception as error:  # noqa: BLE001 - a broken runtime fails in any way
+        return f"{module} cannot be imported on this host ({type(error).__name__}: {first_line(error)}); {install}"
     return None
 
 

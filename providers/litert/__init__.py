@@ -98,8 +98,8 @@ class LiteRt(Provider):
         blob = convert(model, fp16=fp16)
         try:
             interpreter_module()
-        except ImportError:
-            log.info("litert: %s written unchecked: no LiteRT interpreter on this host", stem)
+        except Exception as error:  # noqa: BLE001 - missing or broken, the runtime cannot check it here
+            log.info("litert: %s written unchecked: no LiteRT interpreter on this host (%s)", stem, error)
         else:
             verify(model, LiteRtRunner(blob, self.threads), self.tolerance)
         (folder / f"{stem}.tflite").write_bytes(blob)
