@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from uhop_onnx.cache import JsonTable, cache_dir, device_fingerprint
 from uhop_onnx.samples import sample_feeds
 
 from .library import Library
-from .spec import ALGORITHMS, OpSpec, Schedule, default_schedule
+from .spec import ALGORITHMS, OpSpec, Schedule, check_schedule, default_schedule
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +40,28 @@ def _key(op: OpSpec, threads: int) -> str:
     return f"{op.key}|threads={threads}"
 
 
+def table(lib: Library) -> JsonTable:
+    """The device's cache of winners; an entry that is not a schedule `lib` runs is ignored (and tuned again)."""
+    return JsonTable(cache_file(lib), check=lambda entry: _schedule(lib, entry))
+
+
+def _schedule(lib: Library, entry: Any) -> Schedule:
+    schedule = Schedule(**entry["schedule"])
+    if not all(isinstance(v, int) and not isinstance(v, bool)
+               for v in (schedule.micro, schedule.mc, schedule.kc, schedule.nc, schedule.threads)):
+        raise TypeError(f"schedule {entry['schedule']!r} has a field that is not an integer")
+    check_schedule(lib.spec, schedule)
+    return schedule
+
+
 def cached(lib: Library, op: OpSpec, threads: int) -> Schedule | None:
-    entry = JsonTable(cache_file(lib)).get(_key(op, threads))
-    return Schedule(**entry["schedule"]) if entry else None
+    entry = table(lib).get(_key(op, threads))
+    return _schedule(lib, entry) if entry else None
 
 
 def store(lib: Library, op: OpSpec, threads: int, schedule: Schedule, seconds: float) -> None:
     """Add the winner for `threads` (its own may be fewer) to the device's cache file (rewritten atomically)."""
-    JsonTable(cache_file(lib)).update({_key(op, threads): {
+    table(lib).update({_key(op, threads): {
         "schedule": schedule.to_json(), "seconds": seconds, "gflops": op.flops / seconds / 1e9}})
 
 
@@ -155,9 +170,9 @@ def tune_model(model, threads: int | None = None) -> list[dict]:
 
     from .verify import host_library
 
-    table = JsonTable(cache_file(host_library()))
-    before = set(table.read())
+    winners = table(host_library())
+    before = set(winners.read())
     session = InferenceSession(model, providers=[("kernels", {"tune": True}), "ort-cpu"], profile=False,
                                threads=threads)
     session.run(None, sample_feeds(session.get_inputs()))
-    return [{"op": key, **entry} for key, entry in sorted(table.read().items()) if key not in before]
+    return [{"op": key, **entry} for key, entry in sorted(winners.read().items()) if key not in before]

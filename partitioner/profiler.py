@@ -14,7 +14,7 @@ import statistics
 import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from uhop_onnx.errors import first_line
 
@@ -41,6 +41,17 @@ class Measurement:
 
     def to_json(self) -> dict[str, float | str | None]:
         return {"ms": self.ms, "spread": self.spread, "rounds": self.rounds, "error": self.error}
+
+    @classmethod
+    def from_json(cls, entry: Any) -> Measurement:
+        """A figure as `to_json` wrote it; `TypeError` naming the field when it is not one (a cache entry)."""
+        m = cls(**entry)
+        for name, kinds in (("ms", (int, float)), ("spread", (int, float)), ("rounds", (int,)),
+                            ("error", (str, type(None)))):
+            value = getattr(m, name)
+            if not isinstance(value, kinds) or isinstance(value, bool):
+                raise TypeError(f"{name} is {value!r}")
+        return m
 
 
 @dataclass

@@ -145,7 +145,7 @@ class Search:
 
     def _lookup(self, keys: Iterable[str]) -> dict[str, Measurement]:
         """The figures the cache holds for `keys` (a failure an older version cached is not a figure)."""
-        found = {k: Measurement(**self._known[k]) for k in set(keys) if k in self._known}
+        found = {k: Measurement.from_json(self._known[k]) for k in set(keys) if k in self._known}
         found = {k: m for k, m in found.items() if m.ok}
         self._hits.update(found)
         return found

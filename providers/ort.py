@@ -149,6 +149,12 @@ def load_stage(folder: Path, artifact: Mapping[str, Any], threads: int | None, e
     return OrtRunner((folder / artifact["files"][0]).read_bytes(), [entry], threads, exclusive)
 
 
+def _refusals(entry: Any) -> None:
+    """A capability cache entry is {node name: reason}."""
+    if not isinstance(entry, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in entry.items()):
+        raise TypeError(f"{entry!r:.80} is not a map of node name -> reason")
+
+
 class OrtCpu(OrtProvider):
     id = "ort-cpu"
     ep = "CPUExecutionProvider"
@@ -286,7 +292,7 @@ class OrtGpuProvider(OrtProvider):
     def query(self, model: onnx.ModelProto) -> dict[str, Support]:
         import onnxruntime as ort
 
-        table = JsonTable(cache_dir() / "capability" / f"{self.id}-{ort.__version__}.json")
+        table = JsonTable(cache_dir() / "capability" / f"{self.id}-{ort.__version__}.json", check=_refusals)
         key = self.cache_key(model)
         refused = table.get(key)
         if refused is None:

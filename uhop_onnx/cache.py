@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from .files import atomic_file
+
+log = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
@@ -40,17 +44,42 @@ def device_fingerprint(*parts: object) -> str:
 
 
 class JsonTable:
-    """A JSON object in one file: read whole, updated by rewriting a temporary file and renaming it."""
+    """A JSON object in one file: read whole, updated by rewriting a temporary file and renaming it.
 
-    def __init__(self, path: Path):
+    A cache never breaks a run: `check` is called on each entry as it is read and one it raises on is
+    ignored (so it is measured again, and the next update drops it); an unreadable file reads as empty and
+    one that cannot be written (a read-only folder, a full disk) keeps nothing. Each such problem is logged
+    once per file, with the file's path.
+    """
+
+    def __init__(self, path: Path, check: Callable[[Any], object] = lambda entry: None):
         self.path = path
+        self.check = check
 
     def read(self) -> dict[str, Any]:
         try:
             data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
+        except FileNotFoundError:
             return {}
-        return data if isinstance(data, dict) else {}
+        except (OSError, ValueError) as error:
+            _report(self.path, "read", f"cannot be read ({error}); it is ignored")
+            return {}
+        if not isinstance(data, dict):
+            _report(self.path, "read", f"holds a JSON {type(data).__name__}, not an object; it is ignored")
+            return {}
+        valid, refused = {}, {}
+        for key, entry in data.items():
+            try:
+                self.check(entry)
+            except Exception as error:  # noqa: BLE001 - an entry may be wrong in any way; it is only ignored
+                refused[key] = f"{type(error).__name__}: {error}"
+            else:
+                valid[key] = entry
+        if refused:
+            key, why = next(iter(refused.items()))
+            _report(self.path, "entries", f"has {len(refused)} invalid entries, ignored and measured again "
+                    f"(first: {key!r}, {why})")
+        return valid
 
     def get(self, key: str) -> Any:
         return self.read().get(key)
@@ -59,5 +88,18 @@ class JsonTable:
         if not entries:
             return
         table = self.read() | entries
-        with atomic_file(self.path) as handle:
-            json.dump(table, handle, indent=1, sort_keys=True)
+        try:
+            with atomic_file(self.path) as handle:
+                json.dump(table, handle, indent=1, sort_keys=True)
+        except OSError as error:
+            _report(self.path, "write", f"cannot be written ({error}); running without keeping these entries")
+
+
+_REPORTED: set[tuple[Path, str]] = set()
+
+
+def _report(path: Path, kind: str, problem: str) -> None:
+    """Log a cache file's problem of one kind (read, entries, write) once per process."""
+    if (path, kind) not in _REPORTED:
+        _REPORTED.add((path, kind))
+        log.warning("cache %s %s", path, problem)

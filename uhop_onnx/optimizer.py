@@ -23,7 +23,7 @@ from .partitioner.capabilities import capabilities, only_the_rest
 from .partitioner.extract import extract
 from .partitioner.partition import partition
 from .partitioner.placement import first_supported
-from .partitioner.profiler import Profiler
+from .partitioner.profiler import Measurement, Profiler
 from .partitioner.search import Search, in_process
 from .plan import PLAN_FILE, ModelMetadata, Plan, Stage
 from .providers import (
@@ -151,13 +151,19 @@ def _model_digest(model: str | os.PathLike | onnx.ModelProto | bytes) -> str:
         stat = path.stat()
     except OSError:
         return hashlib.sha256(os.fsencode(path)).hexdigest()  # load() names the problem
-    seen, store = f"{stat.st_size}:{stat.st_mtime_ns}", JsonTable(cache_dir() / "model-hashes.json")
+    seen, store = f"{stat.st_size}:{stat.st_mtime_ns}", JsonTable(cache_dir() / "model-hashes.json", _seen_digest)
     known = store.get(str(path))
     if known and known[0] == seen:
         return known[1]
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     store.update({str(path): [seen, digest]})
     return digest
+
+
+def _seen_digest(entry: Any) -> None:
+    """A model-hashes entry is [size:mtime, sha256]."""
+    if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(part, str) for part in entry)):
+        raise TypeError(f"{entry!r} is not [size:mtime, sha256]")
 
 
 def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, profiler: Profiler | None = None,
@@ -177,7 +183,8 @@ def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, pr
             return lambda: session.run(None, feeds)
 
         time_plans = in_process(run_plan, profiler)
-    store = JsonTable(cache_dir() / "profiles" / f"{device_fingerprint(threads, *labels)}.json")
+    store = JsonTable(cache_dir() / "profiles" / f"{device_fingerprint(threads, *labels)}.json",
+                      check=Measurement.from_json)
     search = Search(a.simplified, a.graph, a.providers, a.support, a.pinned, time_plans,
                     profiler=profiler or Profiler(), store=store, budget_s=budget, threads=threads)
     placement = search.run()
