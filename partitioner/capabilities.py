@@ -1,5 +1,5 @@
-"""Which nodes each provider can run: its declarative table, refined by the runtime's own query; and what
-an unlisted last resort may take."""
+"""Which nodes each provider can run: its declarative table, refined by the runtime's own query and by the
+check its compile makes; and what an unlisted last resort may take."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 import onnx
 
+from uhop_onnx.errors import CheckError, first_line
 from uhop_onnx.graph import Graph
 from uhop_onnx.providers import Provider, Support
 from uhop_onnx.providers.capability import check
@@ -21,7 +22,10 @@ def capabilities(model: onnx.ModelProto, graph: Graph, provider: Provider, query
     """Node name -> Support for one provider.
 
     The table decides first; with `query`, the nodes it accepts are cut out as one model and put to the
-    runtime's query. Where the runtime cannot take that model whole, each node is asked alone.
+    runtime's query, and what that accepts to the provider's build-time check (the one its compile makes).
+    Where the runtime cannot take that model whole, or the check fails, each node is asked alone; a node
+    whose check fails alone is a "no" (source "check") with the check's reason, so placement gives it to the
+    next provider that runs it.
     """
     verdicts = {n.name: check(provider.table, n, graph) for n in graph.nodes}
     accepted = [n.index for n in graph.nodes if verdicts[n.name].ok]
@@ -33,6 +37,14 @@ def capabilities(model: onnx.ModelProto, graph: Graph, provider: Provider, query
         log.debug("%s: query of %d nodes failed (%s); asking node by node", provider.id, len(accepted), error)
         for i in accepted:
             verdicts.update(_query_one(model, graph, provider, i))
+    passed = [i for i in accepted if verdicts[graph.nodes[i].name].ok]
+    if not passed:
+        return verdicts
+    try:
+        provider.check(extract(model, graph, passed, name="check"))
+    except Exception as error:  # noqa: BLE001 - which nodes fail is found one by one
+        log.debug("%s: the check of %d nodes failed (%s); checking node by node", provider.id, len(passed), error)
+        verdicts.update(_check_one(model, graph, provider, i) for i in passed)
     return verdicts
 
 
@@ -48,6 +60,19 @@ def only_the_rest(support: Sequence[Mapping[str, Support]], labels: Sequence[str
             answers[name] = Support(False, f"a listed provider runs it ({', '.join(runners)}); {labels[-1]}, not "
                                     "listed, takes only the nodes none of them runs", "list")
     return answers
+
+
+def _check_one(model: onnx.ModelProto, graph: Graph, provider: Provider, index: int) -> tuple[str, Support]:
+    name = graph.nodes[index].name
+    try:
+        provider.check(extract(model, graph, [index], name="check"))
+    except CheckError as error:
+        log.warning("%s fails its build check on node %r (%s); the node goes to the next provider that runs it",
+                    provider.label, name, first_line(error))
+        return name, Support(False, f"fails the build check: {first_line(error)}", "check")
+    except Exception as error:  # noqa: BLE001 - a stage of this node alone would not build either
+        return name, Support(False, f"the runtime rejects it: {first_line(error, 300)}", "runtime")
+    return name, Support(True)
 
 
 def _query_one(model: onnx.ModelProto, graph: Graph, provider: Provider, index: int) -> dict[str, Support]:

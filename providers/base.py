@@ -178,6 +178,10 @@ class Provider(ABC):
         answer are taken as supported. The default has no runtime query."""
         return {}
 
+    def check(self, model: onnx.ModelProto) -> None:
+        """The build-time check `compile` makes, if it makes one, on `model` (nothing is kept): raises
+        `CheckError` where what it builds would differ from ONNX Runtime. The default has no check."""
+
     def export_blocker(self) -> str | None:
         """Why this host cannot write this provider's stages into a bundle; None when it can."""
         return f"{self.id} cannot write its stages into a bundle yet"

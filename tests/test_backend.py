@@ -160,6 +160,27 @@ def test_backend_takes_inputs_by_position_or_name():
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("providers", [None, ["litert"]])
+def test_a_node_that_fails_the_litert_check_runs_on_the_next_provider(providers):
+    """LiteRT converts a training-mode Dropout as an identity, which its build check refuses on random ratios:
+    the node goes to the next provider that runs it, the case passes, and the plan says why. (Measured
+    placement cannot time this case: its sample ratio is outside [0, 1), which ONNX Runtime refuses.)"""
+    import uhop_onnx
+
+    if not uhop_onnx.providers.REGISTRY["litert"]().present:
+        pytest.skip("litert is not present here")
+    case = node_cases()["test_training_dropout_zero_ratio"]
+    plan = uhop_onnx.optimize(case.model, providers=providers, profile=False)
+    assert [(s.provider, s.nodes) for s in plan.stages] == [("ort-cpu", ["Dropout_0"])]
+    assert [(r["node"], r["provider"]) for r in plan.replaced] == [("Dropout_0", "litert")]
+    assert "fails the build check: litert: the converted stage" in plan.replaced[0]["reason"]
+    session = InferenceSession(plan)
+    names = [i.name for i in session.get_inputs()]
+    for inputs, expected in case.data_sets:
+        got = session.run(None, dict(zip(names, _arrays(inputs))))
+        Runner.assert_similar_outputs(_arrays(expected), got, rtol=case.rtol, atol=case.atol)
+
+
 def test_stress_mode_spreads_nodes_over_every_present_provider():
     """At least one sampled case gets stages on every provider present, so the stress mode stresses."""
     from uhop_onnx.providers import resolve

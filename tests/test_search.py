@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import uhop_onnx
 from uhop_onnx.models import cnn, mlp, resnet
 from uhop_onnx.partitioner.profiler import Measurement, Profiler
-from uhop_onnx.errors import MeasurementError
+from uhop_onnx.errors import CheckError, MeasurementError
 from uhop_onnx.partitioner.search import _moves, cheapest_path
 from uhop_onnx.providers import REGISTRY, Support
 from uhop_onnx.providers.ort import OrtCpu
@@ -48,9 +48,11 @@ class Charging:
 
 
 def fake_provider(ident: str, op_ms: dict[str, float], call_ms: float, clock: FakeClock, version: str = "1",
-                  fails: Callable[[onnx.ModelProto], bool] = lambda model: False, refuses: frozenset = frozenset()):
+                  fails: Callable[[onnx.ModelProto], bool] = lambda model: False, refuses: frozenset = frozenset(),
+                  miscompiles: frozenset = frozenset()):
     """A provider that runs everything ONNX Runtime does but the ops it `refuses`, at the given cost; its runner
-    raises, at run time, on the models `fails` picks."""
+    raises, at run time, on the models `fails` picks; its build check (in `compile`, as LiteRT's) fails on
+    every model with an op it `miscompiles`."""
 
     class Fake(OrtCpu):
         id = ident
@@ -59,12 +61,18 @@ def fake_provider(ident: str, op_ms: dict[str, float], call_ms: float, clock: Fa
             return {n.name: Support(False, f"{ident} has no {n.op_type}", "runtime")
                     for n in model.graph.node if n.op_type in refuses}
 
+        def check(self, model):
+            wrong = sorted({n.op_type for n in model.graph.node} & miscompiles)
+            if wrong:
+                raise CheckError(f"{ident}: the built stage differs from ONNX Runtime ({', '.join(wrong)})")
+
         @property
         def availability(self):
             available = super().availability
             return type(available)(ident, True, version, "CPU")
 
         def compile(self, model, *, exclusive=True):
+            self.check(model)
             cost = call_ms + sum(op_ms.get(n.op_type, 0.01) for n in model.graph.node)
             failure = f"{ident} cannot run {model.graph.name}" if fails(model) else None
             return Charging(super().compile(model, exclusive=exclusive), cost / 1e3, clock, failure)
@@ -383,3 +391,45 @@ def matmul(size: int) -> onnx.ModelProto:
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [size, size])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [size, size])], [w])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("profile", [True, False])
+def test_a_stage_that_fails_its_build_check_is_re_placed(monkeypatch, clock, tmp_path, profile):
+    """fake-conv is preferred for everything, but what it builds of a Gemm fails its check: the Gemm nodes go
+    to fake-gemm, the next provider that runs them, with or without measuring; the plan says why, in
+    plan.json, report.md and explain."""
+    from typer.testing import CliRunner
+
+    from uhop_onnx.cli import app
+
+    install(monkeypatch, clock, conv={"Conv": 1.0, "Gemm": 1.0}, gemm={"Conv": 20.0, "Gemm": 20.0})
+    monkeypatch.setitem(REGISTRY, "fake-conv", fake_provider("fake-conv", {"Conv": 1.0, "Gemm": 1.0}, 0.05, clock,
+                                                               miscompiles=frozenset({"Gemm"})))
+    model = cnn()
+    plan = optimize(model, clock, tmp_path, profile=profile)
+    placed = _placed(plan)
+    gemms = [n.name for n in model.graph.node if n.op_type == "Gemm"]
+    assert {placed[n] for n in gemms} == {"fake-gemm"}
+    assert {placed[n.name] for n in model.graph.node if n.op_type == "Conv"} == {"fake-conv"}
+    assert [(r["node"], r["provider"]) for r in plan.replaced] == [(n, "fake-conv") for n in gemms]
+    assert all(r["reason"].startswith("fails the build check: fake-conv: the built stage differs")
+               for r in plan.replaced)
+    feeds = random_feeds(model)
+    assert_matches(uhop_onnx.InferenceSession(plan).run(None, feeds), reference(model, feeds))
+    plan.save(tmp_path / "plan")
+    assert uhop_onnx.Plan.load(tmp_path / "plan").replaced == plan.replaced
+    assert "Re-placed after a failed build check" in (tmp_path / "plan" / "report.md").read_text()
+    shown = CliRunner().invoke(app, ["explain", str(tmp_path / "plan")], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0 and f"re-placed {gemms[0]}: fake-conv failed its build check, now on fake-gemm" \
+        in shown.output
+
+
+def test_a_node_that_fails_the_check_of_a_listed_provider_may_go_to_the_last_resort(monkeypatch, clock, tmp_path):
+    """Only fake-conv is listed, and its check fails on Gemm: no listed provider runs the Gemm any more, so
+    the unlisted last resort takes it, and only it."""
+    install(monkeypatch, clock, conv={}, gemm={})
+    monkeypatch.setitem(REGISTRY, "fake-conv", fake_provider("fake-conv", {}, 0.05, clock,
+                                                               miscompiles=frozenset({"Gemm"})))
+    model = cnn()
+    placed = _placed(uhop_onnx.optimize(model, providers=["fake-conv"], profiler=Profiler(clock=clock, warmup=1)))
+    assert {n.op_type for n in model.graph.node if placed[n.name] == "ort-cpu"} == {"Gemm"}

@@ -155,6 +155,7 @@ def optimize(model: Path, output: Annotated[Path, typer.Option("--output", "-o",
     _print_stages(plan, title=f"{model.name} -> {output}")
     if plan.profile:
         _print_candidates(plan.profile)
+    _print_replaced(plan)
 
 
 def _print_stages(plan, title: str) -> None:
@@ -168,6 +169,14 @@ def _print_stages(plan, title: str) -> None:
                            if p != s.label)
         table.add_row(str(k), provider, str(len(s.nodes)), span, ms_text(s.cost_ms), ms_text(s.boundary_ms), others)
     out.print(table)
+
+
+def _print_replaced(plan) -> None:
+    """The nodes a provider's build check refused, and where they run instead."""
+    where = {node: s.label for s in plan.stages for node in s.nodes}
+    for r in plan.replaced:
+        out.print(f"[yellow]re-placed[/] {escape(r['node'])}: {r['provider']} failed its build check, now on "
+                  f"{where.get(r['node'], '?')} ({escape(r['reason'])})", highlight=False)
 
 
 def _print_candidates(profile: dict) -> None:
@@ -242,6 +251,7 @@ def explain(plan_dir: Annotated[Path, typer.Argument(help="A plan folder written
     _print_stages(plan, title=str(plan_dir))
     if plan.profile:
         _print_candidates(plan.profile)
+    _print_replaced(plan)
 
 
 @app.command()

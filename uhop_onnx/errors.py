@@ -35,6 +35,11 @@ class KeyFileError(UhopError):
     """A signing key is missing, unreadable, not an Ed25519 PEM key, or would overwrite a file."""
 
 
+class CheckError(ProviderError):
+    """A provider's build-time check failed: what it built from a stage differs from ONNX Runtime on the same
+    inputs (or could not be checked); the nodes go to another provider."""
+
+
 class StageError(ProviderError):
     """A stage failed at run time; names the stage and its provider."""
 

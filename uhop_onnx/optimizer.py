@@ -245,6 +245,9 @@ def build_plan(a: Analysis, placement: Sequence[int], threads: int | None) -> Pl
         constants={t.name: numpy_helper.to_array(t) for t in a.simplified.graph.initializer if t.name in graph.outputs},
         threads=threads,
         metadata=ModelMetadata.of(a.loaded),
+        replaced=[{"node": node, "provider": provider.label, "reason": verdict.reason}
+                  for provider, table in zip(a.providers, a.support) for node, verdict in table.items()
+                  if verdict.source == "check"],
     )
 
 

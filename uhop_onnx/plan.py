@@ -79,6 +79,8 @@ class Plan:
     # Stage index -> {"provider", "count", "last_error"}: how often a session with `fallback=True` re-ran that
     # stage on another provider after it failed. Kept in memory; written only by `save`.
     fallbacks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # {"node", "provider", "reason"}: nodes a provider's build check refused, so they were placed elsewhere
+    replaced: list[dict[str, str]] = field(default_factory=list)
     folder: Path | None = field(default=None, repr=False)
 
     def get_providers(self) -> list[str]:
@@ -96,6 +98,7 @@ class Plan:
             "threads": self.threads,
             "constants": sorted(self.constants),
             "fallbacks": {str(k): v for k, v in sorted(self.fallbacks.items())},
+            "replaced": self.replaced,
             "stages": [
                 {k: v for k, v in asdict(s).items() if k != "model"} for s in self.stages
             ],
@@ -169,6 +172,7 @@ class Plan:
                 threads=data.get("threads"),
                 metadata=ModelMetadata(**data["model"].get("metadata", {})),
                 fallbacks={int(k): dict(v) for k, v in (data.get("fallbacks") or {}).items()},
+                replaced=data.get("replaced", []),
                 folder=folder,
             )
         except PlanError:

@@ -33,6 +33,12 @@ def markdown(plan: Plan) -> str:
         alternatives = ", ".join(f"{p} {ms:.3f}" for p, ms in sorted(s.alternatives.items(), key=lambda kv: kv[1]))
         lines.append(f"| {k} | {s.label}{plan.fell_back(k)} | {len(s.nodes)} "
                      f"| `{s.nodes[0]}` | {ms_text(s.cost_ms)} | {ms_text(s.boundary_ms)} | {alternatives} |")
+    if plan.replaced:
+        where = {node: s.label for s in plan.stages for node in s.nodes}
+        lines += ["", "## Re-placed after a failed build check", "", "| node | refused by | now on | reason |",
+                  "|---|---|---|---|"]
+        lines += [f"| `{r['node']}` | {r['provider']} | {where.get(r['node'], '')} | {r['reason'].replace('|', '/')}"
+                  " |" for r in plan.replaced]
     if plan.profile:
         p = plan.profile
         lines += ["", "## Whole plans measured", "",

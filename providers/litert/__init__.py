@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from uhop_onnx.errors import ProviderError
+from uhop_onnx.errors import CheckError
 
 from ..base import Absent, Artifact, Provider, Runner, missing_module
 from ..capability import Support
@@ -65,8 +65,13 @@ class LiteRt(Provider):
 
         return {name: Support(False, reason, "runtime") for name, reason in unconvertible(model).items()}
 
+    def check(self, model: onnx.ModelProto) -> None:
+        """The check `compile` makes (convert, load, compare with ONNX Runtime), on what it would build."""
+        self.compile(model, exclusive=False).close()
+
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
-        """Convert, load and check the stage against ONNX Runtime on random inputs."""
+        """Convert, load and check the stage against ONNX Runtime on random inputs (`CheckError` when they
+        differ)."""
         from .converter import convert, prepared
 
         self.require()
@@ -109,7 +114,7 @@ class LiteRt(Provider):
 
 def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], seed: int = 0) -> float:
     """Run `runner` and ONNX Runtime on the same random inputs; the largest absolute difference, or a
-    `ProviderError` naming the first output outside `tolerance`."""
+    `CheckError` naming the first output outside `tolerance` (or ONNX Runtime's failure on the inputs)."""
     import onnxruntime as ort
     from onnx import helper
 
@@ -128,7 +133,7 @@ def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], 
         expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
     except Exception as error:  # noqa: BLE001 - without a reference there is no check, and no stage
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise ProviderError(f"litert: cannot check stage {model.graph.name!r}: ONNX Runtime failed on random "
+        raise CheckError(f"litert: cannot check stage {model.graph.name!r}: ONNX Runtime failed on random "
                             f"inputs ({first})") from None
     got = runner.run(feeds)
     worst = 0.0
@@ -136,14 +141,14 @@ def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], 
         value = np.asarray(got[name])
         where = f"litert: the converted stage {model.graph.name!r} differs from ONNX Runtime on output {name!r}"
         if value.shape != reference.shape:
-            raise ProviderError(f"{where}: shape {list(value.shape)}, expected {list(reference.shape)}")
+            raise CheckError(f"{where}: shape {list(value.shape)}, expected {list(reference.shape)}")
         error = np.abs(value - reference)
         finite = np.isfinite(reference)
         allowed = (tolerance["atol"] + tolerance["rtol"] * np.abs(reference)
                    + ROUNDING * np.abs(reference[finite]).max(initial=0.0))
         agree = (error <= allowed) | (value == reference) | (np.isnan(value) & np.isnan(reference))
         if not agree.all():
-            raise ProviderError(f"{where}: max abs error {np.nan_to_num(error[~agree], nan=np.inf).max():.3g} "
+            raise CheckError(f"{where}: max abs error {np.nan_to_num(error[~agree], nan=np.inf).max():.3g} "
                                 f"(tolerance rtol={tolerance['rtol']}, atol={tolerance['atol']} "
                                 f"+ {ROUNDING} x max |output|)")
         worst = max(worst, float(error[finite].max(initial=0.0)))
