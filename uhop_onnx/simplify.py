@@ -39,15 +39,16 @@ class ConstantIdentityPass(ir.passes.InPlacePass):
 UNFOLDABLE = frozenset({"If", "Loop", "Scan", "SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase",
                         "SequenceInsert", "SequenceLength", "SequenceMap", "SplitToSequence", "ConcatFromSequence",
                         "Optional", "OptionalGetElement", "OptionalHasElement"})
-INTEGERS = frozenset({ir.DataType.INT64, ir.DataType.INT32})
+SHAPE_TYPES = frozenset({ir.DataType.INT64, ir.DataType.INT32, ir.DataType.BOOL})  # shapes, indices and the tests on them
 
 
 class FoldShapeArithmeticPass(ir.passes.InPlacePass):
-    """Integer results computable before run time become initializers: the Shape -> Gather -> Concat ->
-    Reshape chains exporters emit, which runtimes that compile static graphs (LiteRT, OpenVINO, RKNN)
-    refuse or split at. onnxscript's constant folder runs on a copy, and only its integer constants are
-    taken back (not its other rewrites), so every other node keeps its name and no float value changes;
-    the producers left unread go with the dead nodes."""
+    """Integer and boolean results computable before run time become initializers: the Shape -> Gather ->
+    Concat -> Reshape chains exporters emit (with their Equal -> Where tests of -1 entries, and masks built
+    from constant ranges), which runtimes that compile static graphs (LiteRT, OpenVINO, RKNN) refuse or split
+    at. onnxscript's constant folder runs on a copy, and only these constants are taken back (not its other
+    rewrites), so every other node keeps its name and no float value changes; the producers left unread go
+    with the dead nodes."""
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         ops = {node.op_type for node in ir.traversal.RecursiveGraphIterator(model.graph)}
@@ -57,12 +58,12 @@ class FoldShapeArithmeticPass(ir.passes.InPlacePass):
 
         copy = ir.serde.deserialize_model(ir.serde.serialize_model(model))
         try:
-            fold_constants(copy, should_fold=lambda node: None if _integer_results(node) else False)
+            fold_constants(copy, should_fold=_should_fold)
         except Exception as error:  # noqa: BLE001 - the folder may fail on any model; folding is optional
             log.warning("shape arithmetic left unfolded: %s", error)
             return ir.passes.PassResult(model, False)
         folded = {name: v.const_value for name, v in copy.graph.initializers.items()
-                  if v.const_value is not None and v.dtype in INTEGERS}
+                  if v.const_value is not None and v.dtype in SHAPE_TYPES}
         modified = False
         for node in list(model.graph):
             for value in node.outputs:
@@ -78,7 +79,15 @@ class FoldShapeArithmeticPass(ir.passes.InPlacePass):
 
 
 def _integer_results(node: ir.Node) -> bool:
-    return bool(node.outputs) and all(v.dtype in INTEGERS for v in node.outputs)
+    return bool(node.outputs) and all(v.dtype in SHAPE_TYPES for v in node.outputs)
+
+
+def _should_fold(node: ir.Node) -> bool | None:
+    """onnxscript's own rules for integer and boolean results, except that a ConstantOfShape of them is
+    folded too (a filled shape vector or mask; the folder's output size limit still bounds it)."""
+    if not _integer_results(node):
+        return False
+    return True if node.op_type == "ConstantOfShape" and node.domain == "" else None
 
 
 FOLDING = (FoldShapeArithmeticPass(),)  # once, first: it works on a copy of the whole model

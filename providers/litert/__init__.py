@@ -125,8 +125,8 @@ def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], 
             continue
         dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
         dtype = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
-        # integers are indices: 0 and 1 are valid wherever an axis has two entries
-        feeds[value.name] = (rng.integers(0, 2, dims) if np.issubdtype(dtype, np.integer)
+        # integers are indices: 0 and 1 are valid wherever an axis has two entries (and are both booleans)
+        feeds[value.name] = (rng.integers(0, 2, dims) if np.dtype(dtype).kind in "biu"
                              else rng.standard_normal(dims)).astype(dtype)
     try:
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -139,6 +139,8 @@ def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], 
     worst = 0.0
     for name, reference in expected.items():
         value = np.asarray(got[name])
+        if reference.dtype == bool:  # compared as numbers, as integers are
+            value, reference = value.astype(np.int8), reference.astype(np.int8)
         where = f"litert: the converted stage {model.graph.name!r} differs from ONNX Runtime on output {name!r}"
         if value.shape != reference.shape:
             raise CheckError(f"{where}: shape {list(value.shape)}, expected {list(reference.shape)}")

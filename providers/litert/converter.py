@@ -91,7 +91,7 @@ def _lower(model: onnx.ModelProto, fp16: bool, strict: bool) -> tuple[Lowering, 
     for value in model.graph.input:
         if value.name not in cx.consts:
             try:
-                cx.writer.inputs.append(cx.write(value.name, integer=True))
+                cx.writer.inputs.append(cx.write(value.name, nonfloat=True))
             except Unsupported as why:  # fine while only its shape is read (Shape); the reason for any other reader
                 cx.unavailable[value.name] = str(why)
     failures: dict[str, str] = {}
@@ -101,12 +101,7 @@ def _lower(model: onnx.ModelProto, fp16: bool, strict: bool) -> tuple[Lowering, 
         try:
             if proto_domain not in ("", "ai.onnx"):
                 raise Unsupported(f"domain {proto_domain!r}; the converter handles ai.onnx")
-            if all(name in cx.consts for name in node.inputs if name) and node.inputs and node.op not in RANDOM:
-                fold(cx, node, model.opset_import)
-            elif node.op not in LOWERINGS:
-                raise Unsupported(f"no LiteRT lowering for {node.op}; lowered ops: {', '.join(sorted(LOWERINGS))}")
-            else:
-                LOWERINGS[node.op](cx, node)
+            _lower_node(cx, node, model.opset_import)
         except Unsupported as why:
             if strict:
                 raise ProviderError(f"litert cannot convert node {node.name!r} ({node.op}): {why}") from None
@@ -122,12 +117,26 @@ def _lower(model: onnx.ModelProto, fp16: bool, strict: bool) -> tuple[Lowering, 
     return cx, failures
 
 
+def _lower_node(cx: Lowering, node: Node, opsets) -> None:
+    """Fold a node whose inputs are all constants; where ONNX's evaluator cannot, and for every other node,
+    write its LiteRT operators."""
+    if all(name in cx.consts for name in node.inputs if name) and node.inputs and node.op not in RANDOM:
+        try:
+            return fold(cx, node, opsets)
+        except Unsupported:
+            if node.op not in LOWERINGS:
+                raise
+    if node.op not in LOWERINGS:
+        raise Unsupported(f"no LiteRT lowering for {node.op}; lowered ops: {', '.join(sorted(LOWERINGS))}")
+    LOWERINGS[node.op](cx, node)
+
+
 def _variable(cx: Lowering, name: str) -> None:
     """`name` as a LiteRT tensor computed at run time (or why it cannot be one)."""
     if not name:
         return
     try:
-        cx.write(name, integer=True)
+        cx.write(name, nonfloat=True)
     except Unsupported as why:
         cx.unavailable[name] = str(why)
 
@@ -152,7 +161,7 @@ def _finish(cx: Lowering) -> bytes:
     """Declare the graph outputs, in ONNX layout and under their ONNX names, and serialize."""
     for name in cx.outputs:
         shape = cx.shape(name)
-        index = cx.read(name, identity(len(shape)), integer=True)
+        index = cx.read(name, identity(len(shape)), nonfloat=True)
         if index in cx.writer.inputs or index in cx.writer.outputs or cx.writer.tensors[index].buffer:
             copy = cx.temp(shape, cx.writer.tensors[index].dtype)
             cx.op("RESHAPE", [index, cx.int32(shape)], [copy])

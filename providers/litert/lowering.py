@@ -20,6 +20,7 @@ from .writer import ModelWriter, Operator
 NHWC = (0, 2, 3, 1)
 FLOAT = onnx.TensorProto.FLOAT
 INTEGERS = {onnx.TensorProto.INT64: np.int64, onnx.TensorProto.INT32: np.int32}
+NONFLOAT = {**INTEGERS, onnx.TensorProto.BOOL: np.bool_}  # what LiteRT holds besides float32
 LARGEST = int(np.iinfo(np.int32).max)  # LiteRT's shapes are int32
 
 
@@ -117,13 +118,13 @@ class Lowering:
         return self.values[name]
 
     # ---- LiteRT tensors
-    def read(self, name: str, perm=None, integer: bool = False) -> int:
-        """The LiteRT tensor of `name`, held in `perm` (default: the layout it has). Integer variables are
-        read only by ops that say they take them (`integer`)."""
+    def read(self, name: str, perm=None, nonfloat: bool = False) -> int:
+        """The LiteRT tensor of `name`, held in `perm` (default: the layout it has). Integer and boolean
+        variables are read only by ops that say they take them (`nonfloat`)."""
         perm = None if perm is None else tuple(perm)
-        if not integer and name in self.values and self.writer.tensors[self.values[name].index].dtype != np.float32:
-            raise Unsupported(f"tensor {name!r} is {self.writer.tensors[self.values[name].index].dtype}; LiteRT "
-                              "lowerings take integer tensors only as Gather indices, Cast and reshape inputs")
+        if not nonfloat and name in self.values and self.writer.tensors[self.values[name].index].dtype != np.float32:
+            raise Unsupported(f"tensor {name!r} is {self.writer.tensors[self.values[name].index].dtype}; this LiteRT "
+                              "lowering takes float32 tensors only")
         key = (name, perm)
         if key in self._layouts:
             return self._layouts[key]
@@ -149,7 +150,7 @@ class Lowering:
             self.op("TRANSPOSE", [index, self.int32(steps)], [out])
         return out
 
-    def broadcast(self, name: str, rank: int, perm, integer: bool = False) -> int:
+    def broadcast(self, name: str, rank: int, perm, nonfloat: bool = False) -> int:
         """`name` read as an operand of a broadcasting op of `rank` whose result is held in `perm`."""
         shape = self.shape(name)
         if name in self.consts:
@@ -158,9 +159,9 @@ class Lowering:
                 return self.read_array(array.reshape(()), name)
             return self.read_array(array.reshape((1,) * (rank - array.ndim) + array.shape).transpose(perm), name)
         if len(shape) == rank:
-            return self.read(name, perm, integer)
+            return self.read(name, perm, nonfloat)
         full = (1,) * (rank - len(shape)) + shape
-        source = self.read(name, identity(len(shape)), integer)
+        source = self.read(name, identity(len(shape)), nonfloat)
         index = self.temp(full, self.writer.tensors[source].dtype)
         self.op("RESHAPE", [source, self.int32(full)], [index])
         return self.relayout(index, full, identity(rank), tuple(perm))
@@ -168,16 +169,16 @@ class Lowering:
     def read_array(self, array: np.ndarray, name: str) -> int:
         return self.constant(array.astype(np.float32) if array.dtype.kind == "f" else array, name)
 
-    def write(self, name: str, perm=None, integer: bool = False) -> int:
+    def write(self, name: str, perm=None, nonfloat: bool = False) -> int:
         """A new tensor for the ONNX value `name`, held in `perm` (default: ONNX layout); float32, or
-        int32/int64 where the writer takes them (`integer`)."""
+        int32/int64/bool where the writer takes them (`nonfloat`)."""
         elem_type, _ = self.types.get(name, (FLOAT, None))
-        if elem_type not in (FLOAT, 0) and not (integer and elem_type in INTEGERS):
+        if elem_type not in (FLOAT, 0) and not (nonfloat and elem_type in NONFLOAT):
             raise Unsupported(f"tensor {name!r} is {helper.tensor_dtype_to_np_dtype(elem_type)}; the LiteRT "
-                              "converter computes float32 tensors (integers only as indices and shapes)")
+                              "converter computes float32, int32, int64 and bool tensors")
         shape = self.shape(name)
         perm = tuple(perm) if perm is not None else identity(len(shape))
-        index = self.writer.tensor(name, [shape[a] for a in perm], INTEGERS.get(elem_type, np.float32))
+        index = self.writer.tensor(name, [shape[a] for a in perm], NONFLOAT.get(elem_type, np.float32))
         self.values[name] = Value(index, perm)
         return index
 

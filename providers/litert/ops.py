@@ -160,9 +160,19 @@ BINARY = {"Add": "ADD", "Sub": "SUB", "Mul": "MUL", "Div": "DIV", "Pow": "POW", 
 FUSABLE = {"ADD": "AddOptions", "SUB": "SubOptions", "MUL": "MulOptions", "DIV": "DivOptions"}
 
 
+def broadcasting(cx: Lowering, node: Node, code: str, options: str | None = None, nonfloat: bool = False):
+    """`code` over the node's inputs broadcast to its output; the result takes the layout of a full-rank
+    variable operand."""
+    inputs, y = node.inputs, node.outputs[0]
+    rank = cx.rank(y)
+    perm = next((cx.perm(n) for n in inputs if n not in cx.consts and cx.rank(n) == rank), identity(rank))
+    return cx.op(code, [cx.broadcast(n, rank, perm, nonfloat) for n in inputs], [cx.write(y, perm, nonfloat)],
+                 options)
+
+
 @lowers(*BINARY)
 def binary(cx: Lowering, node: Node) -> None:
-    """Broadcasting binary ops; the result takes the layout of a full-rank variable operand."""
+    """Broadcasting arithmetic (x ** 1, 2 and 0.5 as themselves, products, square roots)."""
     if len(node.inputs) != 2:
         raise Unsupported(f"{node.op} of {len(node.inputs)} inputs; LiteRT's takes 2")
     a, b = node.inputs
@@ -178,16 +188,44 @@ def binary(cx: Lowering, node: Node) -> None:
         return
     if node.op == "Add" and (fold_bias(cx, a, b, y) or fold_bias(cx, b, a, y)):
         return
-    rank, integer = cx.rank(y), cx.integer(y)
+    integer = cx.integer(y)
     if integer and node.op in ("Div", "Pow"):
         raise Unsupported(f"{node.op} of integer tensors; LiteRT raises only float32 to powers, has no int64 DIV, "
                           "and its int32 division by zero is undefined (ONNX Runtime raises)")
-    perm = next((cx.perm(n) for n in (a, b) if n not in cx.consts and cx.rank(n) == rank), identity(rank))
     code = BINARY[node.op]
-    op = cx.op(code, [cx.broadcast(n, rank, perm, integer) for n in (a, b)], [cx.write(y, perm, integer)],
-               FUSABLE.get(code))
+    op = broadcasting(cx, node, code, FUSABLE.get(code), integer)
     if code in FUSABLE and not integer:
         cx.fusable[y] = op
+
+
+# ---- comparisons, logic and selection (boolean tensors)
+COMPARISONS = {"Equal": "EQUAL", "Greater": "GREATER", "GreaterOrEqual": "GREATER_EQUAL", "Less": "LESS",
+               "LessOrEqual": "LESS_EQUAL", "And": "LOGICAL_AND", "Or": "LOGICAL_OR", "Xor": "NOT_EQUAL"}
+
+
+@lowers(*COMPARISONS)
+def compare(cx: Lowering, node: Node) -> None:
+    """Broadcasting comparisons of numbers (Equal of booleans too) and logic of booleans (Xor: not equal)."""
+    broadcasting(cx, node, COMPARISONS[node.op], nonfloat=True)
+
+
+@lowers("Where")
+def where(cx: Lowering, node: Node) -> None:
+    broadcasting(cx, node, "SELECT_V2", nonfloat=True)
+
+
+@lowers("Not")
+def logical_not(cx: Lowering, node: Node) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    cx.op("LOGICAL_NOT", [cx.read(x, nonfloat=True)], [cx.write(y, cx.perm(x), nonfloat=True)])
+
+
+@lowers("IsNaN")
+def is_nan(cx: Lowering, node: Node) -> None:
+    """x != x: true exactly for NaN."""
+    x, y = node.inputs[0], node.outputs[0]
+    index = cx.read(x)
+    cx.op("NOT_EQUAL", [index, index], [cx.write(y, cx.perm(x), nonfloat=True)])
 
 
 def fold_bias(cx: Lowering, x: str, c: str, y: str) -> bool:
@@ -348,6 +386,17 @@ def reduce(cx: Lowering, node: Node) -> None:
           [cx.write(y, out_perm)], "ReducerOptions", KeepDims=keep)
 
 
+@lowers("CumSum")
+def cumsum(cx: Lowering, node: Node) -> None:
+    """CUMSUM along the constant axis, in whatever layout the input has (float32, int32, int64)."""
+    x, y = node.inputs[0], node.outputs[0]
+    rank, perm = cx.rank(x), cx.perm(x)
+    axis = int(cx.const(node.inputs[1], "CumSum axis").reshape(())) % rank
+    cx.op("CUMSUM", [cx.read(x, nonfloat=True), cx.constant(np.int32(inverse(perm)[axis]))],
+          [cx.write(y, perm, nonfloat=True)], "CumsumOptions", Exclusive=bool(node.attrs.get("exclusive", 0)),
+          Reverse=bool(node.attrs.get("reverse", 0)))
+
+
 @lowers("BatchNormalization")
 def batch_norm(cx: Lowering, node: Node) -> None:
     """Inference batch norm as one MUL and one ADD by per-channel constants."""
@@ -428,18 +477,19 @@ def shape_op(cx: Lowering, node: Node) -> None:
 
 @lowers("Cast")
 def cast(cx: Lowering, node: Node) -> None:
-    """Integers to float32 or to integers by CAST; a cast to its own type is the value itself. Casts of
-    constants are folded."""
+    """Between float32, int32, int64 and bool by CAST (non-zero, NaN too, is true; true is 1); a cast to its
+    own type is the value itself. Casts of constants are folded."""
     x, y, to = node.inputs[0], node.outputs[0], node.attrs["to"]
-    source = cx.read(x, integer=True)
+    source = cx.read(x, nonfloat=True)
     have, want = cx.writer.tensors[source].dtype, onnx.helper.tensor_dtype_to_np_dtype(to)
-    if want not in (np.float32, np.int32, np.int64) or have == np.float32 != want:
-        raise Unsupported(f"Cast of a variable {have} tensor to {want}; LiteRT stages cast integers to float32 or "
-                          "to int32/int64")
+    if want not in (np.float32, np.int32, np.int64, np.bool_) or (have == np.float32 and want.kind == "i"):
+        raise Unsupported(f"Cast of a variable {have} tensor to {want}; LiteRT stages cast between float32, int32, "
+                          "int64 and bool, except float32 to integers (out of range, C++ leaves the result "
+                          "undefined)")
     if have == want:
         cx.alias(y, x)
     else:
-        cx.op("CAST", [source], [cx.write(y, cx.perm(x), integer=True)])
+        cx.op("CAST", [source], [cx.write(y, cx.perm(x), nonfloat=True)])
 
 
 @lowers("ConstantOfShape", "Range")
@@ -452,8 +502,8 @@ def reshape(cx: Lowering, node: Node) -> None:
     x, y = node.inputs[0], node.outputs[0]
     if node.input(1):
         cx.const(node.inputs[1], f"{node.op} shape or axes")
-    source = cx.read(x, identity(cx.rank(x)), integer=True)
-    cx.op("RESHAPE", [source, cx.int32(cx.shape(y))], [cx.write(y, integer=True)])
+    source = cx.read(x, identity(cx.rank(x)), nonfloat=True)
+    cx.op("RESHAPE", [source, cx.int32(cx.shape(y))], [cx.write(y, nonfloat=True)])
 
 
 @lowers("Transpose")
@@ -476,16 +526,15 @@ def expand(cx: Lowering, node: Node) -> None:
     cx.const(node.inputs[1], "Expand shape")
     rank = cx.rank(y)
     perm = cx.perm(x) if cx.rank(x) == rank and x not in cx.consts else identity(rank)
-    integer = cx.integer(x)
-    cx.op("BROADCAST_TO", [cx.broadcast(x, rank, perm, integer), cx.int32([cx.shape(y)[a] for a in perm])],
-          [cx.write(y, perm, integer)])
+    cx.op("BROADCAST_TO", [cx.broadcast(x, rank, perm, nonfloat=True), cx.int32([cx.shape(y)[a] for a in perm])],
+          [cx.write(y, perm, nonfloat=True)])
 
 
 @lowers("Tile")
 def tile(cx: Lowering, node: Node) -> None:
     x, y = node.inputs[0], node.outputs[0]
     repeats, perm = cx.const(node.inputs[1], "Tile repeats").reshape(-1), cx.perm(x)
-    cx.op("TILE", [cx.read(x, integer=True), cx.int32([repeats[a] for a in perm])], [cx.write(y, perm, integer=True)])
+    cx.op("TILE", [cx.read(x, nonfloat=True), cx.int32([repeats[a] for a in perm])], [cx.write(y, perm, nonfloat=True)])
 
 
 @lowers("Concat")
@@ -494,7 +543,7 @@ def concat(cx: Lowering, node: Node) -> None:
     rank = cx.rank(y)
     perm = next((cx.perm(n) for n in node.inputs if n not in cx.consts), identity(rank))
     axis = inverse(perm)[node.attrs["axis"] % rank]
-    cx.op("CONCATENATION", [cx.read(n, perm, integer=True) for n in node.inputs], [cx.write(y, perm, integer=True)],
+    cx.op("CONCATENATION", [cx.read(n, perm, nonfloat=True) for n in node.inputs], [cx.write(y, perm, nonfloat=True)],
           "ConcatenationOptions", Axis=axis)
 
 
@@ -504,8 +553,10 @@ def split(cx: Lowering, node: Node) -> None:
     rank, perm = cx.rank(x), cx.perm(x)
     axis = node.attrs.get("axis", 0) % rank
     sizes = [cx.shape(o)[axis] for o in node.outputs]
-    cx.op("SPLIT_V", [cx.read(x, integer=True), cx.int32(sizes), cx.constant(np.int32(inverse(perm)[axis]))],
-          [cx.write(o, perm, integer=True) for o in node.outputs], "SplitVOptions", NumSplits=len(sizes))
+    if cx.types.get(x, (0, None))[0] == onnx.TensorProto.BOOL:
+        raise Unsupported(f"tensor {x!r} is bool; LiteRT's SPLIT_V has no boolean kernel")
+    cx.op("SPLIT_V", [cx.read(x, nonfloat=True), cx.int32(sizes), cx.constant(np.int32(inverse(perm)[axis]))],
+          [cx.write(o, perm, nonfloat=True) for o in node.outputs], "SplitVOptions", NumSplits=len(sizes))
 
 
 @lowers("Slice")
@@ -529,8 +580,8 @@ def slice_op(cx: Lowering, node: Node) -> None:
         end[axis] = taken[-1] + (1 if step > 0 else -1)
         if end[axis] < 0:
             open_end.add(axis)
-    cx.op("STRIDED_SLICE", [cx.read(x, integer=True), *(cx.int32([v[a] for a in perm]) for v in (begin, end, stride))],
-          [cx.write(y, perm, integer=True)], "StridedSliceOptions",
+    cx.op("STRIDED_SLICE", [cx.read(x, nonfloat=True), *(cx.int32([v[a] for a in perm]) for v in (begin, end, stride))],
+          [cx.write(y, perm, nonfloat=True)], "StridedSliceOptions",
           EndMask=sum(1 << i for i, a in enumerate(perm) if a in open_end))
 
 
@@ -549,19 +600,61 @@ def gather(cx: Lowering, node: Node) -> None:
         index = cx.constant(positions.reshape(-1) if positions.ndim == 0 else positions, indices)
         scalar_index = positions.ndim == 0
     else:
-        index = cx.read(indices, identity(cx.rank(indices)), integer=True)
+        index = cx.read(indices, identity(cx.rank(indices)), nonfloat=True)
         dtype = cx.writer.tensors[index].dtype
         index = emit(cx, "FLOOR_MOD", [index, cx.constant(np.array(shape[axis], dtype))], cx.shape(indices),
                      dtype=dtype)
         scalar_index = not cx.shape(indices)
-    inputs = [cx.read(data, identity(len(shape)), integer=True), index]
+    gather_at(cx, cx.read(data, identity(len(shape)), nonfloat=True), shape, axis, index, scalar_index, y)
+
+
+def gather_at(cx: Lowering, source: int, shape, axis: int, index: int, scalar_index: bool, y: str) -> None:
+    """`y` = GATHER of the LiteRT tensor `source` (of `shape`, ONNX layout) at `index` along `axis`."""
+    inputs = [source, index]
     if not scalar_index:
-        cx.op("GATHER", inputs, [cx.write(y, integer=True)], "GatherOptions", Axis=axis)
+        cx.op("GATHER", inputs, [cx.write(y, nonfloat=True)], "GatherOptions", Axis=axis)
         return
     # LiteRT keeps a unit axis for a scalar index: gather one, then drop that axis
     picked = emit(cx, "GATHER", inputs, [*shape[:axis], 1, *shape[axis + 1:]], "GatherOptions", Axis=axis,
-                  dtype=cx.writer.tensors[inputs[0]].dtype)
-    cx.op("RESHAPE", [picked, cx.int32(cx.shape(y))], [cx.write(y, integer=True)])
+                  dtype=cx.writer.tensors[source].dtype)
+    cx.op("RESHAPE", [picked, cx.int32(cx.shape(y))], [cx.write(y, nonfloat=True)])
+
+
+@lowers("GatherElements", "GatherND")
+def gather_positions(cx: Lowering, node: Node) -> None:
+    """GatherElements, and GatherND (batch_dims 0) of constant indices: one GATHER from the data flattened
+    over the indexed axes, at flat positions computed here (variable GatherElements indices are wrapped by
+    FLOOR_MOD and scaled onto them)."""
+    data, indices, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    shape = cx.shape(data)
+    variable = node.op == "GatherElements" and indices not in cx.consts
+    if node.op == "GatherElements":
+        axis = node.attrs.get("axis", 0) % len(shape)
+        coords = list(np.indices(cx.shape(indices)))
+        coords[axis] = np.zeros_like(coords[axis]) if variable else cx.consts[indices].astype(np.int64)
+    else:
+        if node.attrs.get("batch_dims", 0):
+            raise Unsupported(f"batch_dims={node.attrs['batch_dims']}; supported: 0")
+        coords = list(np.moveaxis(cx.const(indices, "GatherND indices").astype(np.int64), -1, 0))
+    depth = len(coords)
+    if not 0 < depth <= len(shape) or any(((c < -d) | (c >= d)).any() for c, d in zip(coords, shape)):
+        raise Unsupported(f"{node.op} indices of shape {list(cx.shape(indices))} outside the data's {list(shape)}")
+    positions = np.ravel_multi_index(tuple(c % d for c, d in zip(coords, shape)), shape[:depth])
+    source, flat = cx.read(data, identity(len(shape)), nonfloat=True), [math.prod(shape[:depth]), *shape[depth:]]
+    if flat != list(shape):
+        source = emit(cx, "RESHAPE", [source, cx.int32(flat)], flat, dtype=cx.writer.tensors[source].dtype)
+    if variable:
+        index = cx.read(indices, identity(depth), nonfloat=True)
+        dtype, size = cx.writer.tensors[index].dtype, cx.shape(indices)
+        index = emit(cx, "FLOOR_MOD", [index, cx.constant(np.array(shape[axis], dtype))], size, dtype=dtype)
+        stride = math.prod(shape[axis + 1:])
+        if stride != 1:
+            index = emit(cx, "MUL", [index, cx.constant(np.array(stride, dtype))], size, dtype=dtype)
+        index = emit(cx, "ADD", [index, cx.constant(positions.astype(dtype))], size, dtype=dtype)
+    else:
+        positions = positions.astype(np.int32)
+        index = cx.constant(positions.reshape(-1) if positions.ndim == 0 else positions, indices)
+    gather_at(cx, source, flat, 0, index, positions.ndim == 0, y)
 
 
 RESIZE_NEAREST = {  # (coordinate transform, nearest mode) -> (align_corners, half_pixel_centers)

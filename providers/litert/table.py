@@ -10,6 +10,8 @@ from uhop_onnx.providers.capability import CapabilityTable, OpRule
 
 FLOAT = frozenset({"float"})
 INDEX = frozenset({"float", "int64", "int32"})  # float data with integer shapes, axes or indices
+ANY = INDEX | {"bool"}  # every type the converter holds: data movement, masks and the tests that make them
+BOOL = frozenset({"bool"})
 FOUR_D = (4,)  # 2-D windows on NCHW tensors: LiteRT's convolutions and pools are 2-D, NHWC
 
 
@@ -17,15 +19,25 @@ def _rules() -> tuple[OpRule, ...]:
     # Integer tensors pass the table where shape arithmetic uses them: the converter folds nodes whose
     # inputs are all constants (Shape is one, shapes being static) and computes the rest with LiteRT's
     # integer kernels where there are some (no int64 DIV).
-    arithmetic = [OpRule(op, dtypes=INDEX) for op in ["Add", "Sub", "Mul", "Div", "Max", "Min", "Concat", "Cast", "Shape", "Range"]]
+    arithmetic = [OpRule(op, dtypes=INDEX) for op in ["Add", "Sub", "Mul", "Div", "Max", "Min", "Range"]]
+    # Boolean masks: comparisons of numbers, logic of booleans, selection, and the data movement of any type.
+    logic = [OpRule(op, dtypes=ANY) for op in ["Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual"]]
+    logic += [OpRule(op, dtypes=BOOL) for op in ["And", "Or", "Xor", "Not"]]
+    logic += [OpRule("Where", dtypes=ANY), OpRule("IsNaN", dtypes=FLOAT | BOOL), OpRule("Cast", dtypes=ANY)]
+    movement = [OpRule(op, dtypes=ANY) for op in ["Identity", "Shape", "Concat", "Transpose", "Flatten", "Expand",
+                                                   "Tile", "Gather", "GatherElements", "GatherND", "Reshape",
+                                                   "Squeeze", "Unsqueeze", "Slice", "ConstantOfShape"]]
+    movement.append(OpRule("Split", dtypes=INDEX))  # LiteRT's SPLIT_V has no boolean kernel
     unary = "Pow Relu Sigmoid Tanh HardSwish HardSigmoid LeakyRelu Elu PRelu Erf Sqrt Exp Abs Neg Log Floor Ceil Sin Cos"
     plain = [OpRule(op, dtypes=FLOAT) for op in unary.split()]
-    plain += [OpRule(op, dtypes=FLOAT) for op in ["Identity", "Transpose", "GlobalAveragePool", "GlobalMaxPool"]]
+    plain += [OpRule(op, dtypes=FLOAT) for op in ["GlobalAveragePool", "GlobalMaxPool"]]
     return (
         *arithmetic,
+        *logic,
+        # Shapes, axes, bounds and indices exporters compute from Shape: the converter needs them constant once
+        # folded, and inputs that only restate a static output shape are taken from it (`converter.prepared`).
+        *movement,
         *plain,
-        # Inputs that only restate a static output shape are taken from it (`converter.prepared`).
-        OpRule("ConstantOfShape", dtypes=INDEX),
         OpRule("Gelu", opsets=(20, 10_000), dtypes=FLOAT, attributes={"approximate": (b"none", b"tanh")},
                defaults={"approximate": b"none"}),
         OpRule("Dropout", dtypes=frozenset({"float", "bool"})),
@@ -42,15 +54,9 @@ def _rules() -> tuple[OpRule, ...]:
         OpRule("MatMul", dtypes=FLOAT, ranks=(2, 3, 4, 5)),
         OpRule("Softmax", dtypes=FLOAT),
         OpRule("LogSoftmax", dtypes=FLOAT),
-        OpRule("Expand", dtypes=INDEX),
-        OpRule("Tile", dtypes=INDEX),
         OpRule("LayerNormalization", dtypes=FLOAT, constant_inputs=(1, 2)),
         *(OpRule(op, dtypes=INDEX, constant_inputs=(1,)) for op in ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"]),
-        OpRule("Split", dtypes=INDEX),
-        OpRule("Gather", dtypes=INDEX),
-        # Shapes, axes and bounds exporters compute from Shape: the converter needs them constant once folded.
-        *(OpRule(op, dtypes=INDEX) for op in ("Reshape", "Squeeze", "Unsqueeze", "Slice")),
-        OpRule("Flatten", dtypes=FLOAT),
+        OpRule("CumSum", dtypes=INDEX, constant_inputs=(1,)),
         # Resize's roi, scales and sizes only fix the output shape, which the converter needs static.
         OpRule("Resize", opsets=(11, 10_000), dtypes=INDEX, ranks=FOUR_D,
                attributes={"mode": (b"nearest", b"linear"), "antialias": (0,)},

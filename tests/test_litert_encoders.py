@@ -1,0 +1,130 @@
+"""Standard encoders from `transformers` (random weights, built from a config object), exported by both PyTorch
+exporters with dynamic batch and sequence axes: placed with `providers=["litert"]`, every node runs on LiteRT in
+one stage, matching ONNX Runtime on the exported model at two sequence lengths, padding in the mask.
+
+LiteRT stages are static: each sequence length is a copy of the export with its inputs' dimensions fixed.
+BERT runs by default; DistilBERT, RoBERTa, GPT-2 and ViT with `UHOP_ENCODERS=all`.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+pytest.importorskip("ai_edge_litert")
+pytest.importorskip("tflite")
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install torch)")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
+pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
+
+import uhop_onnx
+
+EVERY_ENCODER = os.environ.get("UHOP_ENCODERS") == "all"
+SMALL = {"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 32, "intermediate_size": 64,
+         "vocab_size": 128, "max_position_embeddings": 64}
+LENGTHS = (8, 13)
+BATCH = 2
+
+
+def build(kind: str) -> torch.nn.Module:
+    """A small `transformers` model of `kind` with random weights (seeded), eager or sdpa attention."""
+    t = transformers
+    torch.manual_seed(0)
+    if kind == "bert":
+        return t.BertModel(t.BertConfig(**SMALL, attn_implementation="sdpa"))
+    if kind == "roberta":
+        return t.RobertaModel(t.RobertaConfig(**SMALL, attn_implementation="sdpa"))
+    if kind == "distilbert":
+        return t.DistilBertModel(t.DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=64, vocab_size=128,
+                                                    max_position_embeddings=64, attn_implementation="sdpa"))
+    if kind == "gpt2":
+        return t.GPT2Model(t.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=128, n_positions=64,
+                                        attn_implementation="sdpa"))
+    return t.ViTModel(t.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=64, attn_implementation="sdpa"))
+
+
+class LastHidden(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, first, mask=None):
+        inputs = {"pixel_values": first} if mask is None else {"input_ids": first, "attention_mask": mask}
+        return self.model(**inputs).last_hidden_state
+
+
+def export(kind: str, exporter: str, path) -> None:
+    """Token ids and an attention mask (pixel values for ViT), batch and sequence dynamic: the TorchScript
+    exporter at opset 17, the dynamo exporter at opset 18."""
+    model = LastHidden(build(kind).eval())
+    if kind == "vit":
+        names, example, axes = ["pixel_values"], (torch.randn(BATCH, 3, 32, 32),), {0: "batch"}
+    else:
+        names, axes = ["input_ids", "attention_mask"], {0: "batch", 1: "sequence"}
+        example = (torch.randint(0, 128, (BATCH, LENGTHS[0])), torch.ones(BATCH, LENGTHS[0], dtype=torch.int64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "torchscript":
+            torch.onnx.export(model, example, str(path), dynamo=False, opset_version=17, input_names=names,
+                              output_names=["hidden"], dynamic_axes=dict.fromkeys(names, axes))
+        else:
+            dims = {k: torch.export.Dim(v) for k, v in axes.items()}
+            torch.onnx.export(model, example, str(path), dynamo=True, opset_version=18, input_names=names,
+                              output_names=["hidden"], dynamic_shapes=(dims,) * len(names), verbose=False)
+
+
+def fixed(model: onnx.ModelProto, dims: dict[str, list[int]]) -> onnx.ModelProto:
+    """`model` with the given input dimensions, inferred shapes and output dimensions dropped."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for value in model.graph.input:
+        for dim, size in zip(value.type.tensor_type.shape.dim, dims[value.name]):
+            dim.Clear()
+            dim.dim_value = size
+    for value in model.graph.output:
+        for dim in value.type.tensor_type.shape.dim:
+            dim.Clear()
+    del model.graph.value_info[:]
+    return model
+
+
+def feeds_for(kind: str, length: int) -> dict[str, np.ndarray]:
+    """Token ids and a mask that pads the second sequence; for ViT, `length` images."""
+    rng = np.random.default_rng(length)
+    if kind == "vit":
+        return {"pixel_values": rng.standard_normal((length, 3, 32, 32)).astype(np.float32)}
+    mask = np.ones((BATCH, length), np.int64)
+    mask[1, length // 2:] = 0  # the second sequence is padded
+    return {"input_ids": rng.integers(0, 128, (BATCH, length)).astype(np.int64), "attention_mask": mask}
+
+
+ENCODERS = [pytest.param(kind, marks=[] if kind == "bert" or EVERY_ENCODER else
+                         pytest.mark.skip(reason="set UHOP_ENCODERS=all to run every encoder"))
+            for kind in ["bert", "distilbert", "roberta", "gpt2", "vit"]]
+
+
+@pytest.fixture(scope="module", params=["torchscript", "dynamo"])
+def exporter(request) -> str:
+    return request.param
+
+
+@pytest.mark.parametrize("kind", ENCODERS)
+def test_encoder_runs_as_one_litert_stage(kind, exporter, tmp_path_factory):
+    path = tmp_path_factory.mktemp("encoders") / f"{kind}-{exporter}.onnx"
+    export(kind, exporter, path)
+    exported = onnx.load(path)
+    reference = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for length in LENGTHS if kind != "vit" else (1, 3):  # two sequence lengths; two batch sizes of images
+        feeds = feeds_for(kind, length)
+        model = fixed(exported, {name: list(a.shape) for name, a in feeds.items()})
+        session = uhop_onnx.InferenceSession(model, providers=["litert"], profile=False)
+        stages = [(s.provider, len(s.nodes)) for s in session.plan.stages]
+        assert [p for p, _ in stages] == ["litert"], stages
+        [expected] = reference.run(None, feeds)
+        [got] = session.run(None, feeds)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
