@@ -65,8 +65,8 @@ typedef float32x4_t vf;
 #define VFMA(a, b, c) vfmaq_f32(c, a, b)
 #define VADD(a, b) vaddq_f32(a, b)
 #define VMUL(a, b) vmulq_f32(a, b)
-#define VMAX(a, b) vmaxq_f32(a, b)
-#define VMIN(a, b) vminq_f32(a, b)
+#define VMAX(a, b) vbslq_f32(vcgtq_f32(a, b), a, b)  /* as x86's max_ps: b when either is NaN, or both zero */
+#define VMIN(a, b) vbslq_f32(vcltq_f32(a, b), a, b)
 static inline vf VLOADN(const float *p, long n) { float t[4] = {0}; memcpy(t, p, sizeof(float) * n); return vld1q_f32(t); }
 static inline void VSTOREN(float *p, vf v, long n) { float t[4]; vst1q_f32(t, v); memcpy(p, t, sizeof(float) * n); }
 #define VEVEN(lo, hi) vuzp1q_f32(lo, hi)
@@ -110,10 +110,16 @@ enum { UK_OK = 0, UK_BAD_VARIANT = 1, UK_BAD_BLOCKS = 2, UK_NO_MEMORY = 3, UK_BA
 static idx imin(idx a, idx b) { return a < b ? a : b; }
 static idx imax(idx a, idx b) { return a > b ? a : b; }
 
-/* v clamped to [lo, hi], inlined (fminf and fmaxf are library calls); NaN becomes lo, as vector max makes it. */
+/* v clamped to [lo, hi] as ONNX Runtime's Relu and Clip compute it: v < lo ? lo : v, then v > hi ? hi : v, so
+   NaN stays NaN and -0.0 stays -0.0. VMAX(a, b) is a > b ? a : b on every target (x86's max_ps returns its
+   second operand when either is NaN or both are zero; NEON's is made so), hence the operand order. */
+#define VCLAMP(v, vlo, vhi) VMIN(vhi, VMAX(vlo, v))
+/* The bias of an output that has none: -0.0 is the identity of float addition (x + 0.0 would turn -0.0 into
+   0.0, where ONNX Runtime's Relu keeps -0.0). */
+#define NO_BIAS (-0.0f)
 static inline float clampf(float v, float lo, float hi) {
-    v = v > lo ? v : lo;
-    return v < hi ? v : hi;
+    v = v < lo ? lo : v;
+    return v > hi ? hi : v;
 }
 
 /* The generic epilogue of a partial tile t (m x n of an ldt-wide tile) into C. */
@@ -269,13 +275,13 @@ static void epilogue_row(idx n, const float *x, const float *add, float b, int c
     for (; j + LANES <= n; j += LANES) {
         vf v = VADD(VLOAD(x + j), vb);
         if (add) v = VADD(v, VLOAD(add + j));
-        if (clamp) v = VMIN(VMAX(v, vlo), vhi);
+        if (clamp) v = VCLAMP(v, vlo, vhi);
         VSTORE(y + j, v);
     }
     if (j < n) {
         vf v = VADD(VLOADN(x + j, n - j), vb);
         if (add) v = VADD(v, VLOADN(add + j, n - j));
-        if (clamp) v = VMIN(VMAX(v, vlo), vhi);
+        if (clamp) v = VCLAMP(v, vlo, vhi);
         VSTOREN(y + j, v, n - j);
     }
 }
@@ -288,7 +294,7 @@ static void store_virtual(const gemm_t *g, const float *t, int ldt, idx row, idx
         idx r = q / g->vw, c = q % g->vw, run = imin(end - q, g->vw - c), keep = imin(run, g->ow - c);
         for (int i = 0; i < m && keep > 0; i++) {
             float *dst = g->C + (row + i) * g->rsc + r * g->ow + c;
-            float b = last && g->bias ? g->bias[(row + i) * g->e.brs] : 0.0f;
+            float b = last && g->bias ? g->bias[(row + i) * g->e.brs] : NO_BIAS;
             epilogue_row(keep, t + i * ldt + (q - col), first ? NULL : dst, b, last && g->e.clamp, g->e.lo,
                          g->e.hi, dst);
         }
@@ -668,7 +674,7 @@ static void conv_rows_range(void *ctx, idx begin, idx end) {
         for (int j = 0; j < n; j++) {  /* the tile's column j is output channel jr + j: a run of pixels */
             float *dst = r->y + (jr + j) * r->P + ir;
             for (int i = 0; i < m; i++) column[i] = t[i * NR + j];
-            epilogue_row(m, column, cv->accumulate ? dst : NULL, r->bias ? r->bias[jr + j] : 0.0f, cv->clamp,
+            epilogue_row(m, column, cv->accumulate ? dst : NULL, r->bias ? r->bias[jr + j] : NO_BIAS, cv->clamp,
                          cv->lo, cv->hi, dst);
         }
     }
@@ -754,7 +760,7 @@ STRIDE_TWO_TAPS
         }
         for (idx r = 0; r < 4 && oh + r < cv->OH; r++) {
             float *yr = y + (oh + r) * OW;
-            epilogue_row(OW, rows + r * RW, cv->accumulate ? yr : NULL, 0.0f, cv->clamp, cv->lo, cv->hi, yr);
+            epilogue_row(OW, rows + r * RW, cv->accumulate ? yr : NULL, NO_BIAS, cv->clamp, cv->lo, cv->hi, yr);
         }
     }
 }
@@ -815,7 +821,7 @@ int uk_bias_act(idx outer, idx channels, idx inner, const float *x, float *y, co
     for (idx o = 0; o < outer; o++)
         for (idx c = 0; c < channels; c++) {
             idx at = (o * channels + c) * inner;
-            epilogue_row(inner, x + at, res ? res + at : NULL, bias ? bias[c] : 0.0f, clamp, lo, hi, y + at);
+            epilogue_row(inner, x + at, res ? res + at : NULL, bias ? bias[c] : NO_BIAS, clamp, lo, hi, y + at);
         }
     return UK_OK;
 }
@@ -865,7 +871,7 @@ def micro_kernel(mk: MicroKernel, target: Target, unroll: int) -> str:
         f"          if (!first) v = VADD(v, VLOAD(cp));\n"
         f"          if (last) {{ if (bias) v = VADD(v, e->bcs ? VLOAD(bias + {i} * e->brs + {j * lanes}) "
         f": VSET1(bias[{i} * e->brs]));\n"
-        f"                      if (e->clamp) v = VMIN(VMAX(v, vlo), vhi); }}\n"
+        f"                      if (e->clamp) v = VCLAMP(v, vlo, vhi); }}\n"
         f"          VSTORE(cp, v); }}"
         for i in rows for j in vecs
     )

@@ -381,10 +381,13 @@ def _fuse(step: dict[str, Any], node, constants: Mapping[str, np.ndarray]) -> bo
 
 
 def _bounds(node, constants: Mapping[str, np.ndarray]) -> tuple[float | None, float | None]:
+    """Relu's lower bound; Clip's two, an absent one being the float limit, as ONNX Runtime takes it (so Clip
+    maps an infinity to the largest finite float, where Relu keeps it)."""
     if node.op_type == "Relu":
         return 0.0, None
+    limit = float(np.finfo(np.float32).max)
     names = [*node.input[1:], "", ""]
-    return tuple(float(constants[name]) if name else None for name in names[:2])
+    return tuple(float(constants[name]) if name else default for name, default in zip(names[:2], (-limit, limit)))
 
 
 def _bias_name(node, constants: Mapping[str, np.ndarray]) -> str:

@@ -131,12 +131,13 @@ def erf(cx: Lowering, node: Node) -> None:
 @lowers("Clip")
 def clip(cx: Lowering, node: Node) -> None:
     x, y = node.inputs[0], node.outputs[0]
+    limit = float(np.finfo(np.float32).max)  # an absent bound, as ONNX Runtime takes it: an infinity is clipped
     if node.opset < 11:
-        lo, hi = node.attrs.get("min", -math.inf), node.attrs.get("max", math.inf)
+        lo, hi = node.attrs.get("min", -limit), node.attrs.get("max", limit)
     else:
-        lo = float(cx.const(node.input(1), "Clip min").reshape(())) if node.input(1) else -math.inf
-        hi = float(cx.const(node.input(2), "Clip max").reshape(())) if node.input(2) else math.inf
-    named = {(0.0, 6.0): ("RELU6", RELU6), (0.0, math.inf): ("RELU", RELU), (-1.0, 1.0): ("RELU_N1_TO_1", RELU_N1_TO_1)}
+        lo = float(cx.const(node.input(1), "Clip min").reshape(())) if node.input(1) else -limit
+        hi = float(cx.const(node.input(2), "Clip max").reshape(())) if node.input(2) else limit
+    named = {(0.0, 6.0): ("RELU6", RELU6), (-1.0, 1.0): ("RELU_N1_TO_1", RELU_N1_TO_1)}
     if lo >= 0.0:
         cx.nonnegative.add(y)
     if (lo, hi) in named:
