@@ -1,11 +1,15 @@
 """The `uhop-onnx` command: a thin shell over the Python API.
 
-Exit codes: 0 success, 1 a failed check (a stage that failed, a mismatch), 2 bad usage or input.
+Exit codes: 0 success, 1 a failed check (a stage that failed, a mismatch), 2 bad usage or input. Tables fit
+80 columns (summaries first; `--wide` for the rest); every text from outside (names, reasons, paths) is printed
+as text, never as rich markup. The runtimes' own logs show only with `-v`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -34,6 +38,12 @@ err = Console(stderr=True)
 ProvidersOption = Annotated[str | None, typer.Option("--providers", "-p", help="Comma-separated provider ids, in "
                             "preference order (openvino:GPU picks a device). Default: every provider present.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+WideOption = Annotated[bool, typer.Option("--wide", help="Every column and row, not only the summary.")]
+ShapeOption = Annotated[list[str] | None, typer.Option("--shape", help="NAME:DIMS (1x3x224x224) of an input to "
+                        "generate; repeatable.")]
+InputsOption = Annotated[Path | None, typer.Option("--inputs", "-i", help="An .npz (one array per input), an .npy "
+                         "(a one-input model) or an ONNX test_data_set_* folder; default: seeded random inputs.")]
+SeedOption = Annotated[int, typer.Option("--seed", help="Seed of the generated inputs.")]
 ThreadsOption = Annotated[int | None, typer.Option("--threads", min=1, help="Intra-op threads for every provider.")]
 
 
@@ -41,8 +51,19 @@ def main() -> None:
     try:
         app()
     except UhopError as error:
-        err.print(f"[bold red]error:[/] {error}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
         sys.exit(error.exit_code)
+
+
+@app.callback()
+def _options(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the runtimes' own logs and "
+                                                   "uhop-onnx's progress log.")] = False) -> None:
+    """Place ONNX models on the fastest mix of providers, and run them."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "3")  # LiteRT's C++ logging
+    from .providers.ort import set_log_severity
+
+    set_log_severity(2 if verbose else 4)  # not verbose: its errors are raised to us, not logged
 
 
 LiteRtFp16Option = Annotated[bool, typer.Option("--litert-fp16", help="LiteRT stages keep float16 weights "
@@ -78,25 +99,45 @@ def _steps(title: str, enabled: bool = True) -> Iterator[Any]:
 
 
 @app.command()
-def devices(as_json: JsonOption = False) -> None:
-    """List every provider uhop-onnx knows, present or not, with the reason and install command when absent."""
+def devices(as_json: JsonOption = False, wide: WideOption = False) -> None:
+    """List every provider uhop-onnx knows, present or not, with the install command (and with --wide the
+    reason) when absent."""
     from .providers import devices as known
 
     rows = [a.to_json() for a in known()]
     if as_json:
         return _print_json(rows)
-    table = Table("provider", "present", "version", "device", "reason / install")
+    table = Table("provider", "device", "present", "version", *(["reason"] if wide else []),
+                  title=f"{sum(r['present'] for r in rows)} of {len(rows)} providers and devices present")
     for r in rows:
-        note = "" if r["present"] else f"{r['reason']}\n[dim]{r['install']}[/]"
-        table.add_row(r["id"], "[green]yes[/]" if r["present"] else "[red]no[/]", r["version"] or "",
-                      r["device"] or "", note)
-    out.print(table)
+        version = r["version"] or ""
+        cells = [escape(r["id"]), escape(r["device"] or ""), "[green]yes[/]" if r["present"] else "[red]no[/]",
+                 escape(version if wide or len(version) <= 24 else version[:23] + "…")]
+        table.add_row(*cells, *([escape(r["reason"])] if wide else []))
+    out.print(_fit(table, 3, 4))
+    for r in rows:
+        if not r["present"] and r["install"]:
+            out.print(f"to install {escape(r['id'])}{escape(':' + r['device']) if r['device'] else ''}: "
+                      f"{escape(r['install'])}", highlight=False)
+    if not wide:
+        out.print("[dim]--wide shows why each absent one is absent[/]")
+
+
+def _fit(table: Table, *long: int) -> Table:
+    """Short columns kept whole on one line; only the `long` ones (indices) wrap when the terminal is narrow."""
+    for k, column in enumerate(table.columns):
+        column.no_wrap = k not in long
+        column.overflow = "fold"
+    return table
 
 
 @app.command()
 def inspect(model: Path, providers: ProvidersOption = None, threads: ThreadsOption = None,
-            as_json: JsonOption = False) -> None:
-    """Show a model's ops and which provider can run each node, with the reason for every "no"."""
+            unsupported: Annotated[bool, typer.Option("--unsupported", help="List the nodes some provider cannot "
+                                                      "run, with the reason.")] = False,
+            wide: WideOption = False, as_json: JsonOption = False) -> None:
+    """Show a model's ops and how many nodes each provider can run; --unsupported lists the nodes some provider
+    cannot run and why, --wide every node against every provider."""
     from .optimizer import analyze
 
     with _steps("inspecting", not as_json) as step:
@@ -118,20 +159,39 @@ def inspect(model: Path, providers: ProvidersOption = None, threads: ThreadsOpti
         "opsets": {o.domain or "ai.onnx": o.version for o in a.loaded.opset_import},
         "ops": dict(Counter(n["op"] for n in nodes).most_common()),
         "providers": labels,
+        "supported": {label: sum(bool(n["support"][label]["ok"]) for n in nodes) for label in labels},
         "nodes": nodes,
     }
     if as_json:
         return _print_json(report)
-    ops = Table("op", "count", title=f"{model.name}: {len(nodes)} nodes")
+    kept = sum(n["support"][labels[0]]["ok"] is not None for n in nodes) if labels else 0
+    out.print(f"{escape(model.name)}: {len(nodes)} nodes, {kept} after simplification")
+    counts = Table("provider", "can run")
+    for label, count in report["supported"].items():
+        counts.add_row(escape(label), f"{count} of {kept}")
+    out.print(counts)
+    ops = Table("op", "count", *labels)
     for op, count in report["ops"].items():
-        ops.add_row(op, str(count))
-    out.print(ops)
-    matrix = Table("node", "op", *labels, title="who can run what")
-    for n in nodes:
-        cells = [("[dim]folded[/]" if s["ok"] is None else "[green]yes[/]" if s["ok"] else f"[red]no[/] {s['reason']}")
-                 for s in n["support"].values()]
-        matrix.add_row(n["name"], n["op"], *cells)
-    out.print(matrix)
+        mine = [n for n in nodes if n["op"] == op and n["support"][labels[0]]["ok"] is not None] if labels else []
+        ops.add_row(escape(op), str(count), *(str(sum(bool(n["support"][label]["ok"]) for n in mine)) for label in labels))
+    out.print("nodes each provider can run, by op:")
+    out.print(_fit(ops, 0))
+    if unsupported:
+        refusals = Table("node", "op", "provider", "why not")
+        for n in nodes:
+            for label, v in n["support"].items():
+                if v["ok"] is False:
+                    refusals.add_row(escape(n["name"]), escape(n["op"]), escape(label), escape(v["reason"]))
+        out.print(_fit(refusals, 0, 3) if refusals.rows else "every provider can run every node")
+    elif wide:
+        matrix = Table("node", "op", *labels, title="who can run what")
+        for n in nodes:
+            matrix.add_row(escape(n["name"]), escape(n["op"]), *(
+                "[dim]folded[/]" if v["ok"] is None else "[green]yes[/]" if v["ok"] else f"[red]no[/] {escape(v['reason'])}"
+                for v in n["support"].values()))
+        out.print(matrix, width=10**4)
+    else:
+        out.print("[dim]--unsupported lists the nodes some provider cannot run, and why; --wide every node[/]")
 
 
 @app.command()
@@ -158,17 +218,22 @@ def optimize(model: Path, output: Annotated[Path, typer.Option("--output", "-o",
     _print_replaced(plan)
 
 
-def _print_stages(plan, title: str) -> None:
-    table = Table("stage", "provider", "nodes", "first node .. last node", "ms", "boundary ms", "alternatives (ms)",
-                  title=title)
+def _print_stages(plan, title: str, wide: bool = False) -> None:
+    """The stages; with `wide`, each one's measured alternatives too."""
+    table = Table("stage", "provider", "nodes", "first node .. last node", "ms", "boundary ms",
+                  *(["alternatives (ms)"] if wide else []), title=escape(title))
     for k, s in enumerate(plan.stages):
         span = s.nodes[0] if len(s.nodes) == 1 else f"{s.nodes[0]} .. {s.nodes[-1]}"
         note = plan.fell_back(k)
-        provider = s.label + (f" [yellow]{note}[/]" if note else "")
+        provider = escape(s.label) + (f" [yellow]{escape(note)}[/]" if note else "")
         others = ", ".join(f"{p} {ms:.3f}" for p, ms in sorted(s.alternatives.items(), key=lambda kv: kv[1])
                            if p != s.label)
-        table.add_row(str(k), provider, str(len(s.nodes)), span, ms_text(s.cost_ms), ms_text(s.boundary_ms), others)
-    out.print(table)
+        table.add_row(str(k), provider, str(len(s.nodes)), escape(span), ms_text(s.cost_ms), ms_text(s.boundary_ms),
+                      *([escape(others)] if wide else []))
+    out.print(_fit(table, 3, 6))
+    if plan.profile:
+        out.print("[dim]stage ms: the stage's blocks, each measured alone on its provider; a whole plan's ms "
+                  "(below): the plan run end to end in its own process, hand-overs included[/]")
 
 
 def _print_replaced(plan) -> None:
@@ -180,52 +245,154 @@ def _print_replaced(plan) -> None:
 
 
 def _print_candidates(profile: dict) -> None:
-    table = Table("whole plan", "ms", "spread", "stages", title=f"measured whole (chosen: {profile['chosen']}; "
-                  f"{profile['measured']} measured, {profile['cached']} cached, {profile['seconds']} s)")
+    table = Table("whole plan", "ms", "spread", "stages", title=f"whole plans measured ({profile['measured']} "
+                  f"figures measured, {profile['cached']} cached, {profile['seconds']} s)")
     for name, c in sorted(profile["candidates"].items(), key=lambda kv: ms_order(kv[1]["ms"])):
-        mark = "[bold green]" if name == profile["chosen"] else ""
+        chosen = name == profile["chosen"]
         figure = ms_text(c["ms"]) if c["ms"] is not None else f"[red]failed:[/] {_short(c.get('error'))}"
-        table.add_row(f"{mark}{name}", figure, f"{c['spread']:.1%}", c["stages"])
-    out.print(table)
+        table.add_row(f"[bold green]{escape(name)} (this plan)[/]" if chosen else escape(name), figure,
+                      f"{c['spread']:.1%}", escape(c["stages"]))
+    out.print(_fit(table, 1, 3))
 
 
 @app.command()
 def run(model: Annotated[Path, typer.Argument(help="A plan folder or an .onnx model.")],
-        inputs: Annotated[Path, typer.Option("--inputs", "-i", help="An .npz file with one array per model input.")],
+        inputs: InputsOption = None, shape: ShapeOption = None,
         output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the outputs to this .npz.")] = None,
-        providers: ProvidersOption = None, threads: ThreadsOption = None, litert_fp16: LiteRtFp16Option = False,
-        as_json: JsonOption = False) -> None:
-    """Run a plan folder or a model on the inputs of an .npz file."""
+        iterations: Annotated[int, typer.Option("--iterations", "-n", min=0, help="Time this many runs: latency "
+                                                "p50/p90/p99, throughput and each stage's share.")] = 0,
+        warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs before the timed ones.")] = 1,
+        seed: SeedOption = 0, providers: ProvidersOption = None, threads: ThreadsOption = None,
+        litert_fp16: LiteRtFp16Option = False, as_json: JsonOption = False) -> None:
+    """Run a plan folder or a model on given or generated inputs; with --iterations, time it."""
     import numpy as np
 
-    from .session import InferenceSession
+    from .latency import measure_latency
 
-    feeds = _read_npz(inputs)
     with _steps("running", not as_json) as step:
         step("compiling stages")
-        session = InferenceSession(str(model), providers=_providers(providers, litert_fp16), profile=False,
-                                   threads=threads)
+        session = _session(model, providers, threads, litert_fp16)
+        feeds, source = _feeds(session, inputs, shape, seed)
         step("running")
         results = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+        if iterations:
+            step(f"timing {iterations} runs")
+            latency = measure_latency(session, feeds, iterations, warmup)
     if output is not None:
         _write_npz(output, results)
     summary = [{"name": k, "dtype": str(v.dtype), "shape": list(v.shape),
                 "mean": float(np.mean(v)) if v.size and v.dtype.kind in "fiub" else None} for k, v in results.items()]
+    report = {"providers": session.get_providers(), "inputs": source, "outputs": summary}
+    if iterations:
+        report["latency"] = latency
     if as_json:
-        return _print_json({"providers": session.get_providers(), "outputs": summary})
-    table = Table("output", "dtype", "shape", "mean", title=f"ran on {', '.join(session.get_providers())}")
+        return _print_json(report)
+    table = Table("output", "dtype", "shape", "mean", title=f"ran on {escape(', '.join(session.get_providers()))} "
+                  f"({escape(source)})")
     for s in summary:
-        table.add_row(s["name"], s["dtype"], str(s["shape"]), "" if s["mean"] is None else f"{s['mean']:.6g}")
+        table.add_row(escape(s["name"]), s["dtype"], str(s["shape"]), "" if s["mean"] is None else f"{s['mean']:.6g}")
+    out.print(_fit(table, 0))
+    if iterations:
+        _print_latency(latency)
+
+
+def _print_latency(latency: dict) -> None:
+    out.print(f"latency over {latency['iterations']} runs ({latency['warmup']} warm-up): p50 {latency['p50_ms']:.3f} ms, "
+              f"p90 {latency['p90_ms']:.3f} ms, p99 {latency['p99_ms']:.3f} ms; throughput "
+              f"{latency['throughput_per_s']:.1f}/s")
+    table = Table("stage", "provider", "nodes", "median ms", "share", caption=f"between stages (hand-over, "
+                  f"routing): {latency['between_stages_share']:.1%}")
+    for st in latency["stages"]:
+        table.add_row(str(st["index"]), escape(st["provider"]), str(st["nodes"]), f"{st['median_ms']:.3f}",
+                      f"{st['share']:.1%}")
     out.print(table)
 
 
-def _read_npz(path: Path) -> dict:
-    from .files import read_npz
+@app.command()
+def compare(model: Annotated[Path, typer.Argument(help="A plan folder or an .onnx model.")],
+            against: Annotated[str, typer.Option("--against", help="The reference: a provider id; for a model, "
+                                                 "ort-cpu is ONNX Runtime on the original model.")] = "ort-cpu",
+            inputs: InputsOption = None, shape: ShapeOption = None,
+            rtol: Annotated[float, typer.Option("--rtol", min=0)] = 1e-4,
+            atol: Annotated[float, typer.Option("--atol", min=0)] = 1e-5,
+            seed: SeedOption = 0, providers: ProvidersOption = None, threads: ThreadsOption = None,
+            litert_fp16: LiteRtFp16Option = False, as_json: JsonOption = False) -> None:
+    """Run a plan (or a model) and a reference on the same inputs and compare every output: max abs and rel
+    error and cosine; exit 1 when one is outside --rtol/--atol (numpy's allclose)."""
+    from .compare import compare_arrays
 
-    try:
-        return read_npz(path)
-    except (OSError, ValueError) as error:
-        raise InputError(f"{path}: cannot read inputs ({error}); give an .npz written by numpy.savez") from None
+    with _steps("comparing", not as_json) as step:
+        step("compiling stages")
+        session = _session(model, providers, threads, litert_fp16)
+        feeds, source = _feeds(session, inputs, shape, seed)
+        step("running")
+        names = [o.name for o in session.get_outputs()]
+        got = dict(zip(names, session.run(None, feeds), strict=True))
+        step(f"running the reference on {against}")
+        want = _reference(model, session, against, feeds, threads)
+    rows = {name: compare_arrays(got[name], want[name], rtol, atol) for name in names}
+    report = {"model": str(model), "providers": session.get_providers(), "against": against, "inputs": source,
+              "rtol": rtol, "atol": atol, "ok": all(r["ok"] for r in rows.values()), "outputs": rows}
+    if as_json:
+        _print_json(report)
+    else:
+        table = Table("output", "max abs", "max rel", "cosine", "within", title=f"{escape(', '.join(report['providers']))} "
+                      f"against {escape(against)} ({escape(source)})", caption=f"rtol {rtol:g}, atol {atol:g}")
+        for name, r in rows.items():
+            verdict = "[green]yes[/]" if r["ok"] else f"[red]no[/] {escape(r.get('error', ''))}"
+            table.add_row(escape(name), _number(r.get("max_abs_error")), _number(r.get("max_rel_error")),
+                          _number(r.get("cosine"), ".6f"), verdict)
+        out.print(_fit(table, 0))
+    if not report["ok"]:
+        raise typer.Exit(1)
+
+
+def _number(value: float | None, spec: str = ".3g") -> str:
+    return "" if value is None else format(value, spec)
+
+
+def _session(model: Path, providers: str | None, threads: int | None, litert_fp16: bool):
+    """A session over a plan folder, or a model placed without timing."""
+    from .session import InferenceSession
+
+    return InferenceSession(str(model), providers=_providers(providers, litert_fp16), profile=False, threads=threads)
+
+
+def _feeds(session, inputs: Path | None, shapes: list[str] | None, seed: int) -> tuple[dict, str]:
+    """The feeds from `--inputs`, else seeded random ones of the model's (or `--shape`'s) shapes; and where
+    they came from."""
+    from dataclasses import replace
+
+    from .inputs import parse_shape, read_inputs
+    from .samples import sample_feeds
+
+    if inputs is not None:
+        return read_inputs(inputs, [i.name for i in session.get_inputs()]), str(inputs)
+    given = dict(parse_shape(text) for text in shapes or ())
+    names = [i.name for i in session.get_inputs()]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise InputError(f"--shape: no input named {', '.join(unknown)}; the model's inputs: {', '.join(names)}")
+    signatures = [replace(i, shape=list(given[i.name])) if i.name in given else i for i in session.get_inputs()]
+    return sample_feeds(signatures, seed), f"generated, seed {seed}"
+
+
+def _reference(model: Path, session, against: str, feeds: dict, threads: int | None) -> dict:
+    """The reference outputs: ONNX Runtime CPU on the original model, or the plan with every stage on `against`."""
+    from .plan import PLAN_FILE
+    from .providers import parse_spec
+    from .session import InferenceSession
+
+    ident, options = parse_spec(against)
+    if not (model / PLAN_FILE).is_file():
+        if ident == "ort-cpu" and not options:
+            from .samples import reference_outputs
+
+            return reference_outputs(model, feeds)
+        reference = InferenceSession(str(model), providers=[against], profile=False, threads=threads)
+    else:
+        reference = InferenceSession(session.plan.on(ident, options), threads=threads)
+    return dict(zip([o.name for o in reference.get_outputs()], reference.run(None, feeds), strict=True))
 
 
 def _write_npz(path: Path, arrays: dict) -> None:
@@ -239,16 +406,15 @@ def _write_npz(path: Path, arrays: dict) -> None:
 
 @app.command()
 def explain(plan_dir: Annotated[Path, typer.Argument(help="A plan folder written by optimize.")],
-            as_json: JsonOption = False) -> None:
+            wide: WideOption = False, as_json: JsonOption = False) -> None:
     """Show a plan: its stages, providers, and the tensors that cross between them."""
     from .plan import Plan
 
     plan = Plan.load(plan_dir)
     if as_json:
         return _print_json(plan.to_json())
-    out.print(f"[bold]{plan.model_name}[/] ({plan.model_hash[:12]}), placement: {plan.placement}, "
-              f"providers: {', '.join(p['id'] for p in plan.providers)}")
-    _print_stages(plan, title=str(plan_dir))
+    out.print(escape(plan.summary()))
+    _print_stages(plan, title=str(plan_dir), wide=wide)
     if plan.profile:
         _print_candidates(plan.profile)
     _print_replaced(plan)
@@ -277,14 +443,14 @@ def bench(model: Path, providers: ProvidersOption = None, threads: ThreadsOption
 
 def _print_bench(result: dict, threads: int | None) -> None:
     table = Table("candidate", "min of round medians (ms)", "vs best single provider", "overhead vs raw", "stages",
-                  title=f"{result['model']}: {result['rounds']} alternating rounds, threads={threads or 'default'}",
-                  caption=f"best single provider (runs every node alone): {result['best_single'] or 'none'}")
+                  title=escape(f"{result['model']}: {result['rounds']} alternating rounds, threads={threads or 'default'}"),
+                  caption=escape(f"best single provider (runs every node alone): {result['best_single'] or 'none'}"))
     for name, f in sorted(result["candidates"].items(), key=lambda kv: ms_order(kv[1]["ms"])):
         ratio = f.get("ratio_to_best_single")
         overhead = f.get("overhead_vs_raw")
-        table.add_row(name, ms_text(f["ms"]) if f["ms"] is not None else f"[red]failed:[/] {_short(f['error'])}",
+        table.add_row(escape(name), ms_text(f["ms"]) if f["ms"] is not None else f"[red]failed:[/] {_short(f['error'])}",
                       "" if ratio is None else f"{ratio:.3f}", "" if overhead is None else f"{overhead:+.1%}",
-                      _stages_summary(f["stages"]))
+                      escape(_stages_summary(f["stages"])))
     out.print(table)
     for name in result["failed"]:
         if "\n" in result["candidates"][name]["error"]:
@@ -292,7 +458,7 @@ def _print_bench(result: dict, threads: int | None) -> None:
     seconds = result["optimize_seconds"]
     if seconds["cold"] is not None:
         out.print(f"optimize: {seconds['cold']:.1f} s with a cold cache, {seconds['warm']:.1f} s warm; "
-                  f"plan: {' > '.join(result['plan'])}")
+                  f"plan: {escape(' > '.join(result['plan']))}")
 
 
 def _short(error: str | None, limit: int = 160) -> str:
@@ -326,24 +492,27 @@ def export(model: Path,
            = ExportFormat.bundle,
            providers: ProvidersOption = None, threads: ThreadsOption = None,
            sign: Annotated[Path | None, typer.Option("--sign", help="Sign the bundle's manifest with this Ed25519 "
-                                                     "private key (from `uhop-onnx keygen`).")] = None) -> None:
+                                                     "private key (from `uhop-onnx keygen`).")] = None,
+           as_json: JsonOption = False) -> None:
     """Write a deployment bundle for a board, or a Triton model repository."""
     if fmt is ExportFormat.triton:
         from .triton import export_triton
 
-        with _steps("exporting"):
+        with _steps("exporting", not as_json):
             written = export_triton(model, output, providers=_providers(providers), threads=threads)
-        out.print(f"Triton model repository written to {written}")
+        if as_json:
+            return _print_json({"format": "triton", "repository": str(written)})
+        out.print(f"Triton model repository written to {escape(str(written))}")
         return
     if target is None:
         raise typer.BadParameter("--target is required for bundles (rk3588, jetson-orin, x86-64, arm64, intel-npu, "
                                  "or a JSON profile)", param_hint="--target")
     from .export import export_bundle
 
-    with _steps("exporting") as step:
+    with _steps("exporting", not as_json) as step:
         written = export_bundle(model, target, output, providers=_providers(providers), threads=threads,
                                 progress=step, sign=sign)
-    _print_bundle(written, f"{'signed ' if sign else ''}bundle for {target}")
+    _print_bundle(written, f"{'signed ' if sign else ''}bundle for {target}", as_json)
 
 
 @app.command()
@@ -353,7 +522,8 @@ def keygen(name: Annotated[Path, typer.Option("--output", "-o", help="Writes NAM
     from .bundle.signature import keygen as write_pair
 
     private, public = write_pair(name)
-    out.print(f"private key: {private} (keep it secret; it signs bundles)\npublic key:  {public} (give it to "
+    out.print(f"private key: {escape(str(private))} (keep it secret; it signs bundles)\npublic key:  "
+              f"{escape(str(public))} (give it to "
               "whoever loads the bundles: `verify --key`, `load_bundle(path, key=...)`)")
 
 
@@ -362,21 +532,26 @@ def tune(bundle: Annotated[Path, typer.Argument(help="A bundle folder or .tar.gz
          output: Annotated[Path, typer.Option("--output", "-o", help="A new folder, or a file ending .tar.gz.")],
          threads: ThreadsOption = None,
          budget: Annotated[float, typer.Option("--budget", min=0, help="Seconds the measured search may spend "
-                                               "improving the plan.")] = 60.0) -> None:
+                                               "improving the plan.")] = 60.0,
+         as_json: JsonOption = False) -> None:
     """On the board: place a bundle's model again by measuring it here, and write the new bundle."""
     from .export import tune_bundle
 
-    with _steps("tuning") as step:
+    with _steps("tuning", not as_json) as step:
         written = tune_bundle(bundle, output, threads=threads, budget=budget, progress=step)
-    _print_bundle(written, f"tuned from {bundle}")
+    _print_bundle(written, f"tuned from {bundle}", as_json)
 
 
-def _print_bundle(bundle: Path, title: str) -> None:
+def _print_bundle(bundle: Path, title: str, as_json: bool = False) -> None:
     manifest = _manifest_of(bundle)
-    table = Table("stage", "provider", "format", "nodes", "files", title=f"{title}: {bundle} ({manifest['placement']})")
+    if as_json:
+        return _print_json({"bundle": str(bundle), "manifest": manifest})
+    out.print(escape(f"{title}: {bundle} ({manifest['placement']})"), highlight=False, soft_wrap=True)
+    table = Table("stage", "provider", "format", "nodes", "files")
     for k, s in enumerate(manifest["stages"]):
-        table.add_row(str(k), s["provider"], s["artifact"]["format"], str(len(s["nodes"])), ", ".join(s["artifact"]["files"]))
-    out.print(table)
+        table.add_row(str(k), escape(s["provider"]), escape(s["artifact"]["format"]), str(len(s["nodes"])),
+                      escape(", ".join(s["artifact"]["files"])))
+    out.print(_fit(table, 0))
     if manifest.get("profile"):
         _print_candidates(manifest["profile"])
 
@@ -406,15 +581,16 @@ def verify(bundle: Annotated[Path, typer.Argument(help="A bundle folder or .tar.
     else:
         _print_signature(report["signature"])
         for problem in report["files"]:
-            out.print(f"[red]tampered:[/] {problem}")
-        table = Table("stage", "provider", "ran here", "how", "result", title=str(bundle))
+            out.print(f"[red]tampered:[/] {escape(str(problem))}")
+        table = Table("stage", "provider", "ran here", "how", "result", title=escape(str(bundle)))
         for s in report["stages"]:
-            result = {True: "[green]match[/]", False: f"[red]mismatch[/] {s.get('error', '')}", None: "not checked"}[s["ok"]]
-            table.add_row(str(s["index"]), s["provider"], "yes" if s["ran"] else "no", s["how"], result)
+            result = {True: "[green]match[/]", False: f"[red]mismatch[/] {escape(s.get('error', ''))}",
+                      None: "not checked"}[s["ok"]]
+            table.add_row(str(s["index"]), escape(s["provider"]), "yes" if s["ran"] else "no", escape(s["how"]), result)
         if report["stages"]:
             out.print(table)
         for name, o in (report["outputs"] or {}).items():
-            out.print(f"output {name}: {'[green]matches[/]' if o['ok'] else '[red]differs[/]'} the reference "
+            out.print(f"output {escape(name)}: {'[green]matches[/]' if o['ok'] else '[red]differs[/]'} the reference "
                       f"(max abs error {o.get('max_abs_error')})")
         if report.get("unrun"):
             out.print(f"[{'yellow' if allow_unrun else 'red'}]no stage could run here[/]: only the hashes were "
@@ -428,7 +604,7 @@ def _print_signature(signature: dict) -> None:
         out.print("[green]signature valid[/]: the manifest, and through its hashes every file, is as the key's "
                   "owner signed it")
     elif signature["ok"] is False:
-        out.print(f"[red]tampered:[/] {signature['error']}")
+        out.print(f"[red]tampered:[/] {escape(signature['error'])}")
     elif signature["signed"]:
         out.print("[yellow]signed, signature not checked[/]: give --key PUB to check it; the hashes alone prove "
                   "only that no file was corrupted")

@@ -31,6 +31,12 @@ class BundleError(UhopError):
     exit_code = 1
 
 
+class BundleNotFound(BundleError):
+    """No bundle at the path given: bad input, not a failed check."""
+
+    exit_code = 2
+
+
 class KeyFileError(UhopError):
     """A signing key is missing, unreadable, not an Ed25519 PEM key, or would overwrite a file."""
 

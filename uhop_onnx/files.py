@@ -1,4 +1,5 @@
-"""Writes that land whole or not at all: a file or a folder is built beside its target and renamed onto it."""
+"""Writes that land whole or not at all: a file or a folder is built beside its target and renamed onto it,
+with the modes the user's umask gives (mkstemp and mkdtemp would leave them private to the owner)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,19 @@ from typing import IO
 from .errors import UhopError
 
 
+def umask() -> int:
+    """The process's file mode creation mask."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_file(path: Path, mode: str = "w") -> Iterator[IO]:
     """An open temporary file beside `path`, renamed to `path` when the block ends without error."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~umask())
     try:
         with os.fdopen(fd, mode) as handle:
             yield handle
@@ -35,6 +44,7 @@ def new_folder(target: Path, error: type[UhopError] = UhopError) -> Iterator[Pat
         raise error(f"{target}: exists and is not an empty folder; choose a new output path")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    staging.chmod(0o777 & ~umask())
     try:
         yield staging
         if target.exists():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ import numpy as np
 from .errors import PlanError
 from .files import new_folder, read_npz
 from .dtypes import TensorSig
-from .report import write_report
+from .report import ms_text, write_report
 
 SCHEMA = "uhop-onnx.plan/1"
 PLAN_FILE = "plan.json"
@@ -85,6 +85,42 @@ class Plan:
 
     def get_providers(self) -> list[str]:
         return list(dict.fromkeys(s.provider for s in self.stages))
+
+    def summary(self) -> str:
+        """A few lines: the model, the placement, and the stages by provider with their node counts."""
+        nodes: dict[str, int] = {}
+        for s in self.stages:
+            nodes[s.label] = nodes.get(s.label, 0) + len(s.nodes)
+        where = ", ".join(f"{label} {count} nodes" for label, count in nodes.items())
+        lines = [f"{self.model_name} ({self.model_hash[:12]}): {len(self.stages)} stage(s), placement {self.placement}"
+                 f"{f', threads {self.threads}' if self.threads else ''}", f"  {where}"]
+        if self.profile and self.profile.get("chosen") in self.profile.get("candidates", {}):
+            chosen = self.profile["candidates"][self.profile["chosen"]]
+            lines.append(f"  measured {ms_text(chosen['ms'])} ms end to end ({self.profile['chosen']})")
+        lines += [f"  stage {k}{self.fell_back(k)}" for k in sorted(self.fallbacks)]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        labels = " > ".join(f"{s.label} x{len(s.nodes)}" for s in self.stages[:6])
+        more = f" > ... ({len(self.stages)} stages)" if len(self.stages) > 6 else ""
+        return f"<Plan {self.model_name!r} {self.placement}: {labels}{more}>"
+
+    def _repr_html_(self) -> str:
+        """The stage table, for notebooks."""
+        from html import escape
+
+        rows = "".join(f"<tr><td>{k}</td><td>{escape(s.label)}</td><td>{len(s.nodes)}</td><td><code>"
+                       f"{escape(s.nodes[0])}</code></td><td>{ms_text(s.cost_ms)}</td></tr>"
+                       for k, s in enumerate(self.stages))
+        head = escape(self.summary().splitlines()[0])
+        return (f"<p><b>{head}</b></p><table><tr><th>stage</th><th>provider</th><th>nodes</th><th>first node</th>"
+                f"<th>ms</th></tr>{rows}</table>")
+
+    def on(self, provider: str, options: dict[str, Any] | None = None) -> Plan:
+        """The same stages, every one on `provider` (a reference to compare this plan with)."""
+        stages = [replace(s, provider=provider, options=dict(options or {}), model=s.model, cost_ms=None,
+                          alternatives={}, boundary_ms=None) for s in self.stages]
+        return replace(self, stages=stages, placement=f"every stage on {provider}", profile=None, fallbacks={})
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -143,6 +143,12 @@ class InferenceSession:
         (an `onnxruntime.RunOptions`) is accepted; nothing in it changes how uhop-onnx runs."""
         return self._run(output_names, input_feed)
 
+    def run_with_timings(self, output_names: Sequence[str] | None,
+                         input_feed: Mapping[str, Any]) -> tuple[list[np.ndarray], list[Timing]]:
+        """`run`, and for each stage that ran: (index, start, end) in `time.perf_counter()` seconds."""
+        timings: list[Timing] = []
+        return self._run(output_names, input_feed, timings=timings), timings
+
     def run_with_ort_values(self, output_names: Sequence[str] | None, input_dict_ort_values: Mapping[str, Any],
                             run_options: Any = None) -> list[Any]:
         """`run` with `onnxruntime.OrtValue`s in and out; an output a GPU stage leaves on its device stays there."""
@@ -183,13 +189,14 @@ class InferenceSession:
             json.dump(events, handle, indent=1)
         return name
 
-    def _run(self, output_names, feeds, host: bool = True) -> list[Any]:
-        if self._trace is None:
+    def _run(self, output_names, feeds, host: bool = True, timings: list[Timing] | None = None) -> list[Any]:
+        if self._trace is None and timings is None:
             return self._executor.run(output_names, feeds, host=host)
-        timings: list[Timing] = []
+        timings = [] if timings is None else timings
         start = time.perf_counter()
         results = self._executor.run(output_names, feeds, host=host, timings=timings)
-        self._record(start, time.perf_counter(), timings)
+        if self._trace is not None:
+            self._record(start, time.perf_counter(), timings)
         return results
 
     def _record(self, start: float, end: float, timings: list[Timing]) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 from .bundle import KeySource, load_stage
 from .bundle.manifest import check_files, read_manifest, unpacked
 from .bundle.signature import signed
+from .compare import compare_arrays
 from .errors import BundleError, UhopError, first_line
 from .files import read_npz
 from .samples import reference_outputs
@@ -51,7 +52,7 @@ def verify_bundle(path: str | os.PathLike, key: KeySource | None = None, allow_u
             values.update(produced)
         expected = read_npz(folder / manifest["samples"]["outputs"])
         tolerance = manifest["tolerance"]
-        report["outputs"] = {name: _compare(values[name], want, tolerance) for name, want in expected.items()}
+        report["outputs"] = {name: compare_arrays(values[name], want, tolerance["rtol"], tolerance["atol"]) for name, want in expected.items()}
         report["unrun"] = not any(s["ran"] for s in report["stages"])
         report["ok"] = (all(s["ok"] is not False for s in report["stages"])
                         and all(o["ok"] for o in report["outputs"].values()) and (allow_unrun or not report["unrun"]))
@@ -85,7 +86,8 @@ def _check_stage(folder, stage: dict, feeds: dict[str, np.ndarray],
         return {"ran": True, "how": how, "ok": False, "error": first_line(error)}, reference
     finally:
         runner.close()
-    compared = {name: _compare(results[name], reference[name], stage["tolerance"]) for name in stage["outputs"]}
+    compared = {name: compare_arrays(results[name], reference[name], stage["tolerance"]["rtol"],
+                                     stage["tolerance"]["atol"]) for name in stage["outputs"]}
     ok = all(c["ok"] for c in compared.values())
     return {"ran": True, "how": how, "ok": ok, "outputs": compared}, results
 
@@ -114,15 +116,3 @@ def _host_runner(folder, stage: dict, trusted: bool):
             return provider.compile(onnx.load(folder / stage["reference"])), f"{simulator}, rebuilt from the stage's ONNX"
         except UhopError as error:
             return None, f"cannot run here: {first_line(native)}; {simulator} failed: {first_line(error)}"
-
-
-def _compare(got: np.ndarray, want: np.ndarray, tolerance: dict[str, float]) -> dict[str, Any]:
-    got, want = np.asarray(got), np.asarray(want)
-    if got.shape != want.shape:
-        return {"ok": False, "error": f"shape {list(got.shape)}, expected {list(want.shape)}"}
-    if got.dtype.kind not in "fc":
-        return {"ok": bool(np.array_equal(got, want)), "max_abs_error": None}
-    error = float(np.max(np.abs(got.astype(np.float64) - want))) if got.size else 0.0
-    ok = bool(np.allclose(got, want, rtol=tolerance["rtol"], atol=tolerance["atol"], equal_nan=True))
-    return {"ok": ok, "max_abs_error": error}
-

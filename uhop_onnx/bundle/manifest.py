@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from uhop_onnx.errors import BundleError
+from uhop_onnx.errors import BundleError, BundleNotFound
 
 SCHEMA = "uhop-onnx.bundle/2"
 MANIFEST = "manifest.json"
@@ -228,7 +228,7 @@ def open_bundle(path: str | os.PathLike) -> tuple[Path, tempfile.TemporaryDirect
     if path.is_dir():
         return path, None
     if not path.is_file():
-        raise BundleError(f"{path}: no such bundle folder or archive")
+        raise BundleNotFound(f"{path}: no such bundle folder or archive")
     scratch = tempfile.TemporaryDirectory(prefix="uhop-bundle-")
     try:
         extract(path, Path(scratch.name))
