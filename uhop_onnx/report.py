@@ -1,33 +1,97 @@
-"""The human side of a plan folder: `report.md`, and the graph coloured by provider (`graph.dot`, `graph.svg`)."""
+"""The human side of a plan folder: `report.md`; `placement.svg`, drawn here with no system program (every
+node coloured by provider, and a timeline of the stages with their measured times); and the graph for
+Graphviz (`graph.dot`, and `graph.svg` where Graphviz's `dot` is installed)."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
+from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .plan import Plan
 
+log = logging.getLogger(__name__)
+
 COLOURS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f"]
 
 
 def write_report(plan: Plan, folder: Path) -> None:
     (folder / "report.md").write_text(markdown(plan))
+    (folder / "placement.svg").write_text(placement_svg(plan))
     dot = graph_dot(plan)
     (folder / "graph.dot").write_text(dot)
-    if shutil.which("dot"):
-        try:
-            svg = subprocess.run(["dot", "-Tsvg"], input=dot, capture_output=True, text=True, timeout=60, check=True)
-            (folder / "graph.svg").write_text(svg.stdout)
-        except (subprocess.SubprocessError, OSError):
-            pass  # the DOT file is there to render by hand
+    if not shutil.which("dot"):
+        log.info("graph.svg not drawn: Graphviz's dot is not installed (placement.svg shows the placement)")
+        return
+    try:
+        svg = subprocess.run(["dot", "-Tsvg"], input=dot, capture_output=True, text=True, timeout=60, check=True)
+        (folder / "graph.svg").write_text(svg.stdout)
+    except (subprocess.SubprocessError, OSError) as error:
+        log.warning("graph.svg not drawn: dot failed (%s); graph.dot is there to render by hand", error)
+
+
+def provider_colours(plan: Plan) -> dict[str, str]:
+    return {p: COLOURS[i % len(COLOURS)] for i, p in enumerate(dict.fromkeys(s.label for s in plan.stages))}
+
+
+def placement_svg(plan: Plan, width: int = 800, per_row: int = 50) -> str:
+    """An SVG of the plan: a legend, one square per node (in run order, coloured by its stage's provider;
+    hover for its name, op and stage), and the stages on a timeline, as wide as their measured ms (boundary
+    hand-over in grey) or, for a plan placed without timing, as their node counts."""
+    colours = provider_colours(plan)
+    cell = (width - 20) // per_row
+    nodes = [(k, node) for k, stage in enumerate(plan.stages) for node in plan.stage_model(stage).graph.node]
+    rows = -(-len(nodes) // per_row)
+    top = 50 + 20 * -(-len(colours) // 4)
+    parts = [f'<text x="10" y="22" font-size="15" font-weight="bold">{escape(plan.model_name)}: '
+             f'{len(plan.stages)} stage(s), {len(nodes)} nodes, placement {escape(plan.placement)}</text>']
+    for i, (label, colour) in enumerate(colours.items()):
+        x, y = 10 + (i % 4) * 190, 40 + (i // 4) * 20
+        parts.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{colour}"/>'
+                     f'<text x="{x + 18}" y="{y + 11}" font-size="12">{escape(label)}</text>')
+    for i, (k, node) in enumerate(nodes):
+        x, y = 10 + (i % per_row) * cell, top + (i // per_row) * cell
+        stage = plan.stages[k]
+        parts.append(f'<rect x="{x}" y="{y}" width="{cell - 2}" height="{cell - 2}" fill="{colours[stage.label]}">'
+                     f'<title>{escape(node.name)} ({escape(node.op_type)}): stage {k} on {escape(stage.label)}</title></rect>')
+    y = top + rows * cell + 30
+    measured = all(s.cost_ms is not None for s in plan.stages)
+    spans = [((s.boundary_ms or 0.0) if measured else 0.0, s.cost_ms if measured else float(len(s.nodes)))
+             for s in plan.stages]
+    total = sum(a + b for a, b in spans) or 1.0
+    scale = (width - 20) / total
+    caption = (f"stages on a timeline: {ms_text(total)} ms measured, stage by stage (grey: entering a stage from "
+               "another provider)" if measured else "stages in run order, as wide as their node counts (not measured)")
+    parts.append(f'<text x="10" y="{y - 8}" font-size="12">{escape(caption)}</text>')
+    x = 10.0
+    for k, (stage, (boundary, cost)) in enumerate(zip(plan.stages, spans)):
+        if boundary:
+            parts.append(f'<rect x="{x:.1f}" y="{y}" width="{boundary * scale:.1f}" height="24" fill="#bbbbbb">'
+                         f'<title>entering stage {k}: {ms_text(boundary)} ms</title></rect>')
+            x += boundary * scale
+        figure = f"{ms_text(cost)} ms" if measured else f"{len(stage.nodes)} nodes"
+        parts.append(f'<rect x="{x:.1f}" y="{y}" width="{max(cost * scale, 1):.1f}" height="24" '
+                     f'fill="{colours[stage.label]}"><title>stage {k} on {escape(stage.label)}: {figure}, '
+                     f'{len(stage.nodes)} nodes from {escape(stage.nodes[0])}</title></rect>')
+        label = next((t for t in (f"{k} {stage.label} {figure}", f"{k} {stage.label}", str(k))
+                      if len(t) * 6.5 + 6 < cost * scale), "")  # what fits, at about 6.5 px a character
+        if label:
+            parts.append(f'<text x="{x + 3:.1f}" y="{y + 16}" font-size="11" fill="white">{escape(label)}</text>')
+        x += cost * scale
+    height = y + 40
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" font-family="sans-serif">\n<rect width="100%" height="100%" fill="white"/>\n'
+            + "\n".join(parts) + "\n</svg>\n")
 
 
 def markdown(plan: Plan) -> str:
     lines = [f"# Plan for `{plan.model_name}`", "",
              f"Model sha256 `{plan.model_hash[:16]}`; placement: {plan.placement}; threads: {plan.threads or 'default'}.", "",
+             "![nodes coloured by provider, and the stages on a timeline](placement.svg)", "",
              "| stage | provider | nodes | first node | ms | boundary ms | alternatives (ms) |", "|---|---|---|---|---|---|---|"]
     for k, s in enumerate(plan.stages):
         alternatives = ", ".join(f"{p} {ms:.3f}" for p, ms in sorted(s.alternatives.items(), key=lambda kv: kv[1]))
@@ -52,7 +116,7 @@ def markdown(plan: Plan) -> str:
 
 
 def graph_dot(plan: Plan) -> str:
-    colours = {p: COLOURS[i % len(COLOURS)] for i, p in enumerate(dict.fromkeys(s.label for s in plan.stages))}
+    colours = provider_colours(plan)
     lines = ["digraph plan {", "  rankdir=TB; node [shape=box, style=filled, fontcolor=white, fontsize=10];"]
     writer: dict[str, str] = {}
     edges = []
