@@ -12,8 +12,8 @@ import numpy as np
 from tflite.BuiltinOperator import BuiltinOperator
 from tflite.BuiltinOptions import BuiltinOptions
 
-TENSOR_TYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.int32): 2, np.dtype(np.int64): 4,
-                np.dtype(np.bool_): 6}
+from uhop_onnx.dtypes import tflite_type
+
 PLACEHOLDER_FOR_GREATER_OP_CODES = 127
 VERSIONS = {BuiltinOperator.BROADCAST_TO: 2}  # builtins LiteRT registers from a version above 1
 ALIGNMENT = 16  # LiteRT reads constant buffers in place: keep them aligned
@@ -141,7 +141,7 @@ def _buffer(b: flatbuffers.Builder, data: bytes) -> int:
 def _tensor(b: flatbuffers.Builder, tensor: Tensor, buffer: int) -> int:
     name = b.CreateString(tensor.name)
     shape = _vector(b, "Tensor", "Shape", list(tensor.shape))
-    return _table(b, "Tensor", Shape=shape, Type=TENSOR_TYPES[tensor.dtype], Buffer=buffer, Name=name, HasRank=True)
+    return _table(b, "Tensor", Shape=shape, Type=tflite_type(tensor.dtype), Buffer=buffer, Name=name, HasRank=True)
 
 
 def _operator(b: flatbuffers.Builder, op: Operator, code: int, renumber: dict[int, int]) -> int:
