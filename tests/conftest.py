@@ -9,11 +9,14 @@ import numpy as np
 import onnx
 import pytest
 
+from uhop_onnx.cache import cache_dir
 from uhop_onnx.models import BUILDERS
 
 RTOL, ATOL = 1e-4, 1e-5
 
-# Profiles and built kernels go to a cache of this run, not the user's.
+# Profiles and built kernels go to a cache of this run, not the user's; the corpus's exports stay in the
+# user's cache, where they last between runs.
+os.environ.setdefault("UHOP_CORPUS_CACHE", str(cache_dir() / "corpus"))
 os.environ.setdefault("UHOP_CACHE_DIR", tempfile.mkdtemp(prefix="uhop-test-cache-"))
 
 
