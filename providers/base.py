@@ -114,8 +114,15 @@ class Provider(ABC):
     id: ClassVar[str]
     install: ClassVar[str]  # the command that makes this provider present
     table: ClassVar[CapabilityTable]
-    option_names: ClassVar[frozenset[str]] = frozenset()
+    # option -> the type its value must have (as pydantic reads a type), checked when a plan file is read
+    option_types: ClassVar[dict[str, Any]] = {}
+    option_names: ClassVar[frozenset[str]] = frozenset()  # the keys of `option_types`
     appended: bool = False  # the last resort `resolve` added to a list that did not name it: it runs only the rest
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "option_types" in cls.__dict__:
+            cls.option_names = frozenset(cls.option_types)
 
     def __init__(self, options: Mapping[str, Any] | None = None, threads: int | None = None):
         options = dict(options or {})

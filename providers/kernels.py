@@ -91,7 +91,7 @@ class KernelsProvider(Provider):
     install = "apt-get install -y gcc  (any C11 compiler reachable as `cc`)"
     table = KERNELS_TABLE
     # arch: the board's, for bundles; emulate: run the board's build under qemu (to verify its stages here)
-    option_names = frozenset({"tune", "arch", "emulate"})
+    option_types = {"tune": bool, "arch": str, "emulate": bool}
 
     def probe(self) -> tuple[str, str]:
         from uhop_onnx.custom_ops.build import BuildError, compiler_version

@@ -125,7 +125,7 @@ class OpenVino(Provider):
     id = "openvino"
     install = "pip install openvino"
     table = OPENVINO_TABLE
-    option_names = frozenset({"device"})
+    option_types = {"device": str}
 
     @property
     def device(self) -> str:

@@ -240,7 +240,7 @@ class OrtGpuProvider(OrtProvider):
     eps: ClassVar[tuple[str, ...]]  # the EPs that implement this provider, preferred first
     package: ClassVar[str]  # the wheel that brings the EP
     device_type: ClassVar[str | None] = "cuda"  # OrtValue device for IO binding; None: hand over on the host
-    option_names = frozenset({"device_id"})
+    option_types = {"device_id": int | str}
 
     @cached_property
     def ep(self) -> str:
@@ -331,7 +331,7 @@ class OrtTensorRT(OrtGpuProvider):
     eps = ("TensorrtExecutionProvider",)
     package = "onnxruntime-gpu"
     install = "pip install onnxruntime-gpu tensorrt"
-    option_names = frozenset({"device_id", "fp16", "engine_cache"})
+    option_types = {"device_id": int | str, "fp16": bool, "engine_cache": str}
 
     @property
     def engine_cache(self) -> Path:

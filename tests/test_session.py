@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import resource
+import signal
+import subprocess
+import sys
+
 import numpy as np
 import onnx
 import pytest
@@ -87,7 +92,7 @@ def test_assign_to_a_provider_that_cannot_run_the_node():
         uhop_onnx.optimize(model, assign={"copy": "openvino"}, profile=False)
 
 
-def test_save_refuses_a_non_empty_folder_and_leaves_nothing_half_written(tmp_path, monkeypatch):
+def test_save_refuses_a_non_empty_folder(tmp_path):
     plan = uhop_onnx.optimize(mlp(), providers=["ort-cpu"], profile=False)
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "keep.txt").write_text("mine")
@@ -95,13 +100,29 @@ def test_save_refuses_a_non_empty_folder_and_leaves_nothing_half_written(tmp_pat
         plan.save(tmp_path / "busy")
     assert (tmp_path / "busy" / "keep.txt").read_text() == "mine"
 
-    def failing_save(*args, **kwargs):
-        raise OSError("disk full")
 
-    monkeypatch.setattr(onnx, "save", failing_save)
-    with pytest.raises(OSError, match="disk full"):
-        plan.save(tmp_path / "fresh")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["busy"]
+FULL_DISK = """
+import sys, uhop_onnx
+from uhop_onnx.models import mlp
+plan = uhop_onnx.optimize(mlp(), providers=["ort-cpu"], profile=False)
+try:
+    plan.save(sys.argv[1])
+except uhop_onnx.OutputError as error:
+    sys.exit(f"{error.exit_code} {error}")
+"""
+
+
+def _small_disk():
+    """In the child: files may grow to 16 KiB, and a larger write fails (EFBIG) instead of killing it."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))
+
+
+def test_a_save_that_runs_out_of_space_leaves_nothing(tmp_path):
+    done = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path / "plan")], capture_output=True, text=True,
+                          preexec_fn=_small_disk, timeout=300, check=False)
+    assert done.returncode == 1 and done.stderr.startswith("1 ") and "writing failed midway" in done.stderr, done.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_loading_a_folder_that_is_not_a_plan(tmp_path):

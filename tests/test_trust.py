@@ -370,3 +370,158 @@ def test_the_runner_stays_lean_without_a_key(small_bundle):
                           timeout=SECONDS, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+# -- plan folders ------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def plan_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("p") / "plan"
+    uhop_onnx.optimize(mlp(), providers=["kernels", "ort-cpu"], profile=False).save(folder)
+    return folder
+
+
+def _plan_copy(plan_dir: Path, tmp_path: Path, change=None) -> Path:
+    folder = tmp_path / "plan"
+    shutil.copytree(plan_dir, folder)
+    if change is not None:
+        data = json.loads((folder / "plan.json").read_text())
+        change(data)
+        (folder / "plan.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_a_saved_plan_records_and_checks_each_file_hash(plan_dir):
+    data = json.loads((plan_dir / "plan.json").read_text())
+    assert all(len(s["sha256"]) == 64 for s in data["stages"])
+    model = mlp()
+    feeds = random_feeds(model)
+    np.testing.assert_allclose(uhop_onnx.InferenceSession(plan_dir).run(None, feeds)[0], reference(model, feeds)[0],
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_a_stage_replaced_by_another_model_is_refused(plan_dir, tmp_path):
+    folder = _plan_copy(plan_dir, tmp_path)
+    stage = json.loads((folder / "plan.json").read_text())["stages"][0]["file"]
+    other = uhop_onnx.optimize(mlp(seed=5), providers=["kernels", "ort-cpu"], profile=False)
+    (folder / stage).write_bytes(other.stage_model(other.stages[0]).SerializeToString())
+    with pytest.raises(uhop_onnx.PlanError, match=rf"{stage}: refused: the stage file does not match its sha256"):
+        uhop_onnx.InferenceSession(folder)
+
+
+def test_a_stage_file_that_is_a_symlink_is_refused(plan_dir, tmp_path):
+    folder = _plan_copy(plan_dir, tmp_path)
+    stage = json.loads((folder / "plan.json").read_text())["stages"][0]["file"]
+    shutil.move(folder / stage, tmp_path / "outside.onnx")
+    (folder / stage).symlink_to(tmp_path / "outside.onnx")
+    with pytest.raises(uhop_onnx.PlanError, match=rf"{stage}: refused: a symbolic link"):
+        uhop_onnx.Plan.load(folder)
+
+
+def test_a_delegate_path_in_a_plan_is_never_loaded(tmp_path, monkeypatch):
+    pytest.importorskip("ai_edge_litert")
+    planted, marker = _planted(tmp_path, "plan-delegate")
+    source = tmp_path / "source"
+    uhop_onnx.optimize(mlp(), providers=["litert"], profile=False).save(source)
+
+    def plant(data):
+        data["stages"][0]["options"]["delegate"] = str(planted)
+    folder = _plan_copy(source, tmp_path, plant)
+    with pytest.raises(uhop_onnx.PlanError, match=r"field stages\[0\]\.options: delegate .* UHOP_ALLOWED_DELEGATES"):
+        uhop_onnx.InferenceSession(folder)
+    np.savez(tmp_path / "in.npz", **random_feeds(mlp()))
+    done = _cli("run", folder, "--inputs", tmp_path / "in.npz")
+    assert done.returncode == 2 and "options: delegate" in done.stderr and "Traceback" not in done.stderr
+    assert not marker.exists(), "the plan's delegate was loaded"
+    assert uhop_onnx.Plan.load(folder, allowed_delegates=[planted]).stages[0].options["delegate"] == str(planted)
+    monkeypatch.setenv("UHOP_ALLOWED_DELEGATES", str(planted))
+    assert uhop_onnx.Plan.load(folder).stages[0].options["delegate"] == str(planted)
+    assert not marker.exists()
+
+
+def _set(path: str, value):
+    """A change to plan.json: set the field at a dotted path (`stages.0.file`)."""
+    def change(data):
+        *parents, last = path.split(".")
+        for part in parents:
+            data = data[int(part)] if part.isdigit() else data[part]
+        if value is KeyError:
+            del data[int(last) if last.isdigit() else last]
+        else:
+            data[int(last) if last.isdigit() else last] = value
+    return change
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("stages", {}, r"field stages: Input should be a valid list"),
+    ("stages", [], r"field stages: List should have at least 1 item"),
+    ("stages.0.file", KeyError, r"field stages\[0\]\.file: Field required"),
+    ("stages.0.file", "../../outside.onnx", r"field stages\[0\]\.file: '\.\./\.\./outside\.onnx' must be a plain"),
+    ("stages.0.file", "/etc/passwd", r"field stages\[0\]\.file: '/etc/passwd' must be a plain"),
+    ("stages.0.sha256", "0" * 10, r"field stages\[0\]\.sha256: String should match"),
+    ("stages.0.nodes", "Gemm", r"field stages\[0\]\.nodes: Input should be a valid list"),
+    ("stages.0.options", {"tune": "yes"}, r"field stages\[0\]\.options: kernels option 'tune' must be bool"),
+    ("stages.0.options", {"spin": True}, r"field stages\[0\]\.options: kernels has no option 'spin'"),
+    ("stages.0.cost_ms", "fast", r"field stages\[0\]\.cost_ms: Input should be a valid number"),
+    ("stages.0.extra", 1, r"field stages\[0\]\.extra: Extra inputs are not permitted"),
+    ("inputs.0.shape", "1x64", r"field inputs\[0\]\.shape"),
+    ("inputs.0", 3, r"field inputs\[0\]: Input should be a valid dictionary"),
+    ("model", KeyError, r"field model: Field required"),
+    ("threads", 0, r"field threads: Input should be greater than or equal to 1"),
+    ("profile", {"chosen": 3}, r"field profile\.chosen: Input should be a valid string"),
+    ("schema", "uhop-onnx.plan/0", r"schema 'uhop-onnx.plan/0' is not"),
+])
+def test_malformed_plan_fields_are_named(plan_dir, tmp_path, path, value, message):
+    folder = _plan_copy(plan_dir, tmp_path, _set(path, value))
+    with pytest.raises(uhop_onnx.PlanError, match=message):
+        uhop_onnx.Plan.load(folder)
+    done = _cli("explain", folder)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "error:" in done.stderr, done.stderr
+
+
+def test_plan_json_itself_may_not_be_a_symlink(plan_dir, tmp_path):
+    folder = tmp_path / "plan"
+    folder.mkdir()
+    for child in plan_dir.iterdir():
+        shutil.copyfile(child, folder / child.name)
+    (folder / "plan.json").unlink()
+    (folder / "plan.json").symlink_to(plan_dir / "plan.json")
+    with pytest.raises(uhop_onnx.PlanError, match="symbolic link"):
+        uhop_onnx.Plan.load(folder)
+
+
+# -- outputs that cannot be written -----------------------------------------------------------------------------
+
+def _small_disk():
+    """In the child: files may grow to 16 KiB; a larger write fails (EFBIG) instead of killing the process."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("m") / "mlp.onnx"
+    path.write_bytes(mlp().SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize("command", ["optimize", "export", "export-archive"])
+def test_unwritable_outputs_exit_2_and_full_disks_exit_1_leaving_nothing(command, model_file, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    name = "out.tar.gz" if command == "export-archive" else "out"
+    args = ["optimize", model_file, "--no-profile", "-p", "ort-cpu"] if command == "optimize" else [
+        "export", model_file, "-t", "x86-64", "-p", "ort-cpu"]
+    unwritable = ["/sys/uhop-out" if os.geteuid() == 0 else "/proc/uhop-out", tmp_path / "a-file" / name]
+    for out in unwritable:  # read-only (for root too), and under a file
+        done = _cli(*args, "-o", f"{out}/{name}" if out == unwritable[0] else out)
+        assert done.returncode == 2 and "cannot be written" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    before = sorted(tmp_path.iterdir())
+    done = subprocess.run([*CLI, *map(str, args), "-o", str(tmp_path / name)], capture_output=True, text=True,
+                          preexec_fn=_small_disk, timeout=SECONDS, env={**os.environ, "COLUMNS": "250"}, check=False)
+    assert done.returncode == 1 and "writing failed midway" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert sorted(tmp_path.iterdir()) == before, "nothing half-written"

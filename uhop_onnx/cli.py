@@ -203,8 +203,10 @@ def optimize(model: Path, output: Annotated[Path, typer.Option("--output", "-o",
                                                    "spend improving the plan.")] = 60.0,
              litert_fp16: LiteRtFp16Option = False, as_json: JsonOption = False) -> None:
     """Place a model's nodes on providers and write the plan folder."""
+    from .files import check_writable
     from .optimizer import optimize as run_optimize
 
+    check_writable(output)
     with _steps("optimizing", not as_json) as step:
         plan = run_optimize(model, _providers(providers, litert_fp16), profile=not no_profile, threads=threads,
                             budget=budget, progress=step)

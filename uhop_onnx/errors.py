@@ -37,6 +37,15 @@ class BundleNotFound(BundleError):
     exit_code = 2
 
 
+class OutputError(UhopError, OSError):
+    """An output path cannot be written: unusable from the start (exit 2), or a write failed midway, a full disk
+    say (exit 1). Nothing half-written is left. Also an `OSError`, which it replaces."""
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 class KeyFileError(UhopError):
     """A signing key is missing, unreadable, not an Ed25519 PEM key, or would overwrite a file."""
 

@@ -32,7 +32,7 @@ from .bundle.manifest import (
 from .bundle import signature
 from .dtypes import TensorSig
 from .errors import ProviderError, UhopError
-from .files import new_folder, read_npz, write_archive
+from .files import check_writable, new_folder, read_npz, write_archive, writing
 from .graph import declared_outputs
 from .optimizer import Analysis, analyze, build_plan, place_measured
 from .partitioner.blocks import blocks
@@ -58,6 +58,7 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
     archive = out.name.endswith(".tar.gz")
     if out.exists() and (archive or out.is_file() or any(out.iterdir())):
         raise UhopError(f"{out}: exists; give a new folder or .tar.gz path")
+    check_writable(out)
     signer = None if sign is None else signature.signer(sign)
     profile = target if isinstance(target, Target) else load_target(target)
     entries, chosen = _providers(profile, providers, threads, present=measure)
@@ -69,7 +70,7 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
         progress("placing for the target with its static cost model")
         plan = build_plan(a, _static_placement(a, entries), threads)
         plan.placement = f"static cost model of target {profile.name}"
-    with (tempfile.TemporaryDirectory() if archive else new_folder(out)) as staging:
+    with writing(out), (tempfile.TemporaryDirectory() if archive else new_folder(out)) as staging:
         staging = Path(staging)
         manifest = _write(staging, a, plan, profile, entries, progress)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,7 @@ from .files import new_folder, read_npz
 from .dtypes import TensorSig
 from .report import ms_text, write_report
 
-SCHEMA = "uhop-onnx.plan/1"
+SCHEMA = "uhop-onnx.plan/2"
 PLAN_FILE = "plan.json"
 CONSTANTS_FILE = "constants.npz"
 
@@ -53,6 +56,7 @@ class Stage:
     cost_ms: float | None = None  # measured: the stage's blocks on its provider
     alternatives: dict[str, float] = field(default_factory=dict)  # provider label -> measured ms, where it could run
     boundary_ms: float | None = None  # measured cost of entering this stage from another provider
+    sha256: str | None = None  # of `file`, recorded by `Plan.save` and checked when the file is read
     model: Any = field(default=None, repr=False)  # onnx.ModelProto, read from `file` on demand
 
     @property
@@ -82,6 +86,7 @@ class Plan:
     # {"node", "provider", "reason"}: nodes a provider's build check refused, so they were placed elsewhere
     replaced: list[dict[str, str]] = field(default_factory=list)
     folder: Path | None = field(default=None, repr=False)
+    constants_hash: str | None = field(default=None, repr=False)  # of `constants.npz`, recorded by `save`
 
     def get_providers(self) -> list[str]:
         return list(dict.fromkeys(s.provider for s in self.stages))
@@ -133,6 +138,7 @@ class Plan:
             "profile": self.profile,
             "threads": self.threads,
             "constants": sorted(self.constants),
+            "constants_sha256": self.constants_hash,
             "fallbacks": {str(k): v for k, v in sorted(self.fallbacks.items())},
             "replaced": self.replaced,
             "stages": [
@@ -141,16 +147,21 @@ class Plan:
         }
 
     def stage_model(self, stage: Stage):
-        """The stage's ONNX model, read from the plan folder when not in memory."""
+        """The stage's ONNX model, read from the plan folder when not in memory, once its bytes match the
+        sha256 the plan recorded."""
         if stage.model is None:
             import onnx
 
             if self.folder is None:
                 raise PlanError(f"stage {stage.file!r} has no model in memory and the plan has no folder")
             path = self.folder / stage.file
+            data = _read(path)
+            if hashlib.sha256(data).hexdigest() != stage.sha256:
+                raise PlanError(f"{path}: refused: the stage file does not match its sha256 in {PLAN_FILE} "
+                                "(replaced or changed since the plan was saved); re-run `uhop-onnx optimize`")
             try:
-                stage.model = onnx.load(path)
-            except Exception as error:  # noqa: BLE001 - unreadable or not a protobuf
+                stage.model = onnx.load_from_string(data)
+            except Exception as error:  # noqa: BLE001 - not a protobuf
                 raise PlanError(f"{path}: cannot read stage model ({error})") from None
         return stage.model
 
@@ -163,56 +174,78 @@ class Plan:
         return f" (fell back to {entry['provider']} {times})"
 
     def save(self, folder: str | os.PathLike) -> Path:
-        """Write `plan.json`, the stage models, constants and the report into `folder`, which must be absent
-        or empty; it appears whole or not at all."""
-        import onnx
-
+        """Write `plan.json` (with each file's sha256), the stage models, constants and the report into
+        `folder`, which must be absent or empty; it appears whole or not at all."""
         target = Path(folder)
         with new_folder(target, PlanError) as staging:
             for stage in self.stages:
-                onnx.save(self.stage_model(stage), staging / stage.file)
+                data = self.stage_model(stage).SerializeToString()
+                (staging / stage.file).write_bytes(data)
+                stage.sha256 = hashlib.sha256(data).hexdigest()
+            self.constants_hash = None
             if self.constants:
                 np.savez(staging / CONSTANTS_FILE, **self.constants)
+                self.constants_hash = hashlib.sha256((staging / CONSTANTS_FILE).read_bytes()).hexdigest()
             (staging / PLAN_FILE).write_text(json.dumps(self.to_json(), indent=2) + "\n")
             write_report(self, staging)
         self.folder = target
         return target
 
     @classmethod
-    def load(cls, folder: str | os.PathLike) -> Plan:
-        """Read a plan folder written by `save`; stage models are read when first needed."""
+    def load(cls, folder: str | os.PathLike, allowed_delegates: Iterable[str | os.PathLike] = ()) -> Plan:
+        """Read a plan folder written by `save`, checked against the schema (`plan_schema`); stage models are
+        read, and checked against their sha256, when first needed. `allowed_delegates`: LiteRT delegate
+        paths the plan may name besides known delegates and `UHOP_ALLOWED_DELEGATES`."""
+        from .plan_schema import parse
+
         folder = Path(folder)
         path = folder / PLAN_FILE
         if not path.is_file():
             raise PlanError(f"{folder}: not a plan folder (no {PLAN_FILE}); create one with `uhop-onnx optimize`")
-        try:
-            data = json.loads(path.read_text())
-            if data.get("schema") != SCHEMA:
-                raise PlanError(f"{path}: schema {data.get('schema')!r} is not {SCHEMA!r}; re-run optimize")
-            stored = read_npz(folder / CONSTANTS_FILE) if data.get("constants") else {}
-            constants = {name: stored[name] for name in data.get("constants") or ()}
-            stages = [Stage(**{k: v for k, v in s.items() if k != "fallback"}) for s in data["stages"]]  # older plans
-            for stage in stages:
-                if Path(stage.file).name != stage.file or not (folder / stage.file).is_file():
-                    raise PlanError(f"{path}: stage file {stage.file!r} is missing or not inside the plan folder")
-            return cls(
-                model_name=data["model"]["name"],
-                model_hash=data["model"]["sha256"],
-                inputs=[TensorSig(**t) for t in data["inputs"]],
-                outputs=[TensorSig(**t) for t in data["outputs"]],
-                providers=data["providers"],
-                stages=stages,
-                placement=data.get("placement", "first-supported"),
-                profile=data.get("profile"),
-                constants=constants,
-                threads=data.get("threads"),
-                metadata=ModelMetadata(**data["model"].get("metadata", {})),
-                fallbacks={int(k): dict(v) for k, v in (data.get("fallbacks") or {}).items()},
-                replaced=data.get("replaced", []),
-                folder=folder,
-            )
-        except PlanError:
-            raise
-        except (ValueError, KeyError, TypeError, OSError) as error:
-            raise PlanError(f"{path}: not a valid plan ({type(error).__name__}: {error})") from None
+        data = parse(_read(path), path, SCHEMA, [os.fspath(p) for p in allowed_delegates])
+        for stage in data.stages:
+            _regular(folder / stage.file)
+        constants = {}
+        if data.constants:
+            stored = _read(folder / CONSTANTS_FILE)
+            if hashlib.sha256(stored).hexdigest() != data.constants_sha256:
+                raise PlanError(f"{folder / CONSTANTS_FILE}: refused: does not match constants_sha256 in {PLAN_FILE}")
+            arrays = read_npz(io.BytesIO(stored))
+            missing = sorted(set(data.constants) - set(arrays))
+            if missing:
+                raise PlanError(f"{folder / CONSTANTS_FILE}: has no array {', '.join(missing)}")
+            constants = {name: arrays[name] for name in data.constants}
+        return cls(
+            model_name=data.model.name,
+            model_hash=data.model.sha256,
+            inputs=[TensorSig(**t.model_dump()) for t in data.inputs],
+            outputs=[TensorSig(**t.model_dump()) for t in data.outputs],
+            providers=[p.model_dump() for p in data.providers],
+            stages=[Stage(**s.model_dump()) for s in data.stages],
+            placement=data.placement,
+            profile=data.profile.model_dump() if data.profile else None,
+            constants=constants,
+            threads=data.threads,
+            metadata=ModelMetadata(**data.model.metadata.model_dump()),
+            fallbacks={int(k): v.model_dump() for k, v in data.fallbacks.items()},
+            replaced=[r.model_dump() for r in data.replaced],
+            folder=folder,
+            constants_hash=data.constants_sha256,
+        )
 
+
+def _regular(path: Path) -> None:
+    """Refuse a plan folder's file that is missing or a symbolic link."""
+    if path.is_symlink():
+        raise PlanError(f"{path}: refused: a symbolic link (a plan's files must lie in its folder)")
+    if not path.is_file():
+        raise PlanError(f"{path}: missing from the plan folder; re-run `uhop-onnx optimize`")
+
+
+def _read(path: Path) -> bytes:
+    """The bytes of a regular file in a plan folder."""
+    _regular(path)
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise PlanError(f"{path}: cannot read ({error.strerror or error})") from None

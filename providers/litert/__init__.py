@@ -41,7 +41,8 @@ class LiteRt(Provider):
     id = "litert"
     install = "pip install 'uhop-onnx[litert]'  (ai-edge-litert and tflite)"
     table = LITERT_TABLE
-    option_names = frozenset({"delegate", "delegate_options", "allow_fallback", "fp16"})
+    option_types = {"delegate": str, "delegate_options": dict[str, str | int | float | bool], "allow_fallback": bool,
+                    "fp16": bool}
 
     @property
     def tolerance(self) -> dict[str, float]:

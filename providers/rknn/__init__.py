@@ -57,7 +57,7 @@ class Rknn(Provider):
     id = "rknn"
     install = "pip install rknn-toolkit-lite2"  # on the board; a host's absences name `uhop-onnx setup rknn`
     table = RKNN_TABLE
-    option_names = frozenset({"target", "dtype", "calibration", "core_mask", "simulate"})
+    option_types = {"target": str, "dtype": str, "calibration": str, "core_mask": str, "simulate": bool}
 
     def __init__(self, options: Mapping[str, Any] | None = None, threads: int | None = None):
         super().__init__(options, threads)
