@@ -185,9 +185,9 @@ class Search:
         def job(k: int, p: int) -> Callable[[], object]:
             block_feeds = feeds.for_block(k, models, allowed, runners)
             if (k, p) not in runners:
-                runners[k, p] = raised_by(self.providers[p], self.providers[p].compile, models[k], exclusive=False)
+                runners[k, p] = _raised_by(self.providers[p], self.providers[p].compile, models[k], exclusive=False)
             runner = runners[k, p]
-            return lambda: raised_by(self.providers[p], runner.run, block_feeds)
+            return lambda: _raised_by(self.providers[p], runner.run, block_feeds)
 
         measured = self._cached({key: (lambda k=k, p=p: job(k, p)) for (k, p), key in keys.items()})
         return [{p: measured[keys[k, p]] for p in ps} for k, ps in enumerate(allowed)]
@@ -202,18 +202,18 @@ class Search:
 
         def runner(p: int, size: int) -> Runner:
             if (p, size) not in runners:
-                runners[p, size] = raised_by(self.providers[p], self.providers[p].compile,
+                runners[p, size] = _raised_by(self.providers[p], self.providers[p].compile,
                                              _entry_model(size // 4, self.model), exclusive=False)
             return runners[p, size]
 
         def alone(p: int, size: int) -> Callable[[], object]:
             data = {"x": np.zeros(size // 4, np.float32)}
-            return lambda: raised_by(self.providers[p], runner(p, size).run, data)
+            return lambda: _raised_by(self.providers[p], runner(p, size).run, data)
 
         def pair(q: int, p: int, size: int) -> Callable[[], object]:
             first, second, data = runner(q, size), runner(p, size), {"x": np.zeros(size // 4, np.float32)}
-            return lambda: raised_by(self.providers[p], second.run, {
-                "x": hand_over(raised_by(self.providers[q], first.run, data)["y"], first, second)})
+            return lambda: _raised_by(self.providers[p], second.run, {
+                "x": hand_over(_raised_by(self.providers[q], first.run, data)["y"], first, second)})
 
         sizes = sorted(set(classes))
         keys = {(p, c): self._key("entry", self.providers[p], f"bytes={c}") for p in used for c in sizes}
@@ -299,8 +299,8 @@ class _Feeds:
             provider = self.search.providers[p]
             try:
                 if (k, p) not in runners:
-                    runners[k, p] = raised_by(provider, provider.compile, models[k], exclusive=False)
-                results = raised_by(provider, runners[k, p].run, feeds)
+                    runners[k, p] = _raised_by(provider, provider.compile, models[k], exclusive=False)
+                results = _raised_by(provider, runners[k, p].run, feeds)
             except ProviderError as error:
                 errors.append(str(error))
                 continue
@@ -309,7 +309,7 @@ class _Feeds:
         raise ProviderError(f"no sample values after block {k}, which failed on every provider: {'; '.join(errors)}")
 
 
-def raised_by(provider: Provider, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def _raised_by(provider: Provider, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """`call(*args, **kwargs)`; what it raises comes back as a `ProviderError` that names `provider`."""
     try:
         return call(*args, **kwargs)
