@@ -217,6 +217,39 @@ def test_shape_arithmetic_is_folded_before_placement():
     assert_matches(session.run(None, feeds), reference(model, feeds))
 
 
+def test_masks_and_indices_computed_through_floats_and_tests_are_folded():
+    """What exporters compute before run time beyond integer chains: an Equal -> Where test of -1 entries
+    feeding an Expand to the shape its input already has (the folder rewrites that Expand away), and indices
+    computed through floats (T5's log-spaced buckets: Cast(int -> float) -> Log -> Cast(float -> int))."""
+    i64 = TensorProto.INT64
+    inits = [numpy_helper.from_array(np.array([2, -1, 4], np.int64), "target"),
+             numpy_helper.from_array(np.array(-1, np.int64), "minus"),
+             numpy_helper.from_array(np.arange(1, 5, dtype=np.int64), "steps"),
+             numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32), "table")]
+    graph = helper.make_graph([
+        helper.make_node("Shape", ["target"], ["rank"], name="rank"),
+        helper.make_node("ConstantOfShape", ["rank"], ["ones"], name="ones", value=numpy_helper.from_array(
+            np.array([1], np.int64))),
+        helper.make_node("Mul", ["ones", "minus"], ["minus_ones"], name="minus_ones"),
+        helper.make_node("Equal", ["target", "minus_ones"], ["free"], name="free"),
+        helper.make_node("Where", ["free", "ones", "target"], ["shape"], name="shape"),
+        helper.make_node("Expand", ["mask", "shape"], ["expanded"], name="expand"),
+        helper.make_node("Cast", ["steps"], ["steps_f"], name="to_float", to=TensorProto.FLOAT),
+        helper.make_node("Log", ["steps_f"], ["logs"], name="log"),
+        helper.make_node("Cast", ["logs"], ["buckets"], name="to_int", to=i64),
+        helper.make_node("Gather", ["table", "buckets"], ["bias"], name="bias"),
+        helper.make_node("Where", ["expanded", "bias", "x"], ["y"], name="select"),
+    ], "exported", [helper.make_tensor_value_info("mask", TensorProto.BOOL, [2, 4, 4]),
+                    helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    session = session_on(model, ["litert"])
+    assert [(s.provider, s.nodes) for s in session.plan.stages] == [("litert", ["expand", "bias", "select"])]
+    rng = np.random.default_rng(1)
+    feeds = {"mask": rng.integers(0, 2, (2, 4, 4)).astype(bool), "x": rng.standard_normal((2, 4, 4), np.float32)}
+    assert_matches(session.run(None, feeds), reference(model, feeds))
+
+
 def test_a_failing_folder_leaves_the_shape_arithmetic_to_the_converter(monkeypatch, caplog):
     import onnxscript.optimizer
 

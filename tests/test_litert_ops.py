@@ -142,6 +142,40 @@ def test_conv(cin, cout, k, stride, pad, dilation, size, grouping, bias):
                                     "dilations": [dilation, dilation], "group": group}))
 
 
+@SETTINGS
+@given(cin=st.integers(1, 4), cout=st.integers(1, 4), k=st.integers(1, 4), stride=st.integers(1, 2),
+       pads=st.tuples(st.integers(0, 2), st.integers(0, 2)), dilation=st.integers(1, 2),
+       grouping=st.sampled_from(["one", "depthwise"]), auto_pad=st.sampled_from(["NOTSET", "SAME_UPPER", "VALID"]))
+def test_conv_1d(cin, cout, k, stride, pads, dilation, grouping, auto_pad):
+    """Whisper's and speech models' front ends: Conv1d as a 2-D convolution of height 1."""
+    group = cin if grouping == "depthwise" else 1
+    cout = cin * cout if grouping == "depthwise" else cout
+    if auto_pad == "SAME_UPPER":
+        dilation = 1  # ONNX Runtime has no dilated SAME convolution
+    attrs = {"strides": [stride], "dilations": [dilation], "group": group, "auto_pad": auto_pad}
+    if auto_pad == "NOTSET":
+        attrs["pads"] = list(pads)
+    check(op_model("Conv", {"x": (2, cin, 11), "w": weights(cout, cin // group, k), "b": weights(cout)}, attrs))
+
+
+def test_chained_1d_convolutions_stay_channels_last():
+    """conv -> gelu -> conv, as in Whisper's encoder: no TRANSPOSE between the two convolutions."""
+    graph = helper.make_graph([
+        helper.make_node("Conv", ["x", "w0"], ["a"], name="c0", pads=[1, 1]),
+        helper.make_node("Gelu", ["a"], ["b"], name="gelu"),
+        helper.make_node("Conv", ["b", "w1"], ["y"], name="c1", pads=[1, 1], strides=[2])], "conv1d",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8])],
+        [numpy_helper.from_array(weights(6, 4, 3), "w0"), numpy_helper.from_array(weights(6, 6, 3), "w1")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
+    assert check(model)
+    from ai_edge_litert.interpreter import Interpreter
+    from uhop_onnx.providers.litert.converter import convert
+
+    ops = [o["op_name"] for o in Interpreter(model_content=convert(model))._get_ops_details()]
+    assert ops.count("CONV_2D") == 2 and ops.count("TRANSPOSE") == 2, ops  # one in, one out
+
+
 @pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER", "VALID"])
 def test_conv_auto_pad(auto_pad):
     check(op_model("Conv", {"x": (1, 3, 7, 8), "w": weights(4, 3, 3, 3)}, {"auto_pad": auto_pad, "strides": [2, 2]}))

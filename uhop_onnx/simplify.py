@@ -48,7 +48,8 @@ class FoldShapeArithmeticPass(ir.passes.InPlacePass):
     from constant ranges), which runtimes that compile static graphs (LiteRT, OpenVINO, RKNN) refuse or split
     at. onnxscript's constant folder runs on a copy, and only these constants are taken back (not its other
     rewrites), so every other node keeps its name and no float value changes; the producers left unread go
-    with the dead nodes."""
+    with the dead nodes. In the copy every such value is a graph output, so that none is lost when the folder
+    rewrites its readers away (an Expand to the shape it already has)."""
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         ops = {node.op_type for node in ir.traversal.RecursiveGraphIterator(model.graph)}
@@ -57,12 +58,14 @@ class FoldShapeArithmeticPass(ir.passes.InPlacePass):
         from onnxscript.optimizer import fold_constants
 
         copy = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+        copy.graph.outputs.extend(v for node in copy.graph if _integer_results(node) for v in node.outputs
+                                  if v.uses() and not v.is_graph_output())
         try:
-            fold_constants(copy, should_fold=_should_fold)
+            fold_constants(copy, onnx_shape_inference=True, should_fold=_should_fold)
         except Exception as error:  # noqa: BLE001 - the folder may fail on any model; folding is optional
             log.warning("shape arithmetic left unfolded: %s", error)
             return ir.passes.PassResult(model, False)
-        folded = {name: v.const_value for name, v in copy.graph.initializers.items()
+        folded = {v.name: v.const_value for v in (*copy.graph.initializers.values(), *copy.graph.outputs)
                   if v.const_value is not None and v.dtype in SHAPE_TYPES}
         modified = False
         for node in list(model.graph):
@@ -83,11 +86,13 @@ def _integer_results(node: ir.Node) -> bool:
 
 
 def _should_fold(node: ir.Node) -> bool | None:
-    """onnxscript's own rules for integer and boolean results, except that a ConstantOfShape of them is
-    folded too (a filled shape vector or mask; the folder's output size limit still bounds it)."""
-    if not _integer_results(node):
-        return False
-    return True if node.op_type == "ConstantOfShape" and node.domain == "" else None
+    """onnxscript's own rules (which skip inputs past its size limit), except that a ConstantOfShape of
+    integer or boolean results is folded too (a filled shape vector or mask; the folder's output size limit
+    still bounds it), and a Transpose of floats is not (weights: only integers are taken back). Float results
+    are folded in the copy for the integers computed from them (`ceil(h / patch)`, T5's log-spaced buckets)."""
+    if node.op_type == "ConstantOfShape" and node.domain == "":
+        return True if _integer_results(node) else None
+    return False if node.op_type == "Transpose" and not _integer_results(node) else None
 
 
 FOLDING = (FoldShapeArithmeticPass(),)  # once, first: it works on a copy of the whole model

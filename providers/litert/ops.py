@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 
-from .lowering import NHWC, Lowering, Node, Unsupported, Value, identity, inverse
+from .lowering import FLOAT, NHWC, Lowering, Node, Unsupported, Value, identity, inverse
 
 LOWERINGS: dict[str, Callable[[Lowering, Node], None]] = {}
 
@@ -292,6 +292,8 @@ def spatial(node: Node, x_rank: int, kernel) -> tuple[list[int], list[int]]:
 @lowers("Conv")
 def conv(cx: Lowering, node: Node) -> None:
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    if cx.rank(x) == 3:
+        return conv_1d(cx, node)
     weight = cx.const(w, "Conv weight")
     strides, dilations = spatial(node, cx.rank(x), weight.shape[2:])
     channels, group, out_channels = cx.shape(x)[1], int(node.attrs.get("group", 1)), weight.shape[0]
@@ -306,6 +308,26 @@ def conv(cx: Lowering, node: Node) -> None:
         fields["DepthMultiplier"] = out_channels // channels
     inputs = [index, cx.weight(kernel, w), cx.constant(bias.astype(np.float32), node.input(2) or "bias")]
     cx.fusable[y] = cx.op(code, inputs, [cx.write(y, NHWC)], options, **fields)
+
+
+def conv_1d(cx: Lowering, node: Node) -> None:
+    """A 1-D Conv as a 2-D one of height 1: the input (N, C, L) held as (N, L, C), which is NHWC of height 1
+    (as a 1-D Conv's output is held, so that chained ones need no TRANSPOSE), the kernel and attributes with
+    a unit first axis."""
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    (n, c, length), (_, out_channels, out_length) = cx.shape(x), cx.shape(y)
+    x2, w2, y2 = f"{x}/2d", f"{w}/2d", f"{y}/2d"
+    cx.types[x2], cx.types[y2] = (FLOAT, (n, c, 1, length)), (FLOAT, (n, out_channels, 1, out_length))
+    held = cx.read(x, (0, 2, 1))
+    cx.values[x2] = Value(emit(cx, "RESHAPE", [held, cx.int32([n, 1, length, c])], [n, 1, length, c]), NHWC)
+    cx.consts[w2] = cx.const(w, "Conv weight")[:, :, None, :]
+    given = node.attrs
+    begin, end = given.get("pads", [0, 0])
+    attrs = {"strides": [1, *given.get("strides", [1])], "dilations": [1, *given.get("dilations", [1])],
+             "pads": [0, begin, 0, end], "group": given.get("group", 1), "auto_pad": given.get("auto_pad", "NOTSET")}
+    conv(cx, Node(node.name, "Conv", (x2, w2, *node.inputs[2:]), (y2,), attrs, node.opset))
+    out = cx.write(y, (0, 2, 1))
+    cx.op("RESHAPE", [cx.read(y2, NHWC), cx.int32(cx.writer.tensors[out].shape)], [out])
 
 
 @lowers("ConvTranspose")

@@ -42,7 +42,7 @@ def _rules() -> tuple[OpRule, ...]:
                defaults={"approximate": b"none"}),
         OpRule("Dropout", dtypes=frozenset({"float", "bool"})),
         OpRule("Clip", dtypes=FLOAT, constant_inputs=(1, 2)),
-        OpRule("Conv", dtypes=FLOAT, ranks=FOUR_D, constant_inputs=(1, 2)),
+        OpRule("Conv", dtypes=FLOAT, ranks=(3, 4), constant_inputs=(1, 2)),  # 1-D as 2-D of height 1
         OpRule("ConvTranspose", dtypes=FLOAT, ranks=FOUR_D, constant_inputs=(1, 2), attributes={"group": (1,)},
                defaults={"group": 1}),
         OpRule("MaxPool", dtypes=frozenset({"float", "int64"}), ranks=FOUR_D, attributes={"storage_order": (0,)},
