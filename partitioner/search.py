@@ -38,7 +38,7 @@ from uhop_onnx.errors import MeasurementError, ProviderError, first_line
 from uhop_onnx.executor import hand_over
 from uhop_onnx.graph import Graph
 from uhop_onnx.providers import Provider, Runner, Support
-from uhop_onnx.samples import sample_feeds
+from uhop_onnx.samples import sample_feeds, shapes_text
 
 from .blocks import blocks, live_tensors
 from .extract import extract
@@ -106,8 +106,7 @@ class Search:
         whole = self._measure_plans(_unique(candidates))
         timed = [name for name, m in whole.items() if m.ok]
         if not timed:
-            raise MeasurementError("no candidate plan could be timed; each one's error:\n" + "\n".join(
-                f"  {name} ({_stage_labels(candidates[name], labels)}): {m.error}" for name, m in whole.items()))
+            raise self._none_timed(candidates, whole)
         best = min(timed, key=lambda name: whole[name].ms)
         best = self._improve(candidates, whole, best, units, measured, started)
         self.report = {
@@ -131,6 +130,15 @@ class Search:
         if self.store:
             self.store.update(self._fresh)
         return candidates[best]
+
+    def _none_timed(self, candidates: Mapping[str, Placement], whole: Mapping[str, Measurement]) -> MeasurementError:
+        """The error when no whole plan could be timed: the sample shapes, and each candidate's error."""
+        labels = [p.label for p in self.providers]
+        shapes = shapes_text(sample_feeds(self.graph.signature(n) for n in self.graph.inputs))
+        listed = "\n".join(f"  {name} ({_stage_labels(candidates[name], labels)}): {m.error}"
+                           for name, m in whole.items())
+        return MeasurementError(f"no candidate plan could be timed on sample inputs of shapes {shapes}; "
+                                f"each one's error:\n{listed}")
 
     # -- what may run where
 

@@ -34,6 +34,10 @@ def reference_outputs(model: str | os.PathLike | bytes, feeds: dict[str, np.ndar
     try:
         return dict(zip(names, session.run(names, feeds), strict=True))
     except Exception as error:  # noqa: BLE001 - ONNX Runtime's own refusal of these inputs is the message
-        shapes = ", ".join(f"{name}: {'x'.join(map(str, np.shape(v))) or 'scalar'}" for name, v in feeds.items())
-        raise ModelError(f"ONNX Runtime cannot run the model on sample inputs of shapes {shapes}: "
+        raise ModelError(f"ONNX Runtime cannot run the model on sample inputs of shapes {shapes_text(feeds)}: "
                          f"{first_line(error)}") from error
+
+
+def shapes_text(feeds: dict[str, np.ndarray]) -> str:
+    """`x: 1x3x8x8, n: scalar`: the shapes of some feeds, for messages."""
+    return ", ".join(f"{name}: {'x'.join(map(str, np.shape(v))) or 'scalar'}" for name, v in feeds.items())
