@@ -204,3 +204,17 @@ def test_a_failing_last_resort_is_not_retried(monkeypatch):
     with pytest.raises(StageError, match=r"stage 0 \(ort-cpu") as raised:
         session.run(None, {"x": np.ones(6, np.float32), "shape": np.array([4], np.int64)})
     assert raised.value.stage == 0
+
+
+def test_a_plan_saved_with_a_sticky_fallback_loads_and_runs_its_own_provider(faulty, tmp_path):
+    """Plans written before fallback was per call carry `"fallback"` in their stages: read, and not obeyed."""
+    folder = InferenceSession(chain(), providers=["faulty"], profile=False).plan.save(tmp_path / "plan")
+    data = json.loads((folder / "plan.json").read_text())
+    data.pop("fallbacks")
+    for stage in data["stages"]:
+        stage["fallback"] = "ort-cpu" if stage["provider"] == "faulty" else None
+    (folder / "plan.json").write_text(json.dumps(data))
+    session = InferenceSession(folder)
+    assert session.plan.fallbacks == {} and session.get_providers() == ["faulty", "ort-cpu"]
+    with pytest.raises(StageError, match="stage 0"):
+        session.run(None, FEEDS)
