@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 import uhop_onnx
-from uhop_onnx.models import cnn
+from uhop_onnx.models import cnn, mlp
 from uhop_onnx.providers import REGISTRY, create
 from uhop_onnx.providers.rknn.table import FP16_TOLERANCE
 
@@ -77,3 +77,20 @@ def test_a_bundle_from_many_threads(tmp_path):
     bundle = uhop_onnx.load_bundle(folder)
     assert set(bundle.get_providers()) == set(mixed)
     hammer(bundle, model)
+
+
+@pytest.mark.skipif("kernels" not in PRESENT, reason="no C compiler for the kernels")
+def test_kernels_tune_each_op_once_when_first_called_from_many_threads(monkeypatch, tmp_path):
+    """Concurrent first calls would time each other's searches; one searches while the others wait."""
+    from uhop_onnx.custom_ops import autotune
+
+    searched = []
+    tune_op = autotune.tune_op
+    monkeypatch.setattr(autotune, "cache_file", lambda lib: tmp_path / "autotune.json")
+    monkeypatch.setattr(autotune, "tune_op", lambda lib, op, *rest, **kw: searched.append(op.key) or
+                        tune_op(lib, op, *rest, **kw))
+    model = mlp()
+    session = uhop_onnx.InferenceSession(model, providers=[("kernels", {"tune": True}), "ort-cpu"], profile=False,
+                                         threads=1)
+    hammer(session, model)
+    assert searched and len(searched) == len(set(searched))
