@@ -100,7 +100,7 @@ class TorchVision:
     kw: tuple = ()
 
     def __call__(self):
-        models = _import_torchvision().models
+        models = import_torchvision().models
         fn = getattr(models, self.name, None) or getattr(models.detection, self.name, None) \
             or getattr(models.segmentation, self.name)
         return fn(weights=None, **dict(self.kw)).eval()
@@ -136,7 +136,7 @@ def _hf(model: str, config: str, fields=("last_hidden_state",), part=None, **kw)
     return HF(model, config, tuple(sorted(kw.items())), tuple(fields), part)
 
 
-def _import_torchvision():
+def import_torchvision():
     """torchvision; where its compiled ops do not load (a wheel built for another torch: PyPI's CUDA build
     beside torch's CPU build), the two ops it registers at import are defined here, `nms` in plain torch, so
     that its models build and export (`nms` becomes ONNX `NonMaxSuppression`). timm imports torchvision when
@@ -154,7 +154,7 @@ def _import_torchvision():
     library.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     library.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     library.impl("nms", _nms, "CPU")
-    _import_torchvision.library = library  # the definitions live as long as this object
+    import_torchvision.library = library  # the definitions live as long as this object
     torchvision = importlib.import_module("torchvision")
     torchvision.extension._has_ops = _has_ops  # read by torchvision's scripted detection code as it compiles
     return torchvision
@@ -376,7 +376,7 @@ def missing(s: Spec) -> str | None:
     """Why `s` cannot be built here (a package is absent), or None."""
     for package in ("torch", "torchvision", s.library) if s.library != "onnx" else ():
         try:
-            _import_torchvision() if package == "torchvision" else importlib.import_module(package)
+            import_torchvision() if package == "torchvision" else importlib.import_module(package)
         except ImportError as e:
             if package == s.library or package == "torch":
                 return f"{package} is not installed ({e}); pip install {package}"

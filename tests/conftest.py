@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 
@@ -18,6 +19,13 @@ RTOL, ATOL = 1e-4, 1e-5
 # user's cache, where they last between runs.
 os.environ.setdefault("UHOP_CORPUS_CACHE", str(cache_dir() / "corpus"))
 os.environ.setdefault("UHOP_CACHE_DIR", tempfile.mkdtemp(prefix="uhop-test-cache-"))
+
+# A torchvision wheel built for another torch (PyPI's CUDA build beside torch's CPU build) fails at import, and
+# so do timm and transformers' models, which import it: the corpus makes it importable for every test.
+if importlib.util.find_spec("torchvision") is not None:
+    from benchmarks.corpus_models import import_torchvision
+
+    import_torchvision()
 
 
 def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
