@@ -26,8 +26,6 @@ BUDGET = 2.0  # seconds of measured search per model: the plan is measured, not 
 
 # Failures of the product met on this corpus (its own bugs, filed; strict=False so a fix shows as XPASS).
 KNOWN: dict[tuple[str, ...], str] = {  # (model, exporter[, "default" | "measured"]) -> the error
-    ("paddle-dims", "file"): "InputError: input 'pixels' has shape [1, 3, 64, 64]; the model expects "
-                             "[-1, 3, 64, 64] (dimension 0 must be -1)",
 }
 
 _ALL = os.environ.get("UHOP_CORPUS") == "all"
