@@ -28,6 +28,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -37,8 +38,9 @@ from uhop_onnx.cache import JsonTable
 from uhop_onnx.errors import MeasurementError, ProviderError, first_line
 from uhop_onnx.executor import hand_over
 from uhop_onnx.graph import Graph
+from uhop_onnx.inputs import feeds_digest
 from uhop_onnx.providers import Provider, Runner, Support
-from uhop_onnx.samples import sample_feeds, shapes_text
+from uhop_onnx.samples import shapes_text
 
 from .blocks import blocks, live_tensors
 from .extract import extract
@@ -73,6 +75,7 @@ class Search:
     support: list[dict[str, Support]]
     pinned: dict[str, int]
     time_plans: PlanTimer
+    feeds: Mapping[str, np.ndarray]  # the model's inputs every measurement runs on
     profiler: Profiler = field(default_factory=Profiler)
     store: JsonTable | None = None
     budget_s: float = 60.0
@@ -134,7 +137,7 @@ class Search:
     def _none_timed(self, candidates: Mapping[str, Placement], whole: Mapping[str, Measurement]) -> MeasurementError:
         """The error when no whole plan could be timed: the sample shapes, and each candidate's error."""
         labels = [p.label for p in self.providers]
-        shapes = shapes_text(sample_feeds(self.graph.signature(n) for n in self.graph.inputs))
+        shapes = shapes_text(self.feeds)
         listed = "\n".join(f"  {name} ({_stage_labels(candidates[name], labels)}): {m.error}"
                            for name, m in whole.items())
         return MeasurementError(f"no candidate plan could be timed on sample inputs of shapes {shapes}; "
@@ -181,7 +184,13 @@ class Search:
         return found | fresh
 
     def _key(self, kind: str, provider: Provider, content: str) -> str:
-        return f"{kind}|{provider.label}|{provider.availability.version}|threads={self.threads}|{content}"
+        return f"{kind}|{provider.label}|{provider.availability.version}|threads={self.threads}|{self._at}|{content}"
+
+    @cached_property
+    def _at(self) -> str:
+        """What the figures were measured on: the inputs' shapes and a digest of their values."""
+        shapes = ",".join(f"{n}={'x'.join(map(str, np.shape(v)))}" for n, v in sorted(self.feeds.items()))
+        return f"at={shapes}@{feeds_digest(self.feeds)}"
 
     def _block_costs(self, units: Sequence[Sequence[int]], allowed: Sequence[Sequence[int]]) -> list[dict[int, Measurement]]:
         models = [extract(self.model, self.graph, b, name=f"block_{k}") for k, b in enumerate(units)]
@@ -238,7 +247,8 @@ class Search:
     def _measure_plans(self, placements: Mapping[str, Placement]) -> dict[str, Measurement]:
         digest = hashlib.sha256(self.model.SerializeToString(deterministic=True)).hexdigest()
         versions = ",".join(f"{p.label}@{p.availability.version}" for p in self.providers)
-        keys = {name: f"plan|{digest}|{versions}|threads={self.threads}|{_stage_labels(pl, [p.label for p in self.providers])}"
+        keys = {name: f"plan|{digest}|{versions}|threads={self.threads}|{self._at}|"
+                      f"{_stage_labels(pl, [p.label for p in self.providers])}"
                 f"|{','.join(map(str, pl))}" for name, pl in placements.items()}
         found = self._lookup(keys.values())
         missing = {name: pl for name, pl in placements.items() if keys[name] not in found}
@@ -289,7 +299,7 @@ class _Feeds:
 
     def __init__(self, search: Search):
         self.search = search
-        self.values: dict[str, np.ndarray] = sample_feeds(search.graph.signature(n) for n in search.graph.inputs)
+        self.values: dict[str, np.ndarray] = dict(search.feeds)
         self.done = 0
 
     def for_block(self, k: int, models, allowed, runners: dict[tuple[int, int], Runner]) -> dict[str, np.ndarray]:

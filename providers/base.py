@@ -7,6 +7,7 @@ runtime, so a bundle can run them on a board that has nothing else.
 from __future__ import annotations
 
 import logging
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 import numpy as np
 
 from uhop_onnx.errors import ProviderError, first_line
+from uhop_onnx.inputs import at_shapes, free_inputs
 
 from .capability import CapabilityTable, Support
 
@@ -108,6 +110,31 @@ class Pool(Generic[T]):
         self._idle.append(item)
 
 
+class PerShapeRunner(Runner):
+    """A stage with free input dimensions on a runtime that builds for fixed shapes: one runner built per
+    set of input shapes seen (`build` takes the stage model fixed at them), the last `keep` kept. Safe to
+    call from many threads: a shape is built once, and a runner dropped from the cache is left to the
+    calls still using it."""
+
+    def __init__(self, model: onnx.ModelProto, build: Callable[[onnx.ModelProto], Runner], keep: int = 8):
+        self.model, self.build, self.keep = model, build, keep
+        self.inputs = free_inputs(model)
+        self.runners: dict[tuple, Runner] = {}
+        self._lock = threading.Lock()
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        shapes = {name: tuple(np.shape(feeds[name])) for name in self.inputs}
+        key = tuple(shapes.values())
+        with self._lock:
+            runner = self.runners.get(key)
+            if runner is None:
+                runner = self.build(at_shapes(self.model, shapes))
+                while len(self.runners) >= self.keep:
+                    self.runners.pop(next(iter(self.runners)))
+                self.runners[key] = runner
+        return runner.run(feeds)
+
+
 class Provider(ABC):
     """One way to run ONNX nodes: a runtime on a device."""
 
@@ -118,6 +145,9 @@ class Provider(ABC):
     option_types: ClassVar[dict[str, Any]] = {}
     option_names: ClassVar[frozenset[str]] = frozenset()  # the keys of `option_types`
     appended: bool = False  # the last resort `resolve` added to a list that did not name it: it runs only the rest
+    # A runtime that builds for fixed shapes: its capability is asked of the model at the measured shapes, and
+    # a stage with free dimensions is built once per shape it is run at.
+    static_shapes: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

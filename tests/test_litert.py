@@ -366,17 +366,23 @@ def test_embeddings_and_masks_take_integer_inputs():
     assert_matches(session.run(None, feeds), reference(model, feeds))
 
 
-def test_nodes_without_static_shapes_are_declined_with_the_reason():
+def test_free_dimensions_are_converted_once_per_shape_seen():
+    """The converter itself takes static shapes only; a stage with free dimensions is converted at each
+    shape it runs at (checked against ONNX Runtime each time)."""
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "dynamic",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     [(name, reason)] = unconvertible(model).items()
     assert name == "relu" and "static shape" in reason
-    session = session_on(model, ["litert"])
-    assert session.get_providers() == ["ort-cpu"]
     with pytest.raises(ProviderError, match="static shape"):
         convert(model)
+    session = session_on(model, ["litert"])
+    assert session.get_providers() == ["litert"]
+    for batch in (1, 3, 1):
+        x = np.linspace(-1, 1, batch * 4, dtype=np.float32).reshape(batch, 4)
+        assert_matches(session.run(None, {"x": x}), reference(model, {"x": x}))
+    assert len(session._executor.runners[0].runners) == 2
 
 
 def test_table_quotes_the_constraint_behind_a_no():

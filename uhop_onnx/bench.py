@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .errors import UhopError, first_line
 
 SETTLE_SECONDS = 0.05  # between candidates: worker threads the previous one left spinning go to sleep
@@ -44,29 +46,34 @@ class Candidate:
 
 def bench(model: str | os.PathLike, providers: list[str] | None = None, threads: int | None = None,
           rounds: int = 7, calls: int | None = None, budget: float = 60.0,
-          progress: Callable[[str], None] = lambda step: None) -> dict[str, Any]:
-    """Measure every candidate in its own process, in alternating rounds; optimize cold and warm."""
+          progress: Callable[[str], None] = lambda step: None, *, shapes=None, inputs=None) -> dict[str, Any]:
+    """Measure every candidate in its own process, in alternating rounds; optimize cold and warm. Every
+    candidate, and the optimize runs, measure on the same inputs (`shapes`/`inputs` as `optimize` takes)."""
     from .graph import Graph
+    from .inputs import measured_shapes, profile_feeds
     from .loader import load
     from .providers import resolve
 
     model = str(Path(model).resolve())
     graph = Graph.from_model(load(model))
-    inputs = [graph.signature(name) for name in graph.inputs]
+    feeds = profile_feeds([graph.signature(name) for name in graph.inputs], shapes, inputs)
     present = [p.label for p in resolve(providers, threads)]
     with tempfile.TemporaryDirectory(prefix="uhop-bench-") as work:
         work = Path(work)
+        np.savez(work / "feeds.npz", **feeds)
         progress("optimizing with a cold cache")
-        cold = warm = _optimize_in_process(model, providers, threads, budget, work / "cache", work / "plan")
+        cold = warm = _optimize_in_process(model, providers, threads, budget, work / "cache", work / "plan",
+                                           work / "feeds.npz")
         if "error" not in cold:
             progress("optimizing with a warm cache")
-            warm = _optimize_in_process(model, providers, threads, budget, work / "cache", work / "plan-warm")
+            warm = _optimize_in_process(model, providers, threads, budget, work / "cache", work / "plan-warm",
+                                        work / "feeds.npz")
         candidates = [Candidate(f"{r} (raw)", "raw", r, wraps=w) for r, w in RAW.items() if w in present]
         candidates += [Candidate(f"{p} alone", "alone", p) for p in present]
         if "error" not in cold:
             candidates.append(Candidate("uhop-onnx plan", "plan", str(work / "plan")))
         progress(f"timing {len(candidates)} candidates, {rounds} rounds")
-        figures = time_candidates(candidates, model, inputs, threads, rounds, calls)
+        figures = time_candidates(candidates, model, feeds, threads, rounds, calls)
         if "error" in cold:  # no plan to time: its figure is optimize's error
             figures["uhop-onnx plan"] = {"ms": None, "spread": None, "round_medians_ms": [], "stages": [],
                                          "error": cold["error"]}
@@ -79,17 +86,20 @@ def bench(model: str | os.PathLike, providers: list[str] | None = None, threads:
             f["ratio_to_best_single"] = f["ms"] / best_single
         if c.wraps and f["ms"] and figures.get(f"{c.wraps} alone", {}).get("ms"):
             figures[f"{c.wraps} alone"]["overhead_vs_raw"] = figures[f"{c.wraps} alone"]["ms"] / f["ms"] - 1
-    return {"model": Path(model).name, "threads": threads, "rounds": rounds, "calls_per_round": calls,
+    return {"model": Path(model).name, "shapes": measured_shapes(feeds), "threads": threads, "rounds": rounds,
+            "calls_per_round": calls,
             "candidates": figures, "best_single": min(singles, key=lambda n: singles[n]["ms"]) if singles else None,
             "optimize_seconds": {"cold": cold.get("seconds"), "warm": warm.get("seconds")},
             "plan": cold.get("stages", []), "failed": sorted(n for n, f in figures.items() if f["error"])}
 
 
-def _optimize_in_process(model: str, providers, threads, budget, cache: Path, out: Path) -> dict[str, Any]:
-    """Time `optimize` in a fresh process with its own cache folder, as a user's first and second run:
-    `{"seconds", "stages"}`, or `{"error"}` when it failed (the plan folder is then not written)."""
+def _optimize_in_process(model: str, providers, threads, budget, cache: Path, out: Path, feeds: Path
+                         ) -> dict[str, Any]:
+    """Time `optimize` on `feeds` in a fresh process with its own cache folder, as a user's first and second
+    run: `{"seconds", "stages"}`, or `{"error"}` when it failed (the plan folder is then not written)."""
     env = {**os.environ, "UHOP_CACHE_DIR": str(cache)}
-    request = json.dumps({"model": model, "providers": providers, "threads": threads, "budget": budget, "out": str(out)})
+    request = json.dumps({"model": model, "providers": providers, "threads": threads, "budget": budget, "out": str(out),
+                          "inputs": str(feeds)})
     result = subprocess.run([sys.executable, "-m", "uhop_onnx.bench", "optimize", request], env=env,
                             capture_output=True, text=True, timeout=3600)
     lines = result.stdout.strip().splitlines()
@@ -98,9 +108,10 @@ def _optimize_in_process(model: str, providers, threads, budget, cache: Path, ou
     return json.loads(lines[-1])
 
 
-def time_plans_in_processes(plans: dict[str, Any], threads: int | None, rounds: int = 5) -> dict[str, Any]:
-    """Whole plans timed each in its own process, in alternating rounds -> `Measurement` per name (infinite
-    for a plan that failed)."""
+def time_plans_in_processes(plans: dict[str, Any], feeds: dict[str, np.ndarray], threads: int | None,
+                            rounds: int = 5) -> dict[str, Any]:
+    """Whole plans timed each in its own process on `feeds`, in alternating rounds -> `Measurement` per name
+    (infinite for a plan that failed)."""
     from .partitioner.profiler import Measurement
 
     with tempfile.TemporaryDirectory(prefix="uhop-plans-") as work:
@@ -108,19 +119,21 @@ def time_plans_in_processes(plans: dict[str, Any], threads: int | None, rounds: 
         for k, (name, plan) in enumerate(plans.items()):
             plan.save(Path(work) / f"plan{k}")
             candidates.append(Candidate(name, "plan", str(Path(work) / f"plan{k}")))
-        inputs = next(iter(plans.values())).inputs
-        figures = time_candidates(candidates, None, inputs, threads, rounds)
+        figures = time_candidates(candidates, None, feeds, threads, rounds)
     return {name: Measurement(f["ms"], f["spread"], len(f["round_medians_ms"])) if f["ms"] is not None
             else Measurement.failed(f["error"]) for name, f in figures.items()}
 
 
-def time_candidates(candidates: list[Candidate], model: str | None, inputs: list, threads: int | None, rounds: int,
-                    calls: int | None = None) -> dict[str, dict]:
-    """Each candidate in its own worker process; rounds alternate between them, in a rotating order."""
+def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[str, np.ndarray],
+                    threads: int | None, rounds: int, calls: int | None = None) -> dict[str, dict]:
+    """Each candidate in its own worker process, run on `feeds`; rounds alternate between them, in a
+    rotating order."""
     workers, logs = {}, {}
-    signatures = [{"name": i.name, "type": i.type, "shape": i.shape} for i in inputs]
+    shared = tempfile.NamedTemporaryFile(prefix="uhop-feeds-", suffix=".npz", delete=False)
+    with shared:
+        np.savez(shared, **feeds)
     for c in candidates:
-        request = json.dumps({"candidate": c.__dict__, "model": model, "inputs": signatures, "threads": threads,
+        request = json.dumps({"candidate": c.__dict__, "model": model, "feeds": shared.name, "threads": threads,
                               "calls": calls})
         logs[c.name] = tempfile.TemporaryFile(mode="w+")
         workers[c.name] = subprocess.Popen([sys.executable, "-m", "uhop_onnx.bench", "worker", request],
@@ -153,6 +166,7 @@ def time_candidates(candidates: list[Candidate], model: str | None, inputs: list
                 worker.stdin.close()
                 worker.wait(timeout=60)
             logs[name].close()
+        os.unlink(shared.name)
     return {name: {"ms": min(m) if m and name not in errors else None,
                    "spread": (max(m) - min(m)) / min(m) if m and name not in errors else None,
                    "round_medians_ms": m, "stages": stages[name], "error": errors.get(name)}
@@ -213,11 +227,9 @@ def _stages(plan) -> list[str]:
 
 
 def _worker(request: dict) -> None:
-    from types import SimpleNamespace
+    from .inputs import read_inputs
 
-    from .samples import sample_feeds
-
-    feeds = sample_feeds(SimpleNamespace(**sig) for sig in request["inputs"])
+    feeds = read_inputs(request["feeds"])
     try:
         call, stages = _runner(request["candidate"], request["model"], feeds, request["threads"])
         warm = [_seconds(call) for _ in range(3)]
@@ -242,7 +254,8 @@ def _optimize(request: dict) -> None:
 
     start = time.perf_counter()
     try:
-        plan = optimize(request["model"], request["providers"], threads=request["threads"], budget=request["budget"])
+        plan = optimize(request["model"], request["providers"], threads=request["threads"], inputs=request["inputs"],
+                        budget=request["budget"])
     except UhopError as error:
         print(json.dumps({"error": f"optimize: {error}"}))
         return

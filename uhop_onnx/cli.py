@@ -25,9 +25,10 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .custom_ops.cli import app as kernels_app
-from .errors import InputError, UhopError
+from .errors import UhopError
 from .providers.rknn.cli import app as rknn_setup
 from .report import ms_order, ms_text
+from .samples import shapes_text
 from .serve.cli import serve
 
 app = typer.Typer(name="uhop-onnx", help="Place ONNX models on the fastest mix of providers, and run them.",
@@ -45,6 +46,19 @@ InputsOption = Annotated[Path | None, typer.Option("--inputs", "-i", help="An .n
                          "(a one-input model) or an ONNX test_data_set_* folder; default: seeded random inputs.")]
 SeedOption = Annotated[int, typer.Option("--seed", help="Seed of the generated inputs.")]
 ThreadsOption = Annotated[int | None, typer.Option("--threads", min=1, help="Intra-op threads for every provider.")]
+MeasuredShapeOption = Annotated[list[str] | None, typer.Option("--shape", help="NAME:1x3x640x640, the shape an "
+                                "input is measured at (repeatable); needed for every free dimension but a leading "
+                                "one (taken as 1).")]
+MeasuredInputsOption = Annotated[Path | None, typer.Option("--inputs", "-i", help="Sample inputs to measure on "
+                                 "instead of random values: an .npz (one array per input), an .npy (a one-input "
+                                 "model) or an ONNX test_data_set_* folder.")]
+
+
+def _measured_at(shape: list[str] | None, inputs: Path | None) -> dict[str, Any]:
+    """`shapes=` and `inputs=` from `--shape` and `--inputs`."""
+    from .inputs import parse_shapes
+
+    return {"shapes": parse_shapes(shape), "inputs": inputs}
 
 
 def main() -> None:
@@ -201,7 +215,9 @@ def optimize(model: Path, output: Annotated[Path, typer.Option("--output", "-o",
              threads: ThreadsOption = None,
              budget: Annotated[float, typer.Option("--budget", min=0, help="Seconds the measured search may "
                                                    "spend improving the plan.")] = 60.0,
-             litert_fp16: LiteRtFp16Option = False, as_json: JsonOption = False) -> None:
+             litert_fp16: LiteRtFp16Option = False, shape: MeasuredShapeOption = None,
+             inputs: MeasuredInputsOption = None,
+             as_json: JsonOption = False) -> None:
     """Place a model's nodes on providers and write the plan folder."""
     from .files import check_writable
     from .optimizer import optimize as run_optimize
@@ -209,7 +225,7 @@ def optimize(model: Path, output: Annotated[Path, typer.Option("--output", "-o",
     check_writable(output)
     with _steps("optimizing", not as_json) as step:
         plan = run_optimize(model, _providers(providers, litert_fp16), profile=not no_profile, threads=threads,
-                            budget=budget, progress=step)
+                            budget=budget, progress=step, **_measured_at(shape, inputs))
         step("writing the plan")
         plan.save(output)
     if as_json:
@@ -426,13 +442,14 @@ def explain(plan_dir: Annotated[Path, typer.Argument(help="A plan folder written
 def bench(model: Path, providers: ProvidersOption = None, threads: ThreadsOption = None,
           rounds: Annotated[int, typer.Option(min=1, help="Alternating rounds per candidate.")] = 7,
           budget: Annotated[float, typer.Option(min=0, help="Seconds for the measured search.")] = 60.0,
-          as_json: JsonOption = False) -> None:
+          shape: MeasuredShapeOption = None, inputs: MeasuredInputsOption = None, as_json: JsonOption = False) -> None:
     """Time raw runtimes, each provider alone and the optimized plan, each in its own process, side by side.
     Exit 1 when a candidate failed (its error in the table and the JSON)."""
     from .bench import bench as run_bench
 
     with _steps("benchmarking", not as_json) as step:
-        result = run_bench(model, _providers(providers), threads=threads, rounds=rounds, budget=budget, progress=step)
+        result = run_bench(model, _providers(providers), threads=threads, rounds=rounds, budget=budget, progress=step,
+                           **_measured_at(shape, inputs))
     if as_json:
         _print_json(result)
     else:
@@ -445,7 +462,8 @@ def bench(model: Path, providers: ProvidersOption = None, threads: ThreadsOption
 
 def _print_bench(result: dict, threads: int | None) -> None:
     table = Table("candidate", "min of round medians (ms)", "vs best single provider", "overhead vs raw", "stages",
-                  title=escape(f"{result['model']}: {result['rounds']} alternating rounds, threads={threads or 'default'}"),
+                  title=escape(f"{result['model']} at {shapes_text(result['shapes'])}: {result['rounds']} alternating "
+                               f"rounds, threads={threads or 'default'}"),
                   caption=escape(f"best single provider (runs every node alone): {result['best_single'] or 'none'}"))
     for name, f in sorted(result["candidates"].items(), key=lambda kv: ms_order(kv[1]["ms"])):
         ratio = f.get("ratio_to_best_single")
@@ -495,6 +513,7 @@ def export(model: Path,
            providers: ProvidersOption = None, threads: ThreadsOption = None,
            sign: Annotated[Path | None, typer.Option("--sign", help="Sign the bundle's manifest with this Ed25519 "
                                                      "private key (from `uhop-onnx keygen`).")] = None,
+           shape: MeasuredShapeOption = None, inputs: MeasuredInputsOption = None,
            as_json: JsonOption = False) -> None:
     """Write a deployment bundle for a board, or a Triton model repository."""
     if fmt is ExportFormat.triton:
@@ -513,7 +532,7 @@ def export(model: Path,
 
     with _steps("exporting", not as_json) as step:
         written = export_bundle(model, target, output, providers=_providers(providers), threads=threads,
-                                progress=step, sign=sign)
+                                progress=step, sign=sign, **_measured_at(shape, inputs))
     _print_bundle(written, f"{'signed ' if sign else ''}bundle for {target}", as_json)
 
 
@@ -535,12 +554,15 @@ def tune(bundle: Annotated[Path, typer.Argument(help="A bundle folder or .tar.gz
          threads: ThreadsOption = None,
          budget: Annotated[float, typer.Option("--budget", min=0, help="Seconds the measured search may spend "
                                                "improving the plan.")] = 60.0,
+         shape: MeasuredShapeOption = None, inputs: MeasuredInputsOption = None,
          as_json: JsonOption = False) -> None:
-    """On the board: place a bundle's model again by measuring it here, and write the new bundle."""
+    """On the board: place a bundle's model again by measuring it here (on the bundle's sample inputs unless
+    --shape or --inputs says otherwise), and write the new bundle."""
     from .export import tune_bundle
 
     with _steps("tuning", not as_json) as step:
-        written = tune_bundle(bundle, output, threads=threads, budget=budget, progress=step)
+        written = tune_bundle(bundle, output, threads=threads, budget=budget, progress=step,
+                              **_measured_at(shape, inputs))
     _print_bundle(written, f"tuned from {bundle}", as_json)
 
 

@@ -34,26 +34,29 @@ from .dtypes import TensorSig
 from .errors import ProviderError, UhopError
 from .files import check_writable, new_folder, read_npz, write_archive, writing
 from .graph import declared_outputs
+from .inputs import Inputs, Shapes, read_inputs
 from .optimizer import Analysis, analyze, build_plan, place_measured
 from .partitioner.blocks import blocks
 from .partitioner.profiler import Measurement
 from .partitioner.search import allowed_providers, cheapest_path, expand
 from .partitioner.static_cost import flops, moved
 from .providers import Provider, create
-from .samples import reference_outputs, sample_feeds
+from .samples import reference_outputs
 from .targets import Target, TargetProvider, load_target, target_from_json
 
 
 def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Target, out: str | os.PathLike,
                   providers: Sequence[str] | None = None, assign: Mapping[str, str] | None = None,
                   threads: int | None = None, progress: Callable[[str], None] = lambda step: None, *,
-                  measure: bool = False, budget: float = 60.0, sign: str | os.PathLike | bytes | None = None) -> Path:
+                  shapes: Shapes | None = None, inputs: Inputs | None = None, measure: bool = False,
+                  budget: float = 60.0, sign: str | os.PathLike | bytes | None = None) -> Path:
     """Write a bundle for `target` (a built-in profile name, a JSON profile path, or a `Target`) to `out`: a
     folder (absent or empty) or a file ending `.tar.gz`. Returns `out`. With `sign` (an Ed25519 private key,
     PEM path or bytes, as `uhop-onnx keygen` writes), the manifest is signed.
 
     With `measure`, this host is the board: placement is measured here (as `optimize` does) over the
-    profile's providers present here, instead of the profile's static cost model."""
+    profile's providers present here, instead of the profile's static cost model. The bundle's sample
+    inputs (and any measurement) are at `shapes` or the given `inputs`, as `optimize` takes them."""
     out = Path(out)
     archive = out.name.endswith(".tar.gz")
     if out.exists() and (archive or out.is_file() or any(out.iterdir())):
@@ -62,7 +65,8 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
     signer = None if sign is None else signature.signer(sign)
     profile = target if isinstance(target, Target) else load_target(target)
     entries, chosen = _providers(profile, providers, threads, present=measure)
-    a = analyze(model, assign=assign, threads=threads, progress=progress, chosen=chosen)
+    a = analyze(model, assign=assign, threads=threads, progress=progress, chosen=chosen, shapes=shapes, inputs=inputs,
+                sample=True)
     if measure:
         plan = place_measured(a, threads, budget=budget, progress=progress)
         plan.placement = f"measured on this host for target {profile.name}"
@@ -82,14 +86,19 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
 
 
 def tune_bundle(bundle: str | os.PathLike, out: str | os.PathLike, threads: int | None = None,
-                budget: float = 60.0, progress: Callable[[str], None] = lambda step: None) -> Path:
+                budget: float = 60.0, progress: Callable[[str], None] = lambda step: None, *,
+                shapes: Shapes | None = None, inputs: Inputs | None = None) -> Path:
     """Place the model of `bundle` again by measurement on this host (the board), and write the new bundle
-    to `out` for the same target profile."""
+    to `out` for the same target profile; measured on the bundle's own sample inputs unless `shapes` or
+    `inputs` are given."""
     with unpacked(bundle) as folder:
         manifest = read_checked(folder, bundle)
         model = _bundled_model(folder, manifest)
+        if shapes is None and inputs is None:
+            inputs = read_inputs(folder / manifest["samples"]["inputs"])
     profile = target_from_json(manifest["target"], f"{bundle}: target")
-    return export_bundle(model, profile, out, threads=threads, progress=progress, measure=True, budget=budget)
+    return export_bundle(model, profile, out, threads=threads, progress=progress, shapes=shapes, inputs=inputs,
+                         measure=True, budget=budget)
 
 
 def _bundled_model(folder: Path, manifest: Mapping[str, Any]) -> onnx.ModelProto:
@@ -177,7 +186,7 @@ def _write(folder: Path, a: Analysis, plan, profile: Target, entries: list[Targe
             "reference": reference, "tolerance": artifact.tolerance or FP32_TOLERANCE,
         })
     progress("computing reference outputs with ONNX Runtime")
-    feeds = sample_feeds(plan.inputs)
+    feeds = a.feeds
     np.savez(folder / "samples" / "inputs.npz", **feeds)
     np.savez(folder / "samples" / "outputs.npz", **reference_outputs(a.loaded.SerializeToString(), feeds))
     if plan.constants:
@@ -191,6 +200,7 @@ def _write(folder: Path, a: Analysis, plan, profile: Target, entries: list[Targe
         "profile": plan.profile,
         "inputs": [asdict(t) for t in plan.inputs],
         "outputs": [asdict(t) for t in plan.outputs],
+        "shapes": plan.shapes,
         "stages": stages,
         "constants": "constants.npz" if plan.constants else None,
         "samples": {"inputs": "samples/inputs.npz", "outputs": "samples/outputs.npz"},

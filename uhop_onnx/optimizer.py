@@ -16,8 +16,9 @@ from onnx import numpy_helper
 
 from .bench import time_plans_in_processes
 from .cache import JsonTable, cache_dir, device_fingerprint
-from .errors import PlanError, UhopError
+from .errors import InputError, PlanError, UhopError, first_line
 from .graph import Graph
+from .inputs import Inputs, Shapes, at_shapes, free_inputs, inputs_digest, measured_shapes, profile_feeds
 from .loader import load
 from .partitioner.capabilities import capabilities, only_the_rest
 from .partitioner.extract import extract
@@ -36,7 +37,7 @@ from .providers import (
     resolve,
 )
 from .report import ms_text
-from .samples import sample_feeds
+from .samples import shapes_text
 from .session import InferenceSession
 from .simplify import simplify
 
@@ -54,43 +55,82 @@ class Analysis:
     providers: list[Provider]  # in preference order
     support: list[dict[str, Support]]  # per provider: node name -> Support
     pinned: dict[str, int]  # node name -> index into providers
+    feeds: dict[str, Any] | None = None  # the inputs measurements run on (None: free dimensions without a default)
 
 
 def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[ProviderSpec] | None = None,
             assign: Mapping[str, str] | None = None, threads: int | None = None,
             progress: Callable[[str], None] = lambda step: None, *,
             chosen: list[Provider] | None = None, strict: bool = False,
-            resolved: list[Provider] | None = None) -> Analysis:
+            resolved: list[Provider] | None = None, shapes: Shapes | None = None, inputs: Inputs | None = None,
+            sample: bool = False) -> Analysis:
     """Load, check and simplify `model`, and ask every provider which of its nodes it can run.
 
     `chosen` gives the provider objects directly (a target board's, present here or not); a provider not
     present on this host answers from its table alone. `resolved` is `resolve(providers, threads, strict)`
-    when the caller has it already.
+    when the caller has it already. With `sample` (or given `shapes` or `inputs`), the inputs measurements
+    run on are settled first (`inputs.profile_feeds`), so that free dimensions nobody gave stop it before
+    anything is measured.
     """
     progress("loading and checking the model")
     loaded = load(model)
     progress("simplifying the graph")
     simplified = simplify(loaded)
     graph = Graph.from_model(simplified)
+    signatures = [graph.signature(name) for name in graph.inputs]
+    if sample or shapes is not None or inputs is not None:
+        feeds = profile_feeds(signatures, shapes, inputs)
+    else:  # nothing is measured: the default shapes, where the model has them, still help fixed-shape runtimes
+        try:
+            feeds = profile_feeds(signatures)
+        except InputError:
+            feeds = None
     extend = chosen is None
     if chosen is not None:
         chosen = list(chosen)
     else:
         chosen = list(resolved) if resolved is not None else resolve(providers, threads, strict)
     pinned = _pins(assign or {}, loaded, graph, chosen, threads, extend)
+    fixed = None
+    if feeds is not None and free_inputs(simplified):
+        try:
+            fixed = FixedShapes(simplified, measured_shapes(feeds))
+        except Exception as error:  # noqa: BLE001 - inference may refuse the shapes; such runtimes then refuse too
+            log.warning("the model at %s could not be prepared for fixed-shape runtimes: %s",
+                        shapes_text(measured_shapes(feeds)), first_line(error))
     support = []
     for provider in chosen:
         progress(f"asking {provider.label} what it can run")
-        support.append(capabilities(simplified, graph, provider, query=provider.present))
+        if fixed and provider.static_shapes:
+            support.append(fixed.capabilities(graph, provider))
+        else:
+            support.append(capabilities(simplified, graph, provider, query=provider.present))
     if chosen[-1].appended:
         support[-1] = only_the_rest(support, [p.label for p in chosen],
                                     keep={node for node, p in pinned.items() if p == len(chosen) - 1})
-    return Analysis(model, loaded, simplified, graph, chosen, support, pinned)
+    return Analysis(model, loaded, simplified, graph, chosen, support, pinned, feeds)
+
+
+class FixedShapes:
+    """The model at the shapes it is measured at, simplified again (its shape arithmetic folded there): what
+    a runtime that builds for fixed shapes is asked about."""
+
+    def __init__(self, simplified: onnx.ModelProto, shapes: Shapes):
+        self.model = simplify(at_shapes(simplified, shapes))
+        self.graph = Graph.from_model(self.model)
+
+    def capabilities(self, graph: Graph, provider: Provider) -> dict[str, Support]:
+        """`provider`'s answer for every node of `graph`; a node folded away at these shapes is a constant
+        there, which the provider computes when it builds the stage."""
+        verdicts = capabilities(self.model, self.graph, provider, query=provider.present)
+        folded = Support(True, "a constant at the measured shapes", "simplify")
+        return {n.name: verdicts.get(n.name, folded) for n in graph.nodes}
 
 
 def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[ProviderSpec] | None = None,
              assign: Mapping[str, str] | None = None, profile: bool = True, threads: int | None = None, *,
-             strict: bool = False, budget: float = 60.0, profiler: Profiler | None = None,
+             strict: bool = False, shapes: Shapes | None = None, inputs: Inputs | None = None,
+             budget: float = 60.0, profiler: Profiler | None = None,
              progress: Callable[[str], None] = lambda step: None) -> Plan:
     """Place every node of `model` on a provider and split it into stages.
 
@@ -103,16 +143,27 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     cache, keyed by the model's bytes, the providers present (and their versions), the arguments and this
     machine; the same call again reuses it. A listed provider absent here is skipped with one warning;
     `strict` makes that an error.
+
+    Measurements run at `shapes` (`{input: (1, 3, 640, 640)}`) or on `inputs` (arrays by name, or an `.npz`
+    path); without them a free leading dimension is 1, and any other free dimension raises `InputError`
+    naming it. The plan records the shapes and runs at every shape the model allows.
     """
     chosen = resolve(providers, threads, strict)
+
+    def analysis() -> Analysis:
+        return analyze(model, providers, assign, threads, progress, resolved=chosen, shapes=shapes, inputs=inputs,
+                       sample=profile)
+
     if not profile:
-        a = analyze(model, providers, assign, threads, progress, resolved=chosen)
+        a = analysis()
         progress("placing nodes and cutting stages")
         return build_plan(a, first_supported(a.graph, a.support, a.pinned, [p.label for p in a.providers]), threads)
     if profiler is not None:
-        a = analyze(model, providers, assign, threads, progress, resolved=chosen)
-        return place_measured(a, threads, budget=budget, profiler=profiler, progress=progress)
-    folder = cache_dir() / "plans" / _plan_key(model, chosen, assign=assign, threads=threads, budget=budget)
+        return place_measured(analysis(), threads, budget=budget, profiler=profiler, progress=progress)
+    measured_at = {"shapes": {k: list(v) for k, v in (shapes or {}).items()},
+                   "inputs": None if inputs is None else inputs_digest(inputs)}
+    folder = cache_dir() / "plans" / _plan_key(model, chosen, assign=assign, threads=threads, budget=budget,
+                                               **measured_at)
     if (folder / PLAN_FILE).is_file():
         try:
             plan = Plan.load(folder)
@@ -121,8 +172,7 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
         else:
             log.info("reusing the plan measured earlier on this machine: %s", folder)
             return plan
-    a = analyze(model, providers, assign, threads, progress, resolved=chosen)
-    plan = place_measured(a, threads, budget=budget, profiler=profiler, progress=progress)
+    plan = place_measured(analysis(), threads, budget=budget, profiler=profiler, progress=progress)
     try:
         plan.save(folder)
     except (UhopError, OSError) as error:  # a full disk, or another process caching the same plan
@@ -174,18 +224,16 @@ def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, pr
     if profiler is None:
         def time_plans(placements):
             return time_plans_in_processes({name: build_plan(a, pl, threads) for name, pl in placements.items()},
-                                           threads)
+                                           a.feeds, threads)
     else:
-        feeds = sample_feeds(a.graph.signature(name) for name in a.graph.inputs)
-
         def run_plan(placement: list[int]):
             session = InferenceSession(build_plan(a, placement, threads), threads=threads)
-            return lambda: session.run(None, feeds)
+            return lambda: session.run(None, a.feeds)
 
         time_plans = in_process(run_plan, profiler)
     store = JsonTable(cache_dir() / "profiles" / f"{device_fingerprint(threads, *labels)}.json",
                       check=Measurement.from_json)
-    search = Search(a.simplified, a.graph, a.providers, a.support, a.pinned, time_plans,
+    search = Search(a.simplified, a.graph, a.providers, a.support, a.pinned, time_plans, a.feeds,
                     profiler=profiler or Profiler(), store=store, budget_s=budget, threads=threads)
     placement = search.run()
     plan = build_plan(a, placement, threads)
@@ -248,6 +296,7 @@ def build_plan(a: Analysis, placement: Sequence[int], threads: int | None) -> Pl
         replaced=[{"node": node, "provider": provider.label, "reason": verdict.reason}
                   for provider, table in zip(a.providers, a.support) for node, verdict in table.items()
                   if verdict.source == "check"],
+        shapes=None if a.feeds is None else measured_shapes(a.feeds),
     )
 
 

@@ -17,6 +17,7 @@ from .errors import PlanError
 from .files import new_folder, read_npz
 from .dtypes import TensorSig
 from .report import ms_text, write_report
+from .samples import shapes_text
 
 SCHEMA = "uhop-onnx.plan/2"
 PLAN_FILE = "plan.json"
@@ -85,6 +86,7 @@ class Plan:
     fallbacks: dict[int, dict[str, Any]] = field(default_factory=dict)
     # {"node", "provider", "reason"}: nodes a provider's build check refused, so they were placed elsewhere
     replaced: list[dict[str, str]] = field(default_factory=list)
+    shapes: dict[str, list[int]] | None = None  # the input shapes it was placed and measured at
     folder: Path | None = field(default=None, repr=False)
     constants_hash: str | None = field(default=None, repr=False)  # of `constants.npz`, recorded by `save`
 
@@ -99,6 +101,8 @@ class Plan:
         where = ", ".join(f"{label} {count} nodes" for label, count in nodes.items())
         lines = [f"{self.model_name} ({self.model_hash[:12]}): {len(self.stages)} stage(s), placement {self.placement}"
                  f"{f', threads {self.threads}' if self.threads else ''}", f"  {where}"]
+        if self.shapes is not None:
+            lines.append(f"  placed at {shapes_text(self.shapes)}")
         if self.profile and self.profile.get("chosen") in self.profile.get("candidates", {}):
             chosen = self.profile["candidates"][self.profile["chosen"]]
             lines.append(f"  measured {ms_text(chosen['ms'])} ms end to end ({self.profile['chosen']})")
@@ -137,6 +141,7 @@ class Plan:
             "placement": self.placement,
             "profile": self.profile,
             "threads": self.threads,
+            "shapes": self.shapes,
             "constants": sorted(self.constants),
             "constants_sha256": self.constants_hash,
             "fallbacks": {str(k): v for k, v in sorted(self.fallbacks.items())},
@@ -229,6 +234,7 @@ class Plan:
             metadata=ModelMetadata(**data.model.metadata.model_dump()),
             fallbacks={int(k): v.model_dump() for k, v in data.fallbacks.items()},
             replaced=[r.model_dump() for r in data.replaced],
+            shapes=data.shapes,
             folder=folder,
             constants_hash=data.constants_sha256,
         )

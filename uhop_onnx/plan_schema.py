@@ -148,6 +148,7 @@ class PlanFile(_Strict):
     constants_sha256: str | None = Field(default=None, pattern=SHA256)
     fallbacks: dict[Annotated[str, Field(pattern=r"^[0-9]+$")], Fallback] = {}  # stage index -> counts
     replaced: list[Replaced] = []
+    shapes: dict[str, list[Annotated[int, Field(ge=0)]]] | None = None  # input -> the shape it was placed at
     stages: list[StageEntry] = Field(min_length=1)
 
 

@@ -11,6 +11,8 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .samples import shapes_text
+
 if TYPE_CHECKING:
     from .plan import Plan
 
@@ -90,7 +92,8 @@ def placement_svg(plan: Plan, width: int = 800, per_row: int = 50) -> str:
 
 def markdown(plan: Plan) -> str:
     lines = [f"# Plan for `{plan.model_name}`", "",
-             f"Model sha256 `{plan.model_hash[:16]}`; placement: {plan.placement}; threads: {plan.threads or 'default'}.", "",
+             f"Model sha256 `{plan.model_hash[:16]}`; placement: {plan.placement}; threads: {plan.threads or 'default'}; "
+             f"measured at {shapes_text(plan.shapes)}.", "",
              "![nodes coloured by provider, and the stages on a timeline](placement.svg)", "",
              "| stage | provider | nodes | first node | ms | boundary ms | alternatives (ms) |", "|---|---|---|---|---|---|---|"]
     for k, s in enumerate(plan.stages):
@@ -143,3 +146,4 @@ def ms_order(ms: float | None) -> float:
 
 def ms_text(value: float | None) -> str:
     return "" if value is None else f"{value:.3f}"
+

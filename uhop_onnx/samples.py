@@ -4,7 +4,7 @@ Runtime's outputs on them, the reference every provider is checked against."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -12,14 +12,16 @@ from .dtypes import numpy_dtype
 from .errors import ModelError, first_line
 
 
-def sample_feeds(inputs: Iterable, seed: int = 0) -> dict[str, np.ndarray]:
+def sample_feeds(inputs: Iterable, seed: int = 0, shapes: Mapping[str, Sequence[int]] | None = None
+                 ) -> dict[str, np.ndarray]:
     """One array per input signature (`.name`, `.type`, `.shape`): standard normal floats, zero integers,
-    false booleans; symbolic or unknown dimensions are 1."""
+    false booleans; of the shape `shapes` gives for it, else the declared one with free dimensions at 1."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for sig in inputs:
         dtype = numpy_dtype(sig.type) or np.dtype(np.float32)
-        shape = [d if isinstance(d, int) and d > 0 else 1 for d in (sig.shape or ())]
+        shape = (list((shapes or {})[sig.name]) if sig.name in (shapes or {})
+                 else [d if isinstance(d, int) and d > 0 else 1 for d in (sig.shape or ())])
         feeds[sig.name] = (rng.standard_normal(shape) if dtype.kind == "f" else np.zeros(shape)).astype(dtype)
     return feeds
 
@@ -38,6 +40,9 @@ def reference_outputs(model: str | os.PathLike | bytes, feeds: dict[str, np.ndar
                          f"{first_line(error)}") from error
 
 
-def shapes_text(feeds: dict[str, np.ndarray]) -> str:
-    """`x: 1x3x8x8, n: scalar`: the shapes of some feeds, for messages."""
-    return ", ".join(f"{name}: {'x'.join(map(str, np.shape(v))) or 'scalar'}" for name, v in feeds.items())
+def shapes_text(feeds: Mapping[str, np.ndarray | Sequence[int]] | None) -> str:
+    """`x: 1x3x8x8, n: scalar`: the shapes of some feeds (arrays, or their shapes as lists), for messages."""
+    if feeds is None:
+        return "no shapes"
+    dims = {name: v if isinstance(v, (list, tuple)) else np.shape(v) for name, v in feeds.items()}
+    return ", ".join(f"{name}: {'x'.join(map(str, d)) or 'scalar'}" for name, d in dims.items()) or "no inputs"

@@ -40,13 +40,15 @@ class InferenceSession:
     `optimize`. With `fallback=True`, a stage that fails during a call is re-run on `ort-cpu` for that call
     only, with one warning per stage, and counted in `plan.fallbacks` (in memory; `plan.save` writes it);
     otherwise the failure is raised as `StageError` naming the stage and provider. `run` may be called from
-    many threads at once.
+    many threads at once. `shapes` (`{input: (1, 3, 640, 640)}`) or `inputs` (arrays by name, or an `.npz`)
+    are what measuring the placement runs at (see `optimize`); the session runs at every shape the model
+    allows.
     """
 
     def __init__(self, path_or_bytes: Any, sess_options: Any = None, providers: Sequence | None = None,
                  provider_options: Sequence[Mapping[str, Any]] | None = None, *, assign: Mapping[str, str] | None = None,
                  profile: bool = True, threads: int | None = None, fallback: bool = False, strict: bool = False,
-                 **optimize_options: Any):
+                 shapes: Mapping[str, Sequence[int]] | None = None, inputs: Any = None, **optimize_options: Any):
         if isinstance(sess_options, (list, tuple)):
             if providers is not None:
                 raise InputError("providers given twice: as the second argument and as providers=")
@@ -63,8 +65,8 @@ class InferenceSession:
             from .optimizer import optimize
 
             self.plan = optimize(source, providers=_with_options(providers, provider_options), assign=assign,
-                                 profile=profile, threads=threads, strict=strict, progress=log.info,
-                                 **optimize_options)
+                                 profile=profile, threads=threads, strict=strict, shapes=shapes, inputs=inputs,
+                                 progress=log.info, **optimize_options)
         self.fallback = fallback
         self.threads = threads if threads is not None else self.plan.threads
         self._sess_options = sess_options

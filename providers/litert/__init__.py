@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from uhop_onnx.errors import CheckError
+from uhop_onnx.inputs import free_inputs
 
-from ..base import Absent, Artifact, Provider, Runner, missing_module
+from ..base import Absent, Artifact, PerShapeRunner, Provider, Runner, missing_module
 from ..capability import Support
 from .runner import LiteRtRunner, interpreter_module
 from .table import LITERT_TABLE
@@ -43,6 +44,7 @@ class LiteRt(Provider):
     table = LITERT_TABLE
     option_types = {"delegate": str, "delegate_options": dict[str, str | int | float | bool], "allow_fallback": bool,
                     "fp16": bool}
+    static_shapes = True
 
     @property
     def tolerance(self) -> dict[str, float]:
@@ -72,10 +74,17 @@ class LiteRt(Provider):
 
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
         """Convert, load and check the stage against ONNX Runtime on random inputs (`CheckError` when they
-        differ)."""
-        from .converter import convert, prepared
+        differ); a stage with free input dimensions is converted (and checked) once per shape it is run at."""
+        from uhop_onnx.simplify import simplify
 
         self.require()
+        if free_inputs(model):
+            return PerShapeRunner(model, lambda fixed: self._compile_fixed(simplify(fixed)))
+        return self._compile_fixed(model)
+
+    def _compile_fixed(self, model: onnx.ModelProto) -> LiteRtRunner:
+        from .converter import convert, prepared
+
         start = time.perf_counter()
         model = prepared(model)  # shape-only inputs pinned: random values for them would not be shapes
         blob = convert(model, fp16=bool(self.options.get("fp16")))
