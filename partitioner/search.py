@@ -184,7 +184,7 @@ class Search:
         return found | fresh
 
     def _key(self, kind: str, provider: Provider, content: str) -> str:
-        return f"{kind}|{provider.label}|{provider.availability.version}|threads={self.threads}|{self._at}|{content}"
+        return f"{kind}|{provider.label}|{provider.availability.version}|threads={self.threads}|{content}|{self._at}"
 
     @cached_property
     def _at(self) -> str:

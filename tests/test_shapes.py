@@ -183,3 +183,39 @@ def test_cli_stops_on_free_dims_and_measures_at_the_given_shape(tmp_path):
         assert_matches([got["boxes"]], ort_session(detector()).run(None, {"images": x}))
     result = uhop("optimize", str(tmp_path / "det.onnx"), "-o", str(tmp_path / "bad"), "--shape", "images:1x4x64x48")
     assert result.returncode == 2 and "dimension 1 must be 3" in " ".join(result.stderr.split())
+
+
+@pytest.mark.skipif("litert" not in present_cpu_providers(), reason="LiteRT is not installed")
+def test_a_bundle_built_for_fixed_shapes_records_them_and_names_them_for_any_other(tmp_path):
+    model = detector()
+    with pytest.raises(InputError, match="--shape images:1x3xHEIGHTxWIDTH"):
+        uhop_onnx.export_bundle(model, "arm64", tmp_path / "never", providers=["litert"])
+    out = uhop_onnx.export_bundle(model, "arm64", tmp_path / "bundle", providers=["litert"],
+                                  shapes={"images": (1, 3, 32, 40)})
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["shapes"] == {"images": [1, 3, 32, 40]}
+    [stage] = manifest["stages"]
+    assert stage["provider"] == "litert" and stage["built_for"] == {"images": [1, 3, 32, 40]}
+    assert uhop_onnx.verify_bundle(out)["ok"]
+    bundle = uhop_onnx.load_bundle(out)
+    x = np.random.default_rng(3).standard_normal((1, 3, 32, 40)).astype(np.float32)
+    assert_matches(bundle.run(None, {"images": x}), ort_session(model).run(None, {"images": x}))
+    with pytest.raises(InputError, match=r"built for images 1x3x32x40; export it again with --shape images:1x3x16x16"):
+        bundle.run(None, {"images": np.zeros((1, 3, 16, 16), np.float32)})
+
+
+def test_rknn_in_the_simulator_builds_once_per_shape():
+    from uhop_onnx.providers.rknn.setup import is_ready
+    from uhop_onnx.providers.rknn.table import FP16_TOLERANCE
+
+    if not is_ready():
+        pytest.skip("rknn-toolkit2 environment absent: create it with `uhop-onnx setup rknn`")
+    model = detector()
+    session = uhop_onnx.InferenceSession(model, providers=[("rknn", {"simulate": True})], profile=False,
+                                         shapes={"images": (1, 3, 16, 24)})
+    assert session.get_providers() == ["rknn"]
+    for shape in [(1, 3, 16, 24), (1, 3, 20, 12)]:
+        x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+        [got], [want] = session.run(None, {"images": x}), ort_session(model).run(None, {"images": x})
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, **FP16_TOLERANCE)

@@ -33,8 +33,8 @@ from .bundle import signature
 from .dtypes import TensorSig
 from .errors import ProviderError, UhopError
 from .files import check_writable, new_folder, read_npz, write_archive, writing
-from .graph import declared_outputs
-from .inputs import Inputs, Shapes, read_inputs
+from .graph import Graph, declared_outputs
+from .inputs import Inputs, Shapes, at_shapes, free_inputs, read_inputs
 from .optimizer import Analysis, analyze, build_plan, place_measured
 from .partitioner.blocks import blocks
 from .partitioner.profiler import Measurement
@@ -42,6 +42,7 @@ from .partitioner.search import allowed_providers, cheapest_path, expand
 from .partitioner.static_cost import flops, moved
 from .providers import Provider, create
 from .samples import reference_outputs
+from .simplify import simplify
 from .targets import Target, TargetProvider, load_target, target_from_json
 
 
@@ -171,11 +172,17 @@ def _write(folder: Path, a: Analysis, plan, profile: Target, entries: list[Targe
         (folder / sub).mkdir()
     by_label = {p.label: (p, e) for p, e in zip(a.providers, entries)}
     stages = []
+    sized = None  # the model at the samples' shapes, for stages whose runtime builds for fixed shapes
     for k, stage in enumerate(plan.stages):
         provider, entry = by_label[stage.label]
         progress(f"writing stage {k} for {stage.label}")
         model = plan.stage_model(stage)
-        artifact = provider.export(model, folder / "stages", f"stage_{k:02d}_{provider.id}")
+        built_for = None
+        if provider.static_shapes and free_inputs(model):
+            sized = sized or Graph.from_model(at_shapes(a.simplified, plan.shapes))
+            built_for = _stage_shapes(sized, free_inputs(model), k)
+        built = simplify(at_shapes(model, built_for)) if built_for else model
+        artifact = provider.export(built, folder / "stages", f"stage_{k:02d}_{provider.id}")
         reference = f"reference/stage_{k:02d}.onnx"
         onnx.save(model, folder / reference)
         stages.append({
@@ -184,6 +191,7 @@ def _write(folder: Path, a: Analysis, plan, profile: Target, entries: list[Targe
             "artifact": {**artifact.to_json(), "files": [f"stages/{f}" for f in artifact.files]},
             "runtime": {"name": entry.id, "version": entry.version, "install": provider.install},
             "reference": reference, "tolerance": artifact.tolerance or FP32_TOLERANCE,
+            **({"built_for": built_for} if built_for else {}),
         })
     progress("computing reference outputs with ONNX Runtime")
     feeds = a.feeds
@@ -207,6 +215,16 @@ def _write(folder: Path, a: Analysis, plan, profile: Target, entries: list[Targe
         "tolerance": loosest,
         "files": hash_files(folder),
     }
+
+
+def _stage_shapes(sized: Graph, names: Sequence[str], k: int) -> dict[str, list[int]]:
+    """The fixed shapes of a stage's inputs at the bundle's sample shapes (`sized`: the model at them)."""
+    shapes = {name: list(sized.tensors[name].shape or ()) if name in sized.tensors else None for name in names}
+    unknown = [name for name, dims in shapes.items() if dims is None or not all(isinstance(d, int) for d in dims)]
+    if unknown:
+        raise ProviderError(f"stage {k}: the shape of {', '.join(map(repr, unknown))} at the sample shapes cannot be "
+                            "inferred, and its runtime builds for fixed shapes; place those nodes elsewhere (assign=...)")
+    return shapes
 
 
 def _declared(model: onnx.ModelProto) -> list[list[Any]]:

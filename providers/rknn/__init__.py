@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from uhop_onnx.errors import ProviderError
+from uhop_onnx.inputs import free_inputs
 
-from ..base import Absent, Artifact, Provider, Runner, output_dtypes
+from ..base import Absent, Artifact, PerShapeRunner, Provider, Runner, output_dtypes
 from .runner import CORE_MASKS, RUNTIME_LIBRARY, data_formats
 from .setup import TOOLKIT, is_ready, venv_path
 from .table import DTYPES, FP16_TOLERANCE, RKNN_TABLE, TARGETS, remarks
@@ -58,6 +59,7 @@ class Rknn(Provider):
     install = "pip install rknn-toolkit-lite2"  # on the board; a host's absences name `uhop-onnx setup rknn`
     table = RKNN_TABLE
     option_types = {"target": str, "dtype": str, "calibration": str, "core_mask": str, "simulate": bool}
+    static_shapes = True
 
     def __init__(self, options: Mapping[str, Any] | None = None, threads: int | None = None):
         super().__init__(options, threads)
@@ -155,7 +157,16 @@ class Rknn(Provider):
         return [{name: a[k] for name, a in arrays.items()} for k in range(count)]
 
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
+        """The stage converted to `.rknn` (run in the simulator with `simulate`); a stage with free input
+        dimensions is converted once per shape it is run at."""
         self.require()
+        if free_inputs(model):
+            from uhop_onnx.simplify import simplify
+
+            return PerShapeRunner(model, lambda fixed: self._compile_fixed(simplify(fixed)))
+        return self._compile_fixed(model)
+
+    def _compile_fixed(self, model: onnx.ModelProto) -> Runner:
         from .converter import SimulatorRunner, convert, model_inputs
 
         if self.simulate:

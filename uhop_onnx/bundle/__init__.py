@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from uhop_onnx.dtypes import TensorSig
-from uhop_onnx.errors import BundleError
+from uhop_onnx.errors import BundleError, InputError
 from uhop_onnx.executor import Executor, StageIO
 from uhop_onnx.files import read_npz
 
@@ -51,6 +51,9 @@ class Bundle:
         ios = [StageIO(f"{s['provider']} ({s['artifact']['format']})", s["inputs"], s["outputs"],
                        [(name, None if dims is None else tuple(dims)) for name, dims in s["declared"]]) for s in stages]
         self._executor = Executor(ios, runners, self.get_inputs(), [o.name for o in self.get_outputs()], constants)
+        # Stages whose runtime built them for fixed shapes (`.rknn`, `.tflite` of a model with free dimensions)
+        # run only at the shapes the bundle was exported at.
+        self._fixed = sorted({s["provider"] for s in stages if s.get("built_for")})
 
     def get_inputs(self) -> list[TensorSig]:
         return [TensorSig(**t) for t in self.manifest["inputs"]]
@@ -62,7 +65,19 @@ class Bundle:
         return list(dict.fromkeys(s["provider"] for s in self.manifest["stages"]))
 
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any]) -> list[np.ndarray]:
+        if self._fixed:
+            self._check_built_shapes(input_feed)
         return self._executor.run(output_names, input_feed)
+
+    def _check_built_shapes(self, feeds: Mapping[str, Any]) -> None:
+        built = self.manifest["shapes"]
+        for name, shape in built.items():
+            got = list(np.shape(feeds[name])) if name in feeds else shape
+            if got != shape:
+                at = ", ".join(f"{n} {'x'.join(map(str, dims))}" for n, dims in built.items())
+                raise InputError(f"input {name!r} has shape {got}, but this bundle's {', '.join(self._fixed)} "
+                                 f"stages were built for {at}; export it again with "
+                                 f"--shape {name}:{'x'.join(map(str, got))} to run at that shape")
 
 
 def open_checked(folder: Path, path: str | os.PathLike, key: KeySource | None) -> tuple[dict[str, Any], bool]:
