@@ -25,7 +25,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .custom_ops.cli import app as kernels_app
-from .errors import UhopError
+from .errors import InputError, UhopError
 from .providers.rknn.cli import app as rknn_setup
 from .report import ms_order, ms_text
 from .samples import shapes_text
