@@ -59,9 +59,9 @@ def several_outputs() -> onnx.ModelProto:
         helper.make_node("ArgMax", ["scaled"], ["argmax"], name="argmax", axis=1, keepdims=0),
         helper.make_node("ReduceSum", ["relu", "axes"], ["total"], name="sum", keepdims=1),
     ]
-    model = _model(nodes, [io("x", TensorProto.FLOAT, ["n", 5]), io("gain", TensorProto.FLOAT, [5])],
-                   [io("relu", TensorProto.FLOAT, ["n", 5]), io("argmax", TensorProto.INT64, ["n"]),
-                    io("total", TensorProto.FLOAT, ["n", 1])],
+    model = _model(nodes, [io("x", TensorProto.FLOAT, [None, 5]), io("gain", TensorProto.FLOAT, [5])],
+                   [io("relu", TensorProto.FLOAT, [None, 5]), io("argmax", TensorProto.INT64, ["n"]),
+                    io("total", TensorProto.FLOAT, [None, 1])],
                    [numpy_helper.from_array(np.linspace(-1, 2, 5).astype(np.float32), "gain"),
                     numpy_helper.from_array(np.array([1], np.int64), "axes")], name="heads")
     model.graph.input.pop()  # gain is an initializer listed among the inputs: overridable
