@@ -247,8 +247,11 @@ class InferenceSession:
         if first:
             warnings.warn(f"{where} failed ({first_line(error)}); re-running it on {LAST_RESORT} when it fails "
                           f"(counted in plan.fallbacks)", RuntimeWarning, stacklevel=6)
-        feeds = {name: np.asarray(value) for name, value in feeds.items()}
-        return self._executor.checked(k, runner.run(feeds))
+        try:
+            return self._executor.checked(k, runner.run({name: np.asarray(value) for name, value in feeds.items()}))
+        except Exception as again:  # noqa: BLE001 - a runtime may fail in any way; say both failures
+            raise StageError(f"{where} failed ({first_line(error)}), and so did its re-run on {LAST_RESORT}: "
+                             f"{first_line(again)}", k, stage.provider) from again
 
 
 class IOBinding:
