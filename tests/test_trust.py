@@ -358,18 +358,35 @@ def test_a_symlinked_file_is_refused(small_bundle, tmp_path):
 LEAN = """
 import sys
 import uhop_onnx
-bundle = uhop_onnx.load_bundle(sys.argv[1])
+bundle = uhop_onnx.load_bundle(sys.argv[1], key=sys.argv[2] if len(sys.argv) > 2 else None)
 heavy = sorted({m.split('.')[0] for m in sys.modules} & {'onnx', 'onnx_ir', 'cryptography', 'pydantic', 'openvino',
                                                          'typer', 'rich'})
 print(heavy)
 """
 
 
-def test_the_runner_stays_lean_without_a_key(small_bundle):
+def test_the_runner_stays_lean(small_bundle, keys, tmp_path):
+    """numpy and the bundle's runtimes only; cryptography too only when a key is given; never onnx or pydantic."""
     done = subprocess.run([sys.executable, "-c", LEAN, str(small_bundle)], capture_output=True, text=True,
                           timeout=SECONDS, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+    signed = uhop_onnx.export_bundle(mlp(), "x86-64", tmp_path / "signed.tar.gz", providers=["ort-cpu"], sign=keys[0])
+    done = subprocess.run([sys.executable, "-c", LEAN, str(signed), str(keys[1])], capture_output=True, text=True,
+                          timeout=SECONDS, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['cryptography']"
+
+
+def test_the_board_command_checks_the_key(keys, tmp_path):
+    signed = uhop_onnx.export_bundle(mlp(), "x86-64", tmp_path / "signed.tar.gz", providers=["ort-cpu"], sign=keys[0])
+    np.savez(tmp_path / "in.npz", **random_feeds(mlp()))
+    board = [sys.executable, "-m", "uhop_onnx.bundle", "run", str(signed), "--inputs", str(tmp_path / "in.npz")]
+    done = subprocess.run([*board, "--key", str(keys[1])], capture_output=True, text=True, timeout=SECONDS, check=False)
+    assert done.returncode == 0 and "output" in done.stdout, done.stderr
+    _, stranger = keygen(tmp_path / "stranger")
+    done = subprocess.run([*board, "--key", str(stranger)], capture_output=True, text=True, timeout=SECONDS, check=False)
+    assert done.returncode == 1 and "signature does not match" in done.stderr and "Traceback" not in done.stderr
 
 
 # -- plan folders ------------------------------------------------------------------------------------------------

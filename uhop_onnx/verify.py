@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .bundle import KeySource, load_stage
+from .bundle import KeySource, check_signature, load_stage
 from .bundle.manifest import check_files, read_manifest, unpacked
 from .bundle.signature import signed
 from .compare import compare_arrays
@@ -63,11 +63,8 @@ def _signature(folder, path, key: KeySource | None) -> dict[str, Any]:
     """The signature's part of the report: checked with `key`, else only whether there is one."""
     if key is None:
         return {"ok": None, "signed": signed(folder), "checked": False}
-    from .bundle.signature import check
-
     try:
-        read_manifest(folder)
-        check(folder, key, path)
+        check_signature(folder, path, key)
     except BundleError as error:
         return {"ok": False, "signed": signed(folder), "checked": True, "error": str(error)}
     return {"ok": True, "signed": True, "checked": True}

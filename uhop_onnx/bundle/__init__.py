@@ -22,20 +22,12 @@ from uhop_onnx.errors import BundleError, InputError
 from uhop_onnx.executor import Executor, StageIO
 from uhop_onnx.files import read_npz
 
-from .manifest import open_bundle, read_checked
+from .manifest import FORMATS, open_bundle, read_checked, read_manifest
+from .signature import KeySource, check
 
-# Stage format -> the module whose `load_stage(folder, artifact, threads, exclusive)` runs it.
-FORMATS = {
-    "onnx": "uhop_onnx.providers.ort",
-    "openvino-ir": "uhop_onnx.providers.openvino",
-    "tflite": "uhop_onnx.providers.litert.runner",
-    "rknn": "uhop_onnx.providers.rknn.runner",
-    "kernels": "uhop_onnx.providers.kernels",
-}
 # Formats whose stages may carry native code (a library, a delegate path); their `load_stage` takes `trusted`,
 # true only when a signature the loader checked covers the stage's files.
 NATIVE = {"kernels", "tflite"}
-KeySource = str | os.PathLike | bytes
 
 
 class Bundle:
@@ -84,12 +76,14 @@ def open_checked(folder: Path, path: str | os.PathLike, key: KeySource | None) -
     """(the manifest, whether a signature by `key` covers it), once the signature (when a key is given) and
     then every file's hash and size match."""
     if key is not None:
-        from .manifest import read_manifest
-        from .signature import check
-
-        read_manifest(folder)  # a well-formed manifest of bounded size before any cryptography
-        check(folder, key, path)
+        check_signature(folder, path, key)
     return read_checked(folder, path), key is not None
+
+
+def check_signature(folder: Path, path: str | os.PathLike, key: KeySource) -> None:
+    """Raise `BundleError` unless the bundle in `folder` (from `path`) is signed by `key`."""
+    read_manifest(folder)  # a well-formed manifest of bounded size before any cryptography
+    check(folder, key, path)
 
 
 def load_stage(folder: Path, stage: Mapping[str, Any], threads: int | None, exclusive: bool, trusted: bool = False):

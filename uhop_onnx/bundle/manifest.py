@@ -26,7 +26,14 @@ SIGNATURE = "manifest.sig"  # Ed25519 over the manifest's bytes (see `signature`
 MANIFEST_LIMIT = 16 << 20  # bytes: a manifest is JSON of names, hashes and small tables
 SIGNATURE_LIMIT = 4096
 FP32_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
-FORMATS = ("onnx", "openvino-ir", "tflite", "rknn", "kernels")
+# Stage format -> the module whose `load_stage(folder, artifact, threads, exclusive)` runs it.
+FORMATS = {
+    "onnx": "uhop_onnx.providers.ort",
+    "openvino-ir": "uhop_onnx.providers.openvino",
+    "tflite": "uhop_onnx.providers.litert.runner",
+    "rknn": "uhop_onnx.providers.rknn.runner",
+    "kernels": "uhop_onnx.providers.kernels",
+}
 
 __all__ = ["BundleError", "FORMATS", "MANIFEST", "SCHEMA", "SIGNATURE", "check_files", "hash_files", "open_bundle",
            "read_checked", "read_manifest", "unpacked", "validate"]
