@@ -104,6 +104,14 @@ def test_keygen_writes_a_pem_pair_and_never_overwrites(tmp_path):
     assert private.read_bytes() == before
 
 
+def test_a_wrong_key_file_is_named_before_any_work(keys, model_file, small_bundle, tmp_path):
+    done = _cli("export", model_file, "-t", "x86-64", "-o", tmp_path / "b", "--sign", keys[1])
+    assert done.returncode == 2 and "not an unencrypted PEM private key" in done.stderr, done.stderr
+    assert not (tmp_path / "b").exists()
+    done = _cli("verify", small_bundle, "--key", tmp_path / "absent.pub")
+    assert done.returncode == 2 and "cannot read the public key" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_a_signed_bundle_verifies_and_loads_with_its_key(kernels_bundle, keys):
     report = uhop_onnx.verify_bundle(kernels_bundle, key=keys[1])
     assert report["ok"] and report["signature"]["ok"], report
