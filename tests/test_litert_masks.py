@@ -198,6 +198,18 @@ def test_gather_elements_with_a_smaller_index_grid():
     check(model_of("GatherElements", {"x": ("int64", (2, 9)), "i": np.array([[4, 0, -1]], np.int64)}, {"axis": 1}))
 
 
+def test_constants_the_reference_evaluator_cannot_fold_are_computed_in_the_stage():
+    """ONNX's reference GatherElements fails past 64 entries along its axis (BERT's token types: [1, 512]):
+    the converter lowers the node instead of folding it."""
+    data, indices = np.arange(100, dtype=np.int64).reshape(1, 100), np.array([[99, 0, 5, -1]], np.int64)
+    nodes = [helper.make_node("GatherElements", ["data", "i"], ["picked"], name="gather", axis=1),
+             helper.make_node("Add", ["picked", "x"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "fold", [helper.make_tensor_value_info("x", TensorProto.INT64, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, [1, 4])],
+                              [numpy_helper.from_array(data, "data"), numpy_helper.from_array(indices, "i")])
+    assert check(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+
+
 @pytest.mark.parametrize("indices", [
     np.array([[0, 1], [2, -1], [-3, 0]], np.int64),  # whole slices of the last axis
     np.array([[1, 2, 3]], np.int64),  # one element

@@ -123,9 +123,13 @@ def _lower_node(cx: Lowering, node: Node, opsets) -> None:
     if all(name in cx.consts for name in node.inputs if name) and node.inputs and node.op not in RANDOM:
         try:
             return fold(cx, node, opsets)
-        except Unsupported:
+        except Unsupported as folding:
             if node.op not in LOWERINGS:
                 raise
+            try:
+                return LOWERINGS[node.op](cx, node)
+            except Unsupported as why:
+                raise Unsupported(f"{folding}; and it cannot be lowered: {why}") from None
     if node.op not in LOWERINGS:
         raise Unsupported(f"no LiteRT lowering for {node.op}; lowered ops: {', '.join(sorted(LOWERINGS))}")
     LOWERINGS[node.op](cx, node)
