@@ -89,7 +89,10 @@ def test_run_with_a_shape_of_a_free_dimension(tmp_path):
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["outputs"][0]["shape"] == [3, 10]
     bad = uhop("run", str(tmp_path / "mlp.onnx"), "--shape", "nope:3x64")
-    assert bad.returncode == 2 and "no input named nope" in bad.stderr
+    assert bad.returncode == 2 and "the model has no input 'nope'" in bad.stderr
+    unset = uhop("run", str(tmp_path / "mlp.onnx"))  # a free leading dimension is 1
+    assert unset.returncode == 0 and json.loads(uhop("run", str(tmp_path / "mlp.onnx"), "--json").stdout)[
+        "outputs"][0]["shape"] == [1, 10]
 
 
 def test_compare_reports_each_output_and_fails_outside_the_tolerance(model_path, tmp_path):

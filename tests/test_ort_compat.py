@@ -177,6 +177,37 @@ def test_fallback_switches_and_profile_trace(tmp_path, monkeypatch):
     assert session.end_profiling() == ""
 
 
+def test_io_binding_by_host_pointer_and_the_getters():
+    model = several_outputs()
+    session = uhop_onnx.InferenceSession(model, providers=["ort-cpu"], profile=False)
+    x = np.arange(10, dtype=np.float32).reshape(2, 5)
+    binding = session.io_binding()
+    binding.bind_input("x", "cpu", 0, np.float32, x.shape, x.ctypes.data)
+    binding.bind_output("argmax")
+    session.run_with_iobinding(binding)
+    [argmax] = binding.copy_outputs_to_cpu()
+    np.testing.assert_array_equal(argmax, reference(model, {"x": x})[1])
+    with pytest.raises(InputError, match="only host \\(cpu\\) buffers can be bound by pointer"):
+        binding.bind_input("x", "cuda", 0, np.float32, x.shape, x.ctypes.data)
+    with pytest.raises(InputError, match="binding a preallocated buffer is not supported"):
+        binding.bind_output("relu", "cpu", 0, np.float32, [2, 5], x.ctypes.data)
+    assert session.get_provider_options() == {"ort-cpu": {}}
+    assert session.get_session_options().intra_op_num_threads == 0
+    meta = session.get_modelmeta()
+    assert (meta.graph_name, meta.version, meta.custom_metadata_map) == ("heads", 2**63 - 1, {})
+
+
+def test_free_dimensions_nobody_sized_are_placed_without_measuring():
+    """onnxruntime scripts give no sizes: the session still runs, placed without timing, and says why."""
+    with pytest.warns(UserWarning, match="placed without measuring: free dimension.*'seq'"):
+        session = uhop_onnx.InferenceSession(attention(), providers=["ort-cpu"])
+    assert session.plan.placement == "first-supported"
+    x = np.random.default_rng(0).standard_normal((2, 3, 8)).astype(np.float32)
+    assert_matches(session.run(None, {"x": x}), reference(attention(), {"x": x}))
+    with pytest.raises(uhop_onnx.FreeDimensionError, match="'seq'"):
+        uhop_onnx.optimize(attention(), providers=["ort-cpu"])
+
+
 def test_input_error_is_a_value_error():
     assert issubclass(InputError, ValueError)
 

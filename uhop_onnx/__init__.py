@@ -8,6 +8,7 @@ from importlib import import_module
 
 from .errors import (
     BundleError,
+    FreeDimensionError,
     InputError,
     KeyFileError,
     MeasurementError,
@@ -44,6 +45,7 @@ _LAZY = {
 __all__ = [
     "BundleError",
     "InferenceSession",
+    "FreeDimensionError",
     "InputError",
     "KeyFileError",
     "MeasurementError",

@@ -25,7 +25,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .custom_ops.cli import app as kernels_app
-from .errors import InputError, UhopError
+from .errors import UhopError
 from .providers.rknn.cli import app as rknn_setup
 from .report import ms_order, ms_text
 from .samples import shapes_text
@@ -379,20 +379,10 @@ def _session(model: Path, providers: str | None, threads: int | None, litert_fp1
 def _feeds(session, inputs: Path | None, shapes: list[str] | None, seed: int) -> tuple[dict, str]:
     """The feeds from `--inputs`, else seeded random ones of the model's (or `--shape`'s) shapes; and where
     they came from."""
-    from dataclasses import replace
+    from .inputs import parse_shapes, profile_feeds
 
-    from .inputs import parse_shape, read_inputs
-    from .samples import sample_feeds
-
-    if inputs is not None:
-        return read_inputs(inputs, [i.name for i in session.get_inputs()]), str(inputs)
-    given = dict(parse_shape(text) for text in shapes or ())
-    names = [i.name for i in session.get_inputs()]
-    unknown = sorted(set(given) - set(names))
-    if unknown:
-        raise InputError(f"--shape: no input named {', '.join(unknown)}; the model's inputs: {', '.join(names)}")
-    signatures = [replace(i, shape=list(given[i.name])) if i.name in given else i for i in session.get_inputs()]
-    return sample_feeds(signatures, seed), f"generated, seed {seed}"
+    feeds = profile_feeds(session.get_inputs(), parse_shapes(shapes), inputs, seed)
+    return feeds, str(inputs) if inputs is not None else f"generated, seed {seed}"
 
 
 def _reference(model: Path, session, against: str, feeds: dict, threads: int | None) -> dict:
@@ -538,11 +528,14 @@ def export(model: Path,
 
 @app.command()
 def keygen(name: Annotated[Path, typer.Option("--output", "-o", help="Writes NAME.key (private, mode 0600) and "
-                                              "NAME.pub (public).")]) -> None:
+                                              "NAME.pub (public).")],
+           as_json: JsonOption = False) -> None:
     """Write a new Ed25519 key pair (PEM) to sign bundles with: `export --sign NAME.key`, `verify --key NAME.pub`."""
     from .bundle.signature import keygen as write_pair
 
     private, public = write_pair(name)
+    if as_json:
+        return _print_json({"private": str(private), "public": str(public)})
     out.print(f"private key: {escape(str(private))} (keep it secret; it signs bundles)\npublic key:  "
               f"{escape(str(public))} (give it to "
               "whoever loads the bundles: `verify --key`, `load_bundle(path, key=...)`)")

@@ -17,6 +17,10 @@ class InputError(UhopError, ValueError):
     """Feeds passed to `run` do not match the model's inputs (a `ValueError` too, as onnxruntime raises)."""
 
 
+class FreeDimensionError(InputError):
+    """A model is to be measured but has free dimensions (other than a leading one) nobody gave a size for."""
+
+
 class ProviderError(UhopError):
     """A provider is unknown, absent, cannot run what it was given, or failed while running."""
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .dtypes import TensorSig
-from .errors import InputError
+from .errors import FreeDimensionError, InputError
 from .samples import sample_feeds
 
 Shapes = Mapping[str, Sequence[int]]
@@ -94,7 +94,7 @@ def profile_feeds(signatures: Sequence[TensorSig], shapes: Shapes | None = None,
             unset += [(sig.name, axis, dim) for axis, dim in enumerate(sig.shape or ())
                       if axis > 0 and not _fixed(dim)]
     if unset:
-        raise InputError(_unset_message(signatures, unset))
+        raise FreeDimensionError(_unset_message(signatures, unset))
     sampled = sample_feeds([sig for sig in signatures if sig.name not in given], seed=seed, shapes=shapes)
     return {sig.name: given[sig.name] if sig.name in given else sampled[sig.name] for sig in signatures}
 

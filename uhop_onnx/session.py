@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import TensorSig
-from .errors import InputError, StageError, UhopError, first_line
+from .errors import FreeDimensionError, InputError, StageError, UhopError, first_line
 from .executor import Executor, StageIO, Timing
 from .files import atomic_file
 from .graph import TensorInfo, declared_outputs
@@ -62,11 +62,9 @@ class InferenceSession:
         elif isinstance(source, (str, os.PathLike)) and (Path(source) / PLAN_FILE).is_file():
             self.plan = Plan.load(source)
         else:
-            from .optimizer import optimize
-
-            self.plan = optimize(source, providers=_with_options(providers, provider_options), assign=assign,
-                                 profile=profile, threads=threads, strict=strict, shapes=shapes, inputs=inputs,
-                                 progress=log.info, **optimize_options)
+            self.plan = _optimize(source, providers=_with_options(providers, provider_options), assign=assign,
+                                  profile=profile, threads=threads, strict=strict, shapes=shapes, inputs=inputs,
+                                  **optimize_options)
         self.fallback = fallback
         self.threads = threads if threads is not None else self.plan.threads
         self._sess_options = sess_options
@@ -301,6 +299,20 @@ class IOBinding:
 
     def synchronize_outputs(self) -> None:
         """Nothing to wait for: outputs are complete when `run_with_iobinding` returns."""
+
+
+def _optimize(source: Any, **options: Any) -> Plan:
+    """`optimize`; a model with free dimensions that nobody sized is placed without measuring (as onnxruntime
+    scripts give no sizes), with one warning naming them and how to have the model measured."""
+    from .optimizer import optimize
+
+    try:
+        return optimize(source, progress=log.info, **options)
+    except FreeDimensionError as error:
+        if not options["profile"]:
+            raise
+        warnings.warn(f"placed without measuring: {error}", UserWarning, stacklevel=3)
+        return optimize(source, progress=log.info, **{**options, "profile": False})
 
 
 def _read_session_options(so: Any) -> dict[str, Any]:
