@@ -65,7 +65,7 @@ def only_the_rest(support: Sequence[Mapping[str, Support]], labels: Sequence[str
 def _check_one(model: onnx.ModelProto, graph: Graph, provider: Provider, index: int) -> tuple[str, Support]:
     name = graph.nodes[index].name
     try:
-        provider.check(extract(model, graph, [index], name="check"))
+        provider.check(extract(model, graph, [index], name=name))
     except CheckError as error:
         log.warning("%s fails its build check on node %r (%s); the node goes to the next provider that runs it",
                     provider.label, name, first_line(error))
