@@ -553,13 +553,14 @@ class FileSpec:
 
 _FP32 = (1e-4, 1e-5)
 FILES: list[FileSpec] = [
-    # An int8 plan's providers each requantize between QDQ pairs with their own int8 kernels (OpenVINO fuses
-    # the pairs into integer convolutions, ONNX Runtime runs them as QLinear ops): a value on a rounding
-    # boundary lands one quantization step apart, which later layers carry; the logits stay within a few steps.
-    FileSpec("int8-qdq", "timm-resnet18", _qdq, (0.0, 0.5), "a few int8 steps of the output's scale"),
-    # fp16 arithmetic differs by provider (OpenVINO runs fp16 weights in fp32 on a CPU without fp16 units,
-    # ONNX Runtime in fp16): about 1e-3 relative per op, compounded over the layers.
-    FileSpec("fp16", "timm-resnet18", _fp16, (2e-2, 2e-2), "fp16 rounding per op, fp32 or fp16 accumulation"),
+    # An int8 plan's providers each requantize between QDQ pairs with their own integer kernels (OpenVINO fuses
+    # the pairs into integer convolutions, ONNX Runtime runs QLinear ops): a value on a rounding boundary can land
+    # one step apart and later layers carry it. The logits here are within +-0.3 (scale about 0.002 a step):
+    # 0.02 allows about ten steps.
+    FileSpec("int8-qdq", "timm-resnet18", _qdq, (0.0, 2e-2), "about ten int8 steps of the logits' scale"),
+    # fp16 arithmetic differs by provider (fp16 or fp32 accumulation, fused or per-op rounding): fp16's 1e-3
+    # relative precision per op, over the network's depth.
+    FileSpec("fp16", "timm-resnet18", _fp16, (1e-2, 1e-3), "fp16 rounding per op, fp32 or fp16 accumulation"),
     FileSpec("external-data", "hf-bert", _external, _FP32, "fp32"),
     FileSpec("if-loop", None, _if_loop, _FP32, "fp32",
              Spec("if-loop", "onnx", None, (Input("x", ("batch", 8)),), {"y": {0: "batch"}})),
