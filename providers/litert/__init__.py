@@ -1,15 +1,22 @@
 """LiteRT (TFLite): ONNX stages converted to `.tflite` and run by the LiteRT interpreter with XNNPACK or an
-external delegate. Every converted stage is checked against ONNX Runtime when it is compiled."""
+external delegate. Every converted stage is checked against ONNX Runtime when it is compiled; a conversion
+checked on this machine is kept in the cache, so the same stage compiles again without converting."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
+from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from uhop_onnx.cache import JsonTable, cache_dir
 from uhop_onnx.errors import CheckError
+from uhop_onnx.files import atomic_file
 from uhop_onnx.inputs import free_inputs
 
 from ..base import Absent, Artifact, PerShapeRunner, Provider, Runner, missing_module
@@ -18,8 +25,6 @@ from .runner import LiteRtRunner, interpreter_module
 from .table import LITERT_TABLE
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     import onnx
 
 log = logging.getLogger(__name__)
@@ -86,6 +91,14 @@ class LiteRt(Provider):
         from .converter import convert, prepared
 
         start = time.perf_counter()
+        key = self._conversion_key(model)
+        kept = _kept(key)
+        if kept is not None:
+            runner = LiteRtRunner(kept[0], self.threads, **self.delegate_options())
+            runner.error = kept[1]
+            log.info("litert: %s as converted and verified earlier on this machine (%.2f s); max abs error %.3g",
+                     model.graph.name, time.perf_counter() - start, runner.error)
+            return runner
         model = prepared(model)  # shape-only inputs pinned: random values for them would not be shapes
         blob = convert(model, fp16=bool(self.options.get("fp16")))
         converted = time.perf_counter()
@@ -93,7 +106,16 @@ class LiteRt(Provider):
         runner.error = verify(model, runner, self.tolerance)
         log.info("litert: %s converted in %.2f s (%d bytes), verified in %.2f s; max abs error %.3g",
                  model.graph.name, converted - start, len(blob), time.perf_counter() - converted, runner.error)
+        _keep(key, blob, runner.error)
         return runner
+
+    def _conversion_key(self, model: onnx.ModelProto) -> str:
+        """What a checked conversion depends on: the stage, the options and tolerance, LiteRT's version and
+        the converter's own source."""
+        digest = hashlib.sha256(model.SerializeToString(deterministic=True))
+        digest.update(json.dumps([self.options, self.tolerance, _version(), _converter_digest()], sort_keys=True,
+                                 default=repr).encode())
+        return digest.hexdigest()[:32]
 
 
     def delegate_options(self) -> dict:
@@ -165,6 +187,51 @@ def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], 
                                 f"+ {ROUNDING} x max |output|)")
         worst = max(worst, float(error[finite].max(initial=0.0)))
     return worst
+
+
+def _conversions() -> Path:
+    return cache_dir() / "litert"
+
+
+def _verified() -> JsonTable:
+    """Key -> {"sha256", "error"} of each conversion checked on this machine."""
+    return JsonTable(_conversions() / "verified.json", lambda entry: (str(entry["sha256"]), float(entry["error"])))
+
+
+def _kept(key: str) -> tuple[bytes, float] | None:
+    """A checked conversion's `.tflite` bytes and error; None when there is none, or its file is missing or
+    not the bytes that were checked."""
+    entry = _verified().get(key)
+    if entry is None:
+        return None
+    try:
+        blob = (_conversions() / f"{key}.tflite").read_bytes()
+    except OSError:
+        return None
+    if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
+        log.warning("litert: %s is not the conversion that was checked; converting again", _conversions() / key)
+        return None
+    return blob, float(entry["error"])
+
+
+def _keep(key: str, blob: bytes, error: float) -> None:
+    """Keep a checked conversion (nothing, with a logged warning, when the cache cannot be written)."""
+    try:
+        with atomic_file(_conversions() / f"{key}.tflite", "wb") as handle:
+            handle.write(blob)
+    except OSError as problem:
+        log.warning("litert: a checked conversion could not be kept in %s (%s)", _conversions(), problem)
+        return
+    _verified().update({key: {"sha256": hashlib.sha256(blob).hexdigest(), "error": float(error)}})
+
+
+@cache
+def _converter_digest() -> str:
+    """The converter's source, hashed: a changed converter converts again."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def _version() -> str:
