@@ -98,7 +98,7 @@ def test_profile_feeds_take_the_given_shapes_and_name_what_is_missing(tmp_path):
 
 def detector(seed: int = 0) -> onnx.ModelProto:
     """A detector-like conv net with free batch, height and width: conv 3x3 -> relu -> conv 3x3 stride 2 ->
-    reflect-free 1x1 head, the feature map's size following the image's."""
+    a 1x1 head, the feature map's size following the image's."""
     rng = np.random.default_rng(seed)
     weights = {"w1": (8, 3, 3, 3), "b1": (8,), "w2": (16, 8, 3, 3), "b2": (16,), "w3": (6, 16, 1, 1), "b3": (6,)}
     inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), n) for n, s in weights.items()]
@@ -110,7 +110,8 @@ def detector(seed: int = 0) -> onnx.ModelProto:
         helper.make_node("Conv", ["r2", "w3", "b3"], ["boxes"], name="/head/Conv"),
     ]
     graph = helper.make_graph(
-        nodes, "detector", [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
+        nodes, "detector",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
         [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["batch", 6, None, None])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
@@ -158,7 +159,8 @@ def test_measured_plan_records_its_shapes_and_runs_at_another(tmp_path):
     loaded = uhop_onnx.Plan.load(tmp_path / "plan")
     assert loaded.shapes == plan.shapes and "images: 1x3x24x40" in (tmp_path / "plan" / "report.md").read_text()
     y = np.random.default_rng(2).standard_normal((2, 3, 16, 16)).astype(np.float32)
-    assert_matches(uhop_onnx.InferenceSession(loaded).run(None, {"images": y}), ort_session(model).run(None, {"images": y}))
+    expected = ort_session(model).run(None, {"images": y})
+    assert_matches(uhop_onnx.InferenceSession(loaded).run(None, {"images": y}), expected)
 
 
 def test_cli_stops_on_free_dims_and_measures_at_the_given_shape(tmp_path):
@@ -219,3 +221,13 @@ def test_rknn_in_the_simulator_builds_once_per_shape():
         [got], [want] = session.run(None, {"images": x}), ort_session(model).run(None, {"images": x})
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, **FP16_TOLERANCE)
+
+
+def test_triton_export_says_where_shapes_go(tmp_path):
+    from .test_cli import uhop
+
+    onnx.save(detector(), tmp_path / "det.onnx")
+    result = uhop("export", str(tmp_path / "det.onnx"), "--format", "triton", "-o", str(tmp_path / "repo"),
+                  "--shape", "images:1x3x32x32")
+    assert result.returncode == 2 and "optimize MODEL -o PLAN --shape" in result.stderr
+    assert not (tmp_path / "repo").exists()

@@ -509,6 +509,11 @@ def export(model: Path,
     if fmt is ExportFormat.triton:
         from .triton import export_triton
 
+        if shape or inputs:
+            raise typer.BadParameter("--shape and --inputs size bundles; for a Triton repository, run `uhop-onnx "
+                                     "optimize MODEL -o PLAN --shape ...` and export the plan folder",
+                                     param_hint="--shape")
+
         with _steps("exporting", not as_json):
             written = export_triton(model, output, providers=_providers(providers), threads=threads)
         if as_json:

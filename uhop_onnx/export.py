@@ -223,7 +223,8 @@ def _stage_shapes(sized: Graph, names: Sequence[str], k: int) -> dict[str, list[
     unknown = [name for name, dims in shapes.items() if dims is None or not all(isinstance(d, int) for d in dims)]
     if unknown:
         raise ProviderError(f"stage {k}: the shape of {', '.join(map(repr, unknown))} at the sample shapes cannot be "
-                            "inferred, and its runtime builds for fixed shapes; place those nodes elsewhere (assign=...)")
+                            "inferred, and its runtime builds for fixed shapes; place those nodes elsewhere "
+                            "(assign=...)")
     return shapes
 
 
