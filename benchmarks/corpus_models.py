@@ -39,7 +39,8 @@ LIBRARIES = ("torch", "timm", "torchvision", "transformers", "onnx", "onnxscript
 @dataclass(frozen=True)
 class Input:
     """A model input: `dims` are ints or axis names ("batch", "seq", "past"); `high` > 0 makes it int64
-    token ids in [0, high), `high == -1` an all-ones int64 mask, else float32 noise."""
+    token ids in [0, high), `high == -1` an int64 attention mask (every row after the first padded over its
+    last quarter), else float32 noise."""
 
     name: str
     dims: tuple[int | str, ...]
@@ -50,7 +51,9 @@ class Input:
         if self.high > 0:
             return rng.integers(0, self.high, shape, dtype=np.int64)
         if self.high == -1:
-            return np.ones(shape, np.int64)
+            mask = np.ones(shape, np.int64)
+            mask[1:, shape[-1] - shape[-1] // 4:] = 0
+            return mask
         return rng.standard_normal(shape).astype(np.float32)
 
 
@@ -121,7 +124,7 @@ class HF:
         import transformers
 
         model = getattr(transformers, self.model)(getattr(transformers, self.config)(**dict(self.kw))).eval()
-        return _Outputs(getattr(model, self.part)() if self.part else model, self.fields)
+        return _outputs(getattr(model, self.part)() if self.part else model, self.fields)
 
 
 def _timm(name: str, **kw) -> Timm:
@@ -184,22 +187,20 @@ def _nms(boxes, scores, iou_threshold: float):
     return torch.stack(keep) if keep else torch.empty(0, dtype=torch.int64)
 
 
-class _Outputs:
-    """Wraps a `transformers` model so that it returns a tuple of the named output fields."""
+def _outputs(model, fields: tuple[str, ...]):
+    """`model` (a `transformers` model) as a module that returns the tuple of its output `fields`."""
+    import torch
 
-    def __new__(cls, model, fields: tuple[str, ...]):
-        import torch
+    class Outputs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
 
-        class Wrapped(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.model = model
+        def forward(self, *args):
+            out = self.model(*args, return_dict=True)
+            return tuple(out[f] for f in fields)
 
-            def forward(self, *args):
-                out = self.model(*args, return_dict=True)
-                return tuple(out[f] for f in fields)
-
-        return Wrapped().eval()
+    return Outputs().eval()
 
 
 _SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, vocab_size=1000,
@@ -237,7 +238,7 @@ def _whisper_encoder():
                                      decoder_layers=1, decoder_attention_heads=2, decoder_ffn_dim=128,
                                      num_mel_bins=80, max_source_positions=50, vocab_size=1000, pad_token_id=0,
                                      bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
-    return _Outputs(transformers.WhisperModel(cfg).eval().get_encoder(), ("last_hidden_state",))
+    return _outputs(transformers.WhisperModel(cfg).eval().get_encoder(), ("last_hidden_state",))
 
 
 def _detr():
@@ -249,7 +250,7 @@ def _detr():
                                   d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
                                   decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128,
                                   num_queries=10, num_labels=5)
-    return _Outputs(transformers.DetrForObjectDetection(cfg).eval(), ("logits", "pred_boxes"))
+    return _outputs(transformers.DetrForObjectDetection(cfg).eval(), ("logits", "pred_boxes"))
 
 
 def _speech():
