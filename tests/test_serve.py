@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -19,13 +20,16 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from uhop_onnx.models import mlp
 from uhop_onnx.optimizer import optimize
+from uhop_onnx.serve.app import Limits
 
 from .conftest import assert_matches, reference
 
 httpclient = pytest.importorskip("tritonclient.http")
+from tritonclient.utils import InferenceServerException  # noqa: E402 - after the skip
 pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 
@@ -147,7 +151,7 @@ def spans():
 
 @contextlib.contextmanager
 def local_server(plan, name: str, **options):
-    """`local_app(plan, ...)` under uvicorn in a thread of this process; yields its host:port."""
+    """`local_app(plan, ...)` under uvicorn in a thread of this process; yields its host:port and the server."""
     import uvicorn
 
     from uhop_onnx.serve.local import local_app
@@ -160,15 +164,15 @@ def local_server(plan, name: str, **options):
     url = f"{HOST}:{port}"
     try:
         wait_ready(url, 30)
-        yield url
+        yield url, server
     finally:
         server.should_exit = True
-        thread.join(timeout=10)
+        thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")
 def local_url(plan, spans):
-    with local_server(plan, "mlp", replicas=2, max_request_bytes=LIMIT) as url:
+    with local_server(plan, "mlp", replicas=2, limits=Limits(max_request_bytes=LIMIT)) as (url, _):
         yield url
 
 
@@ -232,6 +236,7 @@ def test_spans_continue_the_callers_trace(local_url, spans):
     ("/v2/models/mlp/infer", json_request(np.zeros((4, 64)), shape=[4, 32]), {}, 400, "shape [4, 32]"),
     ("/v2/models/mlp/infer", json_request(np.zeros((4, 32)), shape=[4, 64]), {}, 400, "128 values for shape [4, 64]"),
     ("/v2/models/mlp/infer", b'{"inputs": [', {}, 400, "malformed JSON"),
+    ("/v2/models/mlp/infer", b'{"inputs": ' + b"[" * 50_000, {}, 400, "nested too deeply"),
     ("/v2/models/mlp/infer", b'{"inputs": []}', {}, 400, "missing input(s) 'input'"),
     ("/v2/models/mlp/infer", b"x" * (LIMIT + 1), {}, 413, f"limit of {LIMIT} bytes"),
     ("/v2/models/mlp/infer", gzip.compress(b" " * (LIMIT + 1)), {"Content-Encoding": "gzip"}, 413, "limit"),
@@ -242,7 +247,7 @@ def test_spans_continue_the_callers_trace(local_url, spans):
     ("/v2/models/mlp/infer", json.dumps({"inputs": json.loads(json_request(np.zeros((4, 64))))["inputs"],
                                          "outputs": [{"name": "logits"}]}).encode(), {}, 400,
      "unknown output 'logits'; the model's outputs: output"),
-], ids=["model", "version", "input-name", "dtype", "shape", "declared-shape", "count", "json", "missing",
+], ids=["model", "version", "input-name", "dtype", "shape", "declared-shape", "count", "json", "deep-json", "missing",
         "oversized", "gzip-bomb", "encoding", "binary-short", "binary-extra", "binary-count", "output-name"])
 def test_bad_requests_get_protocol_errors_and_the_server_keeps_serving(local_url, model, path, body, headers,
                                                                        status, message):
@@ -255,8 +260,6 @@ def test_bad_requests_get_protocol_errors_and_the_server_keeps_serving(local_url
 
 
 def test_wrong_dtype_from_tritonclient_is_an_inference_server_exception(local_url):
-    from tritonclient.utils import InferenceServerException
-
     tensor = httpclient.InferInput("input", [4, 64], "FP64")
     tensor.set_data_from_numpy(np.zeros((4, 64)))
     with pytest.raises(InferenceServerException, match="the model expects FP32") as caught:
@@ -271,22 +274,38 @@ def test_wrong_method_and_path_are_json_errors(local_url):
         assert caught.value.code == status and "error" in json.loads(caught.value.read())
 
 
-def test_a_failing_stage_is_a_500_error_and_counted(tmp_path):
-    from onnx import TensorProto, helper
-
+def adder() -> onnx.ModelProto:
+    """a + b, each of any length: lengths that do not broadcast fail in the runtime."""
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [d]) for n, d in (("a", "n"), ("b", "m"))]
     graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["sum"], name="add")], "adder", inputs,
                               [helper.make_tensor_value_info("sum", TensorProto.FLOAT, ["k"])])
-    adder = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    plan = optimize(adder, providers=["ort-cpu"], profile=False)
-    with local_server(plan, "adder") as url:
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def tower(width: int, layers: int) -> onnx.ModelProto:
+    """`layers` MatMul + Relu of `width` on input [N, width], N free: the batch size sets the work."""
+    rng = np.random.default_rng(11)
+    nodes, weights, x = [], [], "input"
+    for k in range(layers):
+        weights.append(numpy_helper.from_array(
+            (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32), f"w{k}"))
+        nodes += [helper.make_node("MatMul", [x, f"w{k}"], [f"h{k}"], name=f"/l{k}/MatMul"),
+                  helper.make_node("Relu", [f"h{k}"], [f"r{k}"], name=f"/l{k}/Relu")]
+        x = f"r{k}"
+    nodes.append(helper.make_node("Identity", [x], ["output"], name="/out/Identity"))
+    graph = helper.make_graph(nodes, "tower", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", width])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", width])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_failing_stage_is_a_500_error_and_counted(tmp_path):
+    plan = optimize(adder(), providers=["ort-cpu"], profile=False)
+    with local_server(plan, "adder") as (url, _):
         client = httpclient.InferenceServerClient(url)
         assert client.get_model_metadata("adder")["inputs"][0]["shape"] == [-1]
         feeds = [httpclient.InferInput(n, [k], "FP32") for n, k in (("a", 3), ("b", 2))]
         for tensor, k in zip(feeds, (3, 2)):
             tensor.set_data_from_numpy(np.ones(k, np.float32))
-        from tritonclient.utils import InferenceServerException
-
         with pytest.raises(InferenceServerException, match=r"stage 0 \(ort-cpu\) failed") as caught:
             client.infer("adder", feeds)
         assert caught.value.status() == "500"
@@ -314,36 +333,230 @@ def test_serve_command_on_a_model_file_names_the_model_after_its_stem(tmp_path, 
         process.wait(timeout=20)
 
 
-def test_ray_engine_one_deployment_per_stage(plan, model):
+SLOW = 4000  # rows of the slow tower that keep a replica busy for about a second
+
+
+@pytest.fixture(scope="module")
+def batch_model() -> onnx.ModelProto:
+    return tower(64, 4)
+
+
+@pytest.fixture(scope="module")
+def slow_plan():
+    return optimize(tower(512, 32), providers=["ort-cpu"], profile=False, threads=1)
+
+
+def ask(url: str, x: np.ndarray, name: str = "tower") -> tuple[int, np.ndarray | None]:
+    """One binary request with its own client: (HTTP status, output or None)."""
+    client = httpclient.InferenceServerClient(url, network_timeout=60)
+    tensor = httpclient.InferInput("input", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    try:
+        return 200, client.infer(name, [tensor]).as_numpy("output")
+    except InferenceServerException as error:
+        return int(error.status()), None
+
+
+def raw_post(url: str, x: np.ndarray, name: str = "tower") -> tuple[int, str | None]:
+    """A JSON infer request: its status and Retry-After header."""
+    request = urllib.request.Request(f"http://{url}/v2/models/{name}/infer", data=json_request(x), method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.headers.get("Retry-After")
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers.get("Retry-After")
+
+
+def wait_for_metric(url: str, name: str, value: float, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while metric(url, name) < value:
+        assert time.monotonic() < deadline, f"{name} did not reach {value}"
+        time.sleep(0.02)
+
+
+def concurrent_answers(url: str, inputs: list[np.ndarray], threads: int = 8, name: str = "tower") -> list:
+    """Every input sent at once from `threads` threads, one client per thread; the outputs in order."""
+    local = threading.local()
+
+    def one(x: np.ndarray) -> np.ndarray:
+        if not hasattr(local, "client"):
+            local.client = httpclient.InferenceServerClient(url, network_timeout=60)
+        tensor = httpclient.InferInput("input", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        return local.client.infer(name, [tensor]).as_numpy("output")
+
+    with ThreadPoolExecutor(threads) as pool:
+        return [f.result(timeout=120) for f in [pool.submit(one, x) for x in inputs]]
+
+
+def test_batched_answers_equal_unbatched_ones(batch_model):
+    plan = optimize(batch_model, providers=["openvino", "ort-cpu"], profile=False,
+                    assign={"/l2/MatMul": "ort-cpu", "/l2/Relu": "ort-cpu", "/l3/MatMul": "ort-cpu"})
+    assert [s.provider for s in plan.stages] == ["openvino", "ort-cpu", "openvino"]
+    rng = np.random.default_rng(8)
+    inputs = [rng.standard_normal((1 + k % 3, 64)).astype(np.float32) for k in range(48)]
+    with local_server(plan, "tower", limits=Limits(max_batch=8, max_delay_ms=20)) as (url, _):
+        answers = concurrent_answers(url, inputs)
+        runs = metric(url, "uhop_batch_size_count")
+        assert metric(url, "uhop_batch_size_sum") == 48 and runs < 48  # some runs answered several requests
+        assert metric(url, "uhop_queue_seconds_count") == 48
+        assert metric(url, "uhop_stage_seconds_count", stage=1, provider="ort-cpu") == runs
+    for x, got in zip(inputs, answers):
+        assert_matches([got], reference(batch_model, {"input": x}))
+
+
+def test_a_request_that_cannot_join_a_batch_runs_alone():
+    plan = optimize(adder(), providers=["ort-cpu"], profile=False)
+    good = {"a": np.arange(3, dtype=np.float32), "b": np.ones(3, np.float32)}
+    bad = {"a": np.ones(3, np.float32), "b": np.ones(2, np.float32)}  # joined, a and b would not broadcast
+    with local_server(plan, "adder", limits=Limits(max_batch=4, max_delay_ms=300)) as (url, _):
+        def send(feeds):
+            tensors = []
+            for name, value in feeds.items():
+                tensors.append(httpclient.InferInput(name, list(value.shape), "FP32"))
+                tensors[-1].set_data_from_numpy(value)
+            try:
+                return httpclient.InferenceServerClient(url).infer("adder", tensors).as_numpy("sum")
+            except InferenceServerException as error:
+                return error.status()
+
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(send, [good, bad, good]))
+    np.testing.assert_array_equal(answers[0], good["a"] + 1)
+    np.testing.assert_array_equal(answers[2], good["a"] + 1)
+    assert answers[1] == "500"
+
+
+def test_a_full_queue_answers_503_with_retry_after_and_the_server_stays_up(slow_plan):
+    x = np.ones((1, 512), np.float32)
+    with local_server(slow_plan, "tower", limits=Limits(max_queue=1)) as (url, _), ThreadPoolExecutor(4) as pool:
+        slow = pool.submit(ask, url, np.ones((SLOW, 512), np.float32))
+        wait_for_metric(url, "uhop_queue_seconds_count", 1)  # the slow one is running
+        answers = list(pool.map(lambda _: raw_post(url, x), range(3)))
+        assert sorted(answers) == [(200, None), (503, "1"), (503, "1")]
+        assert slow.result(timeout=120)[0] == 200
+        assert ask(url, x)[0] == 200 and metric(url, "uhop_requests_total", code=503) == 2
+
+
+def test_a_request_past_the_timeout_answers_504(slow_plan):
+    with local_server(slow_plan, "tower", limits=Limits(timeout_s=0.2)) as (url, _):
+        tensor = httpclient.InferInput("input", [SLOW, 512], "FP32")
+        tensor.set_data_from_numpy(np.ones((SLOW, 512), np.float32))
+        with pytest.raises(InferenceServerException, match="no answer within the server's timeout of 0.2 s") as caught:
+            httpclient.InferenceServerClient(url).infer("tower", [tensor])
+        assert caught.value.status() == "504"
+        deadline = time.monotonic() + 60
+        while ask(url, np.ones((1, 512), np.float32))[0] != 200:  # once the slow run is over
+            assert time.monotonic() < deadline
+
+
+def test_shutdown_answers_what_it_accepted(slow_plan):
+    x = np.random.default_rng(4).standard_normal((SLOW, 512)).astype(np.float32)
+    with local_server(slow_plan, "tower") as (url, server), ThreadPoolExecutor(1) as pool:
+        accepted = pool.submit(ask, url, x)
+        wait_for_metric(url, "uhop_queue_seconds_count", 1)
+        server.should_exit = True
+        code, got = accepted.result(timeout=120)
+    assert code == 200 and got.shape == (SLOW, 512)
+    assert_matches([got[:4]], reference(tower(512, 32), {"input": x[:4]}))
+
+
+def test_clients_that_disconnect_are_one_log_line_each(local_url, caplog):
+    caplog.set_level(logging.INFO)
+    host, port = local_url.split(":")
+    for _ in range(20):
+        with socket.create_connection((host, int(port))) as connection:
+            connection.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 9000\r\n\r\n{")
+            time.sleep(0.01)
+    deadline = time.monotonic() + 10
+    while sum("disconnected" in r.getMessage() for r in caplog.records) < 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sum("disconnected" in r.getMessage() for r in caplog.records) == 20
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING]
+    assert httpclient.InferenceServerClient(local_url).is_server_ready()
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    """A Ray head and a second node advertising {"npu": 1}, on this machine; Serve on the head only.
+    Yields the Serve URL."""
     ray = pytest.importorskip("ray")
     from ray import serve
-
-    from uhop_onnx.serve.ray_engine import deploy, ray_app, start_ray, stop
+    from ray.cluster_utils import Cluster
 
     if ray.is_initialized() or os.environ.get("RAY_ADDRESS"):
         pytest.skip("needs a Ray instance of its own")
-    port = free_port()
-    assert start_ray(HOST, port)  # a local instance, as `serve --engine ray` starts it
+    common = {"node_ip_address": HOST, "include_dashboard": False, "object_store_memory": 80 * 1024 * 1024}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, **common})
+    patch = pytest.MonkeyPatch()
     try:
-        with ThreadPoolExecutor(1) as pool:
-            pool.submit(deploy, ray_app(plan, "mlp", replicas=2, max_request_bytes=LIMIT), "mlp").result(timeout=180)
-        url = f"{HOST}:{port}"
-        status = serve.status().applications["mlp"].deployments
-        assert sorted(status) == ["ingress", "stage_0_openvino", "stage_1_ort-cpu", "stage_2_openvino"]
-        assert all(status[f"stage_{k}_{p}"].replica_states == {"RUNNING": 2}
-                   for k, p in enumerate(["openvino", "ort-cpu", "openvino"]))
-        client = httpclient.InferenceServerClient(url)
-        assert client.is_server_ready() and client.get_model_metadata("mlp")["outputs"][0]["shape"] == [4, 10]
-        burst(url, model, count=200, threads=16, seconds=120)
-        got, answer = post(url, "/v2/models/mlp/infer", json_request(np.zeros((4, 64)), datatype="INT64"))
-        assert got == 400 and "the model expects FP32" in answer["error"]
-        got, answer = post(url, "/v2/models/mlp/infer", b"x" * (LIMIT + 1))
-        assert got == 413
-        x = np.ones((4, 64), np.float32)
-        assert_matches([infer(client, x)], reference(model, {"input": x}))
-        assert metric(url, "uhop_stage_seconds_count", stage=1, provider="ort-cpu") >= 201
+        # Both nodes listen on loopback only; without this the driver would dial the host's own address.
+        patch.setattr("ray._private.ray_constants.ENABLE_RAY_CLUSTER", False)
+        cluster.add_node(num_cpus=1, resources={"npu": 1}, **common)
+        ray.init(address=cluster.address, log_to_driver=False)
+        port = free_port()
+        serve.start(http_options={"host": HOST, "port": port, "location": "HeadOnly"})
+        yield f"{HOST}:{port}"
     finally:
-        stop("mlp", started=True)
+        with contextlib.suppress(Exception):
+            serve.shutdown()
+        ray.shutdown()
+        cluster.shutdown()
+        patch.undo()
+
+
+def deploy_in_time(app, name: str) -> None:
+    from uhop_onnx.serve.ray_engine import deploy
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(deploy, app, name).result(timeout=180)
+
+
+def test_ray_whole_plan_replicas_batch_and_an_npu_stage_lands_on_its_node(two_nodes, batch_model):
+    import ray
+    from ray import serve
+
+    from uhop_onnx.serve.ray_engine import ray_app
+
+    plan = optimize(batch_model, providers=["openvino", "ort-cpu"], profile=False,
+                    assign={"/l2/MatMul": "ort-cpu", "/l2/Relu": "ort-cpu"})
+    assert len(plan.stages) == 3
+    for stage in plan.stages:  # all three run on ort-cpu here; the middle one stands in for an NPU stage
+        stage.provider, stage.options = "ort-cpu", {}
+    npu = {1: {"resources": {"npu": 0.5}}}  # the stand-in asks for what only the second node has (2 replicas)
+    deploy_in_time(ray_app(plan, "tower", replicas=2, num_cpus=0.5, limits=Limits(max_batch=4, max_delay_ms=20),
+                           stage_options=npu), "tower")
+    try:
+        status = serve.status().applications["tower"].deployments
+        assert sorted(status) == ["plan", "stage_1_ort-cpu"]  # the CPU stages run inside the plan's replicas
+        assert status["plan"].replica_states == {"RUNNING": 2}
+        assert ray.cluster_resources()["npu"] == 1 and ray.available_resources().get("npu", 0) == 0
+        rng = np.random.default_rng(9)
+        inputs = [rng.standard_normal((1 + k % 2, 64)).astype(np.float32) for k in range(32)]
+        answers = concurrent_answers(two_nodes, inputs)
+        for x, got in zip(inputs, answers):
+            assert_matches([got], reference(batch_model, {"input": x}))
+        assert metric(two_nodes, "uhop_batch_size_sum") >= 1
+    finally:
+        serve.delete("tower")
+
+
+def test_ray_full_queue_answers_503_and_stays_up(two_nodes, slow_plan):
+    from uhop_onnx.serve.ray_engine import ray_app
+
+    deploy_in_time(ray_app(slow_plan, "tower", num_cpus=0.5, limits=Limits(max_queue=1)), "tower")
+    from ray import serve
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            slow = pool.submit(ask, two_nodes, np.ones((SLOW, 512), np.float32))
+            time.sleep(0.5)
+            answers = list(pool.map(lambda _: raw_post(two_nodes, np.ones((1, 512), np.float32)), range(6)))
+            assert slow.result(timeout=120)[0] == 200
+        assert (200, None) in answers and (503, "1") in answers and set(answers) <= {(200, None), (503, "1")}
+        assert ask(two_nodes, np.ones((1, 512), np.float32))[0] == 200
+    finally:
+        serve.delete("tower")
 
 
 @pytest.mark.parametrize(("provider", "options", "expected"), [

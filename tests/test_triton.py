@@ -106,3 +106,28 @@ def test_validation_catches_broken_wiring_and_bad_syntax(tmp_path, plan):
     config.write_text(text.replace("platform:", "platfrom:"))
     with pytest.raises(PlanError, match="not a valid Triton model config"):
         validate_repository(repo)
+
+
+def test_max_batch_writes_dynamic_batching_and_dims_without_the_batch_axis(tmp_path):
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), helper.make_node("Relu", ["h"], ["y"], name="relu")],
+        "batched", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    plan = optimize(model, providers=["openvino", "ort-cpu"], assign={"relu": "ort-cpu"}, profile=False)
+    configs = validate_repository(export_triton(plan, tmp_path / "repo", max_batch=16, max_delay_ms=2.5))
+    stages = [configs[f"batched_stage_{k}"] for k in range(2)]
+    assert all(c.max_batch_size == 16 and c.dynamic_batching.max_queue_delay_microseconds == 2500 for c in stages)
+    assert [list(t.dims) for c in stages for t in (*c.input, *c.output)] == [[8]] * 4
+    ensemble = configs["batched"]
+    assert ensemble.max_batch_size == 16 and list(ensemble.input[0].dims) == [8]
+    assert not ensemble.HasField("dynamic_batching")
+
+
+def test_max_batch_on_a_fixed_batch_model_is_refused(tmp_path, plan):
+    with pytest.raises(PlanError, match=r"tensor 'input' has shape \[4, 64\], without a free first dimension"):
+        export_triton(plan, tmp_path / "repo", max_batch=8)
+    assert list(tmp_path.iterdir()) == []

@@ -504,6 +504,10 @@ def export(model: Path,
            sign: Annotated[Path | None, typer.Option("--sign", help="Sign the bundle's manifest with this Ed25519 "
                                                      "private key (from `uhop-onnx keygen`).")] = None,
            shape: MeasuredShapeOption = None, inputs: MeasuredInputsOption = None,
+           max_batch: Annotated[int, typer.Option(min=0, help="Triton only: dynamic_batching of up to N requests "
+                                                  "(needs a free first dimension); 0: none.")] = 0,
+           max_delay_ms: Annotated[float | None, typer.Option(min=0, help="Triton only: how long a batch waits "
+                                                              "for more requests.")] = None,
            as_json: JsonOption = False) -> None:
     """Write a deployment bundle for a board, or a Triton model repository."""
     if fmt is ExportFormat.triton:
@@ -515,11 +519,14 @@ def export(model: Path,
                                      param_hint="--shape")
 
         with _steps("exporting", not as_json):
-            written = export_triton(model, output, providers=_providers(providers), threads=threads)
+            written = export_triton(model, output, providers=_providers(providers), threads=threads,
+                                    max_batch=max_batch, max_delay_ms=max_delay_ms)
         if as_json:
             return _print_json({"format": "triton", "repository": str(written)})
         out.print(f"Triton model repository written to {escape(str(written))}")
         return
+    if max_batch or max_delay_ms is not None:
+        raise typer.BadParameter("--max-batch and --max-delay-ms apply to --format triton", param_hint="--max-batch")
     if target is None:
         raise typer.BadParameter("--target is required for bundles (rk3588, jetson-orin, x86-64, arm64, intel-npu, "
                                  "or a JSON profile)", param_hint="--target")

@@ -2,8 +2,10 @@
 
 ONNX Runtime stages become `onnxruntime_onnx` models on the instance kind and execution accelerator of
 their provider; OpenVINO stages become `openvino` backend models holding OpenVINO IR. The ensemble,
-named after the model, takes the plan's inputs and gives its outputs. Every `config.pbtxt` is built from
-Triton's own model-config protobuf and parsed back before the repository is renamed into place.
+named after the model, takes the plan's inputs and gives its outputs. With `max_batch`, every stage gets
+Triton's `dynamic_batching` (the model's first dimension must be free everywhere). Every `config.pbtxt` is
+built from Triton's own model-config protobuf and parsed back before the repository is renamed into place;
+datatypes follow `tritonclient.utils`.
 """
 
 from __future__ import annotations
@@ -24,20 +26,17 @@ TARGETS: dict[str, tuple[str, str, str | None]] = {
     "ort-tensorrt": ("onnxruntime_onnx", "KIND_GPU", "tensorrt"),
     "openvino": ("openvino", "KIND_CPU", None),
 }
-_TYPES = {
-    "float": "TYPE_FP32", "float16": "TYPE_FP16", "double": "TYPE_FP64", "bfloat16": "TYPE_BF16",
-    "bool": "TYPE_BOOL", "string": "TYPE_STRING", "int8": "TYPE_INT8", "int16": "TYPE_INT16",
-    "int32": "TYPE_INT32", "int64": "TYPE_INT64", "uint8": "TYPE_UINT8", "uint16": "TYPE_UINT16",
-    "uint32": "TYPE_UINT32", "uint64": "TYPE_UINT64",
-}
 
 
 def export_triton(model_or_plan: Any, repo_dir: str | os.PathLike, model_name: str | None = None,
-                  providers=None, threads: int | None = None, instances: int = 1) -> Path:
+                  providers=None, threads: int | None = None, instances: int = 1, max_batch: int = 0,
+                  max_delay_ms: float | None = None) -> Path:
     """Write a Triton model repository for a model, a plan or a plan folder into `repo_dir`.
 
     `repo_dir` must be absent or empty; it is written to a temporary folder beside it and renamed into
     place. The ensemble is called `model_name` (default: the model's name), stage `k` `{model_name}_stage_{k}`.
+    `max_batch` above 0 lets Triton batch up to that many requests, waiting at most `max_delay_ms` (Triton's
+    default, no wait, when None); the batch axis is then left out of every tensor's `dims`.
     """
     from google.protobuf import text_format
 
@@ -49,12 +48,17 @@ def export_triton(model_or_plan: Any, repo_dir: str | os.PathLike, model_name: s
     if plan.constants:
         raise PlanError(f"outputs {', '.join(sorted(plan.constants))} are constants no stage computes; a Triton "
                         "ensemble cannot give them")
+    if max_batch < 0:
+        raise PlanError(f"max_batch must be 0 (no batching) or more, got {max_batch}")
     for k, stage in enumerate(plan.stages):
         _target(k, stage)
+        if max_batch:
+            _check_batch_axis(k, plan.stage_model(stage))
+    batching = (max_batch, max_delay_ms)
     with new_folder(target, PlanError) as staging:
-        configs = [_write_stage(plan, k, stage, f"{name}_stage_{k}", staging, instances)
+        configs = [_write_stage(plan, k, stage, f"{name}_stage_{k}", staging, instances, batching)
                    for k, stage in enumerate(plan.stages)]
-        configs.append(_ensemble(plan, name, configs))
+        configs.append(_ensemble(plan, name, configs, max_batch))
         (staging / name / "1").mkdir(parents=True)
         for config in configs:
             (staging / config.name / CONFIG).write_text(text_format.MessageToString(config))
@@ -95,14 +99,30 @@ def _target(k: int, stage: Stage) -> tuple[str, str, str | None]:
     return TARGETS[stage.provider]
 
 
-def _write_stage(plan: Plan, k: int, stage: Stage, name: str, repo: Path, instances: int):
+def _check_batch_axis(k: int, model) -> None:
+    for value in (*model.graph.input, *model.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if not dims or dims[0].HasField("dim_value"):
+            shape = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in dims]
+            raise PlanError(f"stage {k}: tensor {value.name!r} has shape {shape}, without a free first dimension "
+                            "to batch along; export without --max-batch, or export the model with a dynamic "
+                            "batch axis")
+
+
+def _write_stage(plan: Plan, k: int, stage: Stage, name: str, repo: Path, instances: int,
+                 batching: tuple[int, float | None]):
     from tritonclient.grpc import model_config_pb2 as pb
 
     engine, kind, accelerator = _target(k, stage)
     model = plan.stage_model(stage)
     version = repo / name / "1"
     version.mkdir(parents=True)
-    config = pb.ModelConfig(name=name, max_batch_size=0)
+    max_batch, max_delay_ms = batching
+    config = pb.ModelConfig(name=name, max_batch_size=max_batch)
+    if max_batch:
+        config.dynamic_batching.SetInParent()
+        if max_delay_ms is not None:
+            config.dynamic_batching.max_queue_delay_microseconds = round(max_delay_ms * 1000)
     if engine == "openvino":
         import openvino as ov
 
@@ -119,16 +139,16 @@ def _write_stage(plan: Plan, k: int, stage: Stage, name: str, repo: Path, instan
     if kind == "KIND_GPU" and "device_id" in stage.options:
         group.gpus.append(int(stage.options["device_id"]))
     for value in model.graph.input:
-        config.input.add(name=value.name, **_tensor(value, name))
+        config.input.add(name=value.name, **_tensor(value, name, bool(max_batch)))
     for value in model.graph.output:
-        config.output.add(name=value.name, **_tensor(value, name))
+        config.output.add(name=value.name, **_tensor(value, name, bool(max_batch)))
     return config
 
 
-def _ensemble(plan: Plan, name: str, stages: list):
+def _ensemble(plan: Plan, name: str, stages: list, max_batch: int):
     from tritonclient.grpc import model_config_pb2 as pb
 
-    config = pb.ModelConfig(name=name, platform="ensemble", max_batch_size=0)
+    config = pb.ModelConfig(name=name, platform="ensemble", max_batch_size=max_batch)
     declared = {t.name: t for stage in stages for t in (*stage.input, *stage.output)}
     for sig in plan.inputs:
         config.input.add(name=sig.name, data_type=declared[sig.name].data_type, dims=declared[sig.name].dims)
@@ -141,19 +161,27 @@ def _ensemble(plan: Plan, name: str, stages: list):
     return config
 
 
-def _tensor(value, model: str) -> dict[str, Any]:
+def _tensor(value, model: str, batched: bool) -> dict[str, Any]:
+    """Data type and dims of a tensor in a model config (without the batch axis when `batched`)."""
+    import numpy as np
     from onnx import helper
     from tritonclient.grpc import model_config_pb2 as pb
+    from tritonclient.utils import np_to_triton_dtype
 
     tensor = value.type.tensor_type
-    element = helper.tensor_dtype_to_string(tensor.elem_type).removeprefix("TensorProto.").lower()
-    if element not in _TYPES:
-        raise PlanError(f"{model}: tensor {value.name!r} has type {element}, which Triton cannot carry; "
-                        f"types: {', '.join(_TYPES)}")
+    try:
+        kind = np_to_triton_dtype(np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)))
+    except (KeyError, TypeError):
+        kind = None
+    if kind is None:
+        element = helper.tensor_dtype_to_string(tensor.elem_type).removeprefix("TensorProto.").lower()
+        raise PlanError(f"{model}: tensor {value.name!r} has type {element}, which Triton cannot carry; types: "
+                        "bool, (u)int8-64, float16, bfloat16, float, double, string")
     if not tensor.HasField("shape"):
         raise PlanError(f"{model}: tensor {value.name!r} has no known rank; Triton needs one")
     dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
-    return {"data_type": pb.DataType.Value(_TYPES[element]), "dims": dims}
+    return {"data_type": pb.DataType.Value("TYPE_" + ("STRING" if kind == "BYTES" else kind)),
+            "dims": dims[1:] if batched else dims}
 
 
 def _check_ensemble(config, configs: dict[str, Any]) -> None:
@@ -168,6 +196,9 @@ def _check_ensemble(config, configs: dict[str, Any]) -> None:
         unknown |= set(step.output_map) - {t.name for t in model.output}
         if unknown:
             raise PlanError(f"{where}: the model has no tensor(s) {', '.join(sorted(unknown))}")
+        if model.max_batch_size < config.max_batch_size:
+            raise PlanError(f"{where}: the model batches at most {model.max_batch_size}, the ensemble "
+                            f"{config.max_batch_size}")
         missing = set(step.input_map.values()) - available
         if missing:
             raise PlanError(f"{where}: uses {', '.join(sorted(missing))} before any step makes it")

@@ -1,7 +1,8 @@
 """Serving a plan over the Open Inference Protocol (KServe v2 REST): locally or on Ray Serve.
 
-Modules: `protocol` (the JSON and binary tensor codec), `pipeline` (stages as asynchronous calls),
-`app` (the Starlette app), `local` and `ray_engine` (the engines), `metrics` (Prometheus, OpenTelemetry),
+Modules: `protocol` (the JSON and binary tensor codec), `replicas` (a plan's executors, run off the event
+loop), `batching` (dynamic batching), `app` (the Starlette app and its limits), `local` and `ray_engine`
+(the engines), `metrics` (Prometheus, OpenTelemetry),
 `source` (a plan, a plan folder or a model), `cli` (`serve`, mounted as `uhop-onnx serve`).
 Needs the `serve` extra: `pip install uhop-onnx[serve]`.
 """

@@ -1,26 +1,29 @@
-"""The Open Inference Protocol (KServe v2 REST) as a Starlette ASGI app over a `Pipeline`.
+"""The Open Inference Protocol (KServe v2 REST) as a Starlette ASGI app over a plan's `Replicas`.
 
-The same app runs in one process under uvicorn (`--engine local`) and inside a Ray Serve ingress
-replica (`--engine ray`); only the way a stage is called differs.
+The same app runs in one process under uvicorn (`--engine local`) and inside each Ray Serve replica of the
+plan (`--engine ray`). Under load it keeps its promises: beyond `max_queue` waiting requests it answers 503
+with `Retry-After`, past `timeout_s` 504, and a client that goes away is one log line.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 import zlib
+from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import __version__
 from ..errors import StageError
-from .metrics import Metrics, span
-from .pipeline import Pipeline, StageCall
+from .metrics import span
+from .replicas import Replicas
 from .protocol import (
     DEFAULT_MAX_REQUEST_BYTES,
     HEADER_LENGTH,
@@ -36,18 +39,33 @@ log = logging.getLogger(__name__)
 VERSION = "1"  # the one version of the model served
 EXTENSIONS = ["binary_tensor_data"]
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+RETRY_AFTER_S = 1  # what a 503 tells the client to wait
+# The batching delay: how long the first request of a batch waits for others (benchmarks/serve.py).
+DEFAULT_MAX_DELAY_MS = 2.0
 
 
-def create_app(pipeline: Pipeline, call: StageCall, name: str, *,
-               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, metrics: Metrics | None = None) -> Starlette:
-    """Serve `pipeline` as model `name`; requests larger than `max_request_bytes` (after decompression)
-    are refused with 413."""
-    metrics = metrics or Metrics(name)
+@dataclass(frozen=True)
+class Limits:
+    """What a server promises under load: request size (413), waiting requests (503), time to answer (504),
+    and dynamic batching (off unless `max_batch` is above 1)."""
+
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_queue: int = 64
+    timeout_s: float = 30.0
+    max_batch: int = 0
+    max_delay_ms: float = DEFAULT_MAX_DELAY_MS
+
+
+def create_app(replicas: Replicas, name: str, limits: Limits = Limits()) -> Starlette:
+    """Serve `replicas` as model `name` within `limits`."""
+    metrics = replicas.metrics
     model_metadata = {
         "name": name, "versions": [VERSION], "platform": "uhop-onnx",
-        "inputs": [tensor_metadata(s) for s in pipeline.inputs],
-        "outputs": [tensor_metadata(s) for s in pipeline.outputs],
+        "inputs": [tensor_metadata(s) for s in replicas.inputs],
+        "outputs": [tensor_metadata(s) for s in replicas.outputs],
     }
+    most = limits.max_queue + replicas.capacity  # requests inside at once: waiting, and running
+    inside = 0
 
     def check_model(request: Request) -> None:
         asked, version = request.path_params["name"], request.path_params.get("version", VERSION)
@@ -74,14 +92,21 @@ def create_app(pipeline: Pipeline, call: StageCall, name: str, *,
         return _json({"name": name, "ready": True})
 
     async def infer(request: Request) -> Response:
+        nonlocal inside
         start = time.perf_counter()
+        if inside >= most:
+            metrics.request(503)
+            return _error(f"the server is busy ({limits.max_queue} requests waiting); retry after "
+                          f"{RETRY_AFTER_S} s", 503, {"Retry-After": str(RETRY_AFTER_S)})
+        inside += 1
         try:
             check_model(request)
-            body = await _read_body(request, max_request_bytes)
-            decoded = decode_request(body, request.headers.get(HEADER_LENGTH), pipeline.inputs, pipeline.outputs)
+            body = await _read_body(request, limits.max_request_bytes)
+            decoded = decode_request(body, request.headers.get(HEADER_LENGTH), replicas.inputs, replicas.outputs)
             with span("infer", request.headers, model=name):
-                values = await pipeline.run(decoded.feeds, [n for n, _ in decoded.outputs], call, metrics)
-            content, headers = encode_response(name, decoded, values, pipeline.outputs)
+                values = await asyncio.wait_for(replicas.infer(decoded.feeds, [n for n, _ in decoded.outputs]),
+                                                limits.timeout_s)
+            content, headers = encode_response(name, decoded, values, replicas.outputs)
         except ProtocolError as error:
             metrics.request(error.status)
             return _error(str(error), error.status)
@@ -89,6 +114,15 @@ def create_app(pipeline: Pipeline, call: StageCall, name: str, *,
             log.warning("%s", error)
             metrics.request(500)
             return _error(str(error), 500)
+        except TimeoutError:
+            metrics.request(504)
+            return _error(f"no answer within the server's timeout of {limits.timeout_s:g} s", 504)
+        except ClientDisconnect:
+            log.info("a client disconnected before sending its whole request")
+            metrics.request(499)
+            return Response(status_code=499)
+        finally:
+            inside -= 1
         metrics.request(200, time.perf_counter() - start)
         return Response(content, headers=headers)
 
@@ -153,5 +187,6 @@ def _json(data: object) -> Response:
     return Response(json.dumps(data).encode(), headers={"content-type": "application/json"})
 
 
-def _error(message: str, status: int) -> Response:
-    return Response(error_body(message), status_code=status, headers={"content-type": "application/json"})
+def _error(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
+    return Response(error_body(message), status_code=status,
+                    headers={"content-type": "application/json", **(headers or {})})

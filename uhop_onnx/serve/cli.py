@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from ..errors import UhopError
+from .app import DEFAULT_MAX_DELAY_MS, Limits
 from .protocol import DEFAULT_MAX_REQUEST_BYTES
 from .source import load_plan
 
@@ -26,12 +27,14 @@ class Engine(StrEnum):
 
 def serve(
     model_or_dir: Annotated[Path, typer.Argument(help="An ONNX model, or a plan folder written by optimize.")],
-    engine: Annotated[Engine, typer.Option(help="local: one process; ray: one Ray Serve deployment per stage.")]
-    = Engine.local,
+    engine: Annotated[Engine, typer.Option(
+        help="local: one process; ray: replicas of the whole plan on Ray Serve (a stage on a GPU or NPU gets a "
+             "deployment of its own).")] = Engine.local,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     model_name: Annotated[str | None, typer.Option(help="Name in the URL; default: the model's name.")] = None,
-    replicas: Annotated[int, typer.Option(min=1, help="Replicas (runners) per stage.")] = 1,
+    replicas: Annotated[int, typer.Option(min=1, help="Replicas of the plan (and of each stage deployment).")]
+    = 1,
     providers: Annotated[str | None, typer.Option(help="For a model file: provider ids, comma-separated.")]
     = None,
     threads: Annotated[int | None, typer.Option(min=1, help="Intra-op threads per stage runner.")] = None,
@@ -40,16 +43,27 @@ def serve(
     = None,
     num_cpus: Annotated[float | None, typer.Option(help="Ray only: CPUs per replica; default: an equal share.")]
     = None,
+    per_stage: Annotated[bool, typer.Option(help="Ray only: every stage a deployment of its own.")] = False,
     max_request_bytes: Annotated[int, typer.Option(min=1, help="Larger requests get HTTP 413.")]
     = DEFAULT_MAX_REQUEST_BYTES,
+    max_batch: Annotated[int, typer.Option(
+        min=0, help="Dynamic batching: run up to N requests as one call (needs a free first dimension); "
+                    "off below 2.")] = 0,
+    max_delay_ms: Annotated[float, typer.Option(
+        min=0, help="Dynamic batching: how long a batch waits for more requests.")] = DEFAULT_MAX_DELAY_MS,
+    max_queue: Annotated[int, typer.Option(min=1, help="Requests waiting beyond those running; more get 503.")]
+    = 64,
+    timeout_s: Annotated[float, typer.Option(min=0.001, help="Requests not answered in time get 504.")] = 30.0,
 ) -> None:
-    """Serve the Open Inference Protocol (KServe v2 REST) until interrupted."""
+    """Serve the Open Inference Protocol (KServe v2 REST) until SIGINT or SIGTERM, then answer what was
+    accepted and stop."""
     from .metrics import configure_tracing
 
     engine = Engine(engine)
     scaling = _autoscaling(autoscaling)
-    if engine is Engine.local and (scaling or num_cpus is not None):
-        raise UhopError("--autoscaling and --num-cpus apply to --engine ray only")
+    if engine is Engine.local and (scaling or num_cpus is not None or per_stage):
+        raise UhopError("--autoscaling, --num-cpus and --per-stage apply to --engine ray only")
+    limits = Limits(max_request_bytes, max_queue, timeout_s, max_batch, max_delay_ms)
     plan, default_name = load_plan(model_or_dir, providers, threads)
     name = model_name or default_name
     configure_tracing()
@@ -57,14 +71,14 @@ def serve(
         from .local import local_app, run_local
 
         log.info("serving %s on http://%s:%d/v2/models/%s", name, host, port, name)
-        run_local(local_app(plan, name, replicas, threads, max_request_bytes), host, port)
+        run_local(local_app(plan, name, replicas, threads, limits), host, port, limits)
         return
     from .ray_engine import deploy, ray_app, start_ray, stop
 
     started = start_ray(host, port)
     try:
-        deploy(ray_app(plan, name, replicas, scaling, num_cpus, threads=threads,
-                       max_request_bytes=max_request_bytes), name)
+        deploy(ray_app(plan, name, replicas, scaling, num_cpus, threads=threads, limits=limits,
+                       per_stage=per_stage), name)
         log.info("serving %s on http://%s:%d/v2/models/%s with Ray Serve", name, host, port, name)
         _wait_for_signal()
     finally:

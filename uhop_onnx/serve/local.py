@@ -1,30 +1,32 @@
-"""`--engine local`: every stage compiled in this process, the protocol served by uvicorn."""
+"""`--engine local`: replicas of the whole plan in this process, the protocol served by uvicorn."""
 
 from __future__ import annotations
 
 from starlette.applications import Starlette
 
 from ..plan import Plan
-from .app import create_app
-from .pipeline import Pipeline, StageWorker, compile_stage
-from .protocol import DEFAULT_MAX_REQUEST_BYTES
+from .app import Limits, create_app
+from .batching import Batcher
+from .metrics import Metrics
+from .replicas import Replicas, compile_stage, plan_executor
 
 
 def local_app(plan: Plan, name: str, replicas: int = 1, threads: int | None = None,
-              max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Starlette:
-    """The ASGI app serving `plan`, each stage with `replicas` runners so requests overlap within a stage."""
+              limits: Limits = Limits()) -> Starlette:
+    """The ASGI app serving `plan` with `replicas` copies of its compiled stages, so requests overlap."""
     threads = threads if threads is not None else plan.threads
-    workers = [StageWorker([compile_stage(stage.provider, stage.options, plan.stage_model(stage), threads)
-                            for _ in range(replicas)]) for stage in plan.stages]
+    metrics = Metrics(name)
+    executors = [plan_executor(plan, [compile_stage(plan, stage, threads) for stage in plan.stages], metrics)
+                 for _ in range(replicas)]
+    served = Replicas(executors, plan.inputs, plan.outputs, metrics, limits.max_batch)
+    if served.batch:
+        served.submit = Batcher(served.run_jobs, limits.max_batch, limits.max_delay_ms / 1e3, replicas).submit
+    return create_app(served, name, limits)
 
-    async def call(k: int, feeds):
-        return await workers[k](feeds)
 
-    return create_app(Pipeline(plan), call, name, max_request_bytes=max_request_bytes)
-
-
-def run_local(app: Starlette, host: str, port: int) -> None:
-    """Serve until interrupted."""
+def run_local(app: Starlette, host: str, port: int, limits: Limits = Limits()) -> None:
+    """Serve until SIGINT or SIGTERM; then stop accepting, answer what was accepted (for at most
+    `limits.timeout_s`), and return."""
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=limits.timeout_s)

@@ -1,4 +1,5 @@
-"""Prometheus metrics and optional OpenTelemetry spans: requests, their latency, and time per stage.
+"""Prometheus metrics and optional OpenTelemetry spans: requests, their latency, time waiting for a replica,
+the size of each run's batch, and time per stage.
 
 Each server has its own registry, so several can live in one process (tests, benchmarks). Spans go to
 whatever tracer provider the process has configured; without one, OpenTelemetry's API does nothing.
@@ -18,10 +19,12 @@ log = logging.getLogger(__name__)
 
 # Latency buckets from 0.1 ms to 10 s: stages of small models take well under a millisecond.
 BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 class Metrics:
-    """Request counts by status, request latency, stage latency and stage errors, for one served model."""
+    """Request counts by status, request latency, queueing, batch sizes, stage latency and stage errors, for one
+    served model."""
 
     def __init__(self, model: str):
         from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -34,6 +37,10 @@ class Metrics:
                                  ["model"], buckets=BUCKETS, registry=self.registry)
         self.stage_latency = Histogram("uhop_stage_seconds", "Time a stage spends running, on its provider.",
                                        ["model", "stage", "provider"], buckets=BUCKETS, registry=self.registry)
+        self.queue = Histogram("uhop_queue_seconds", "Time a request waits before its run starts.",
+                               ["model"], buckets=BUCKETS, registry=self.registry)
+        self.batch = Histogram("uhop_batch_size", "Requests answered by one run of the model.",
+                               ["model"], buckets=BATCH_BUCKETS, registry=self.registry)
         self.stage_errors = Counter("uhop_stage_errors", "Stage runs that failed.",
                                     ["model", "stage", "provider"], registry=self.registry)
 
@@ -41,6 +48,12 @@ class Metrics:
         self.requests.labels(self.model, str(code)).inc()
         if seconds is not None:
             self.latency.labels(self.model).observe(seconds)
+
+    def run(self, waited: list[float]) -> None:
+        """Record one run of the model for requests that waited `waited` seconds each."""
+        self.batch.labels(self.model).observe(len(waited))
+        for seconds in waited:
+            self.queue.labels(self.model).observe(seconds)
 
     def stage(self, index: int, provider: str, seconds: float | None) -> None:
         """Record one stage run; `seconds` None means it failed."""

@@ -2,7 +2,8 @@
 
 A request body is a JSON header, optionally followed by raw tensor bytes; the header's length is in the
 `Inference-Header-Content-Length` HTTP header and each binary input says its `binary_data_size`. Responses
-use the same layout for outputs asked for as binary. Only numpy and the standard library are used here.
+use the same layout for outputs asked for as binary. The datatype tables and the BYTES packing are
+`tritonclient.utils`'s, so the codec agrees with Triton's own client byte for byte.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
 from ..errors import InputError
 from ..dtypes import TensorSig
@@ -22,13 +24,6 @@ from ..dtypes import TensorSig
 HEADER_LENGTH = "Inference-Header-Content-Length"
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
-# Protocol datatype -> numpy dtype. BYTES holds length-prefixed byte strings (numpy object arrays).
-DATATYPES: dict[str, np.dtype] = {name: np.dtype(t) for name, t in {
-    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
-    "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
-    "FP16": np.float16, "FP32": np.float32, "FP64": np.float64, "BYTES": np.object_,
-}.items()}
-_BY_DTYPE = {dtype: name for name, dtype in DATATYPES.items()}
 # ONNX element types -> protocol datatypes, for those numpy has no dtype for.
 _ONNX_ONLY = {"bfloat16": "BF16"}
 
@@ -52,9 +47,9 @@ class InferRequest:
 
 def datatype(sig: TensorSig) -> str:
     """The protocol datatype of a signature (`tensor(float)` -> `FP32`)."""
-    dtype = sig.dtype
-    if dtype is not None and dtype in _BY_DTYPE:
-        return _BY_DTYPE[dtype]
+    kind = _kind(sig.dtype) if sig.dtype is not None else None
+    if kind is not None:
+        return kind
     name = sig.type.removeprefix("tensor(").removesuffix(")")
     return _ONNX_ONLY.get(name, name.upper())
 
@@ -73,6 +68,8 @@ def decode_request(body: bytes, header_length: str | None, inputs: Sequence[Tens
         request = json.loads(header)
     except (UnicodeDecodeError, ValueError) as error:
         raise ProtocolError(f"malformed JSON in the request: {error}") from None
+    except RecursionError:
+        raise ProtocolError("the request's JSON is nested too deeply") from None
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
         raise ProtocolError('the request must be a JSON object with an "inputs" list')
     signatures = {s.name: s for s in inputs}
@@ -100,7 +97,7 @@ def encode_response(model_name: str, request: InferRequest, values: Mapping[str,
     entries, blobs = [], []
     for name, binary in request.outputs:
         value = np.asarray(values[name])
-        kind = _BY_DTYPE.get(value.dtype, types[name]) if value.dtype.kind not in "OSU" else "BYTES"
+        kind = (_kind(value.dtype) or types[name]) if value.dtype.kind not in "OSU" else "BYTES"
         entry: dict[str, Any] = {"name": name, "datatype": kind, "shape": list(value.shape)}
         if binary:
             blob = _to_bytes(value, kind)
@@ -147,8 +144,8 @@ def _decode_input(item: Any, signatures: Mapping[str, TensorSig], binary: memory
     expected = datatype(sig)
     if kind != expected:
         raise ProtocolError(f"input {name!r} has datatype {kind!r}; the model expects {expected}")
-    if kind not in DATATYPES:
-        raise ProtocolError(f"input {name!r}: datatype {kind} is not supported; supported: {', '.join(DATATYPES)}")
+    if triton_to_np_dtype(kind) is None:
+        raise ProtocolError(f"input {name!r}: datatype {kind} has no numpy type; this model cannot be served")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
                                               for d in shape):
         raise ProtocolError(f"input {name!r}: shape must be a list of non-negative integers, got {_short(shape)}")
@@ -177,20 +174,14 @@ def _check_shape(sig: TensorSig, shape: list[int]) -> None:
 def _from_bytes(name: str, raw: memoryview, kind: str, shape: list[int]) -> np.ndarray:
     count = math.prod(shape)
     if kind == "BYTES":
-        items, position = [], 0
-        while position < len(raw):
-            if position + 4 > len(raw):
-                raise ProtocolError(f"input {name!r}: truncated BYTES element length at byte {position}")
-            (length,) = struct.unpack_from("<I", raw, position)
-            position += 4
-            if position + length > len(raw):
-                raise ProtocolError(f"input {name!r}: BYTES element of {length} bytes runs past the data")
-            items.append(bytes(raw[position:position + length]))
-            position += length
+        try:
+            items = deserialize_bytes_tensor(raw)
+        except struct.error as error:
+            raise ProtocolError(f"input {name!r}: BYTES data is not length-prefixed elements ({error})") from None
         if len(items) != count:
             raise ProtocolError(f"input {name!r}: {len(items)} BYTES elements for shape {shape} ({count} expected)")
-        return np.array(items, dtype=np.object_).reshape(shape)
-    dtype = DATATYPES[kind]
+        return items.reshape(shape)
+    dtype = np.dtype(triton_to_np_dtype(kind))
     if len(raw) != count * dtype.itemsize:
         raise ProtocolError(f"input {name!r}: {len(raw)} bytes of binary data for shape {shape} of {kind} "
                             f"({count * dtype.itemsize} expected)")
@@ -207,9 +198,10 @@ def _from_json_data(name: str, data: Any, kind: str, shape: list[int]) -> np.nda
                 raise TypeError("BYTES data must be strings")
         else:
             array = np.array(data)
-            if array.dtype.kind not in "biuf" or (array.dtype.kind == "f" and DATATYPES[kind].kind in "biu"):
+            dtype = np.dtype(triton_to_np_dtype(kind))
+            if array.dtype.kind not in "biuf" or (array.dtype.kind == "f" and dtype.kind in "biu"):
                 raise TypeError(f"values of type {array.dtype} cannot be {kind}")
-            array = array.astype(DATATYPES[kind])
+            array = array.astype(dtype)
     except (TypeError, ValueError, OverflowError) as error:
         raise ProtocolError(f"input {name!r}: data is not a list of {kind} values ({error})") from None
     if array.size != count:
@@ -243,11 +235,13 @@ def _wanted_outputs(request: dict[str, Any], outputs: Sequence[TensorSig]) -> li
 def _to_bytes(value: np.ndarray, kind: str) -> bytes:
     if kind != "BYTES":
         return np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<")).tobytes()
-    parts = []
-    for item in value.reshape(-1):
-        raw = item if isinstance(item, bytes) else str(item).encode()
-        parts += [struct.pack("<I", len(raw)), raw]
-    return b"".join(parts)
+    packed = serialize_byte_tensor(value.astype(np.object_))
+    return packed.item() if packed.size else b""
+
+
+def _kind(dtype: np.dtype) -> str | None:
+    """The protocol datatype of a numpy dtype, None for those the protocol has not."""
+    return np_to_triton_dtype(np.dtype(dtype))
 
 
 def _to_json_data(value: np.ndarray, kind: str) -> list:

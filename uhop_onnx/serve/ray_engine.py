@@ -1,13 +1,16 @@
-"""`--engine ray`: each plan stage a Ray Serve deployment, composed through deployment handles.
+"""`--engine ray`: the whole plan as one replicated Ray Serve deployment; a stage gets a deployment of its own
+only where it needs other hardware than the CPU replicas have.
 
-The ingress deployment serves the protocol (the same Starlette app as the local engine) behind Ray
-Serve's HTTP proxy and routes tensors between stage deployments in plan order, so successive requests
-overlap in different stages. Each stage asks for the resources its provider needs: GPUs for CUDA,
-TensorRT, MIGraphX and OpenVINO GPU stages, a custom resource for NPU stages, and a share of a CPU.
+Each replica of the plan serves the protocol itself (the same Starlette app as the local engine) behind Ray
+Serve's HTTP proxy and runs the plan's `Executor` in-process, so a request crosses the network only to reach
+a GPU or NPU stage and come back (the tensors travel as numpy arrays, through Ray's object store when large).
+Ray Serve queues what the replicas cannot take yet, up to `max_queue`, then answers 503 with `Retry-After`;
+with `max_batch` its `@serve.batch` gathers the requests each replica runs together.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
@@ -18,10 +21,11 @@ from ray import serve
 
 from ..errors import UhopError
 from ..plan import Plan, Stage
-from .app import create_app
-from .metrics import configure_tracing
-from .pipeline import Pipeline, StageWorker, compile_stage
-from .protocol import DEFAULT_MAX_REQUEST_BYTES
+from ..providers.base import Runner
+from .app import RETRY_AFTER_S, Limits, create_app
+from .batching import Job
+from .metrics import Metrics, configure_tracing
+from .replicas import Replicas, compile_stage, plan_executor
 
 log = logging.getLogger(__name__)
 
@@ -30,33 +34,54 @@ GPU_PROVIDERS = frozenset({"ort-cuda", "ort-tensorrt", "ort-rocm"})
 NPU_RESOURCE = {"rknn": "rknn", "openvino": "npu"}
 
 
-@serve.deployment(max_ongoing_requests=8)
+@serve.deployment(max_ongoing_requests=4)
 class StageReplica:
-    """One plan stage, compiled on its provider in this replica."""
+    """One plan stage on the hardware it needs, compiled in this replica; runs one call at a time."""
 
-    def __init__(self, model_bytes: bytes, provider: str, options: dict[str, Any], threads: int | None):
-        import onnx
+    def __init__(self, plan: Plan, index: int, threads: int | None):
+        self.runner = compile_stage(plan, plan.stages[index], threads)
+        self.lock = asyncio.Lock()
 
-        self.worker = StageWorker([compile_stage(provider, options, onnx.load_from_string(model_bytes), threads)])
+    async def __call__(self, feeds: dict) -> dict:
+        async with self.lock:
+            results = await asyncio.to_thread(self.runner.run, feeds)
+        return {name: self.runner.to_host(value) for name, value in results.items()}
 
-    async def __call__(self, feeds):
-        return await self.worker(feeds)
+
+class Remote(Runner):
+    """A stage deployment, called through its handle from an executor's worker thread."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def run(self, feeds):
+        return self.handle.remote(dict(feeds)).result()
 
 
-@serve.deployment(max_ongoing_requests=64)
+@serve.deployment
 @serve.ingress()
-class Ingress:
-    """The protocol endpoint; calls the stage deployments through their handles."""
+class PlanReplica:
+    """The protocol endpoint and the plan's `Executor`: stages compiled here, or handles to stage deployments."""
 
-    def __init__(self, pipeline: Pipeline, name: str, stages: list, max_request_bytes: int):
+    def __init__(self, plan: Plan, name: str, remote: list, threads: int | None, limits: Limits):
         configure_tracing()
-        self.pipeline, self.name, self.stages, self.max_request_bytes = pipeline, name, stages, max_request_bytes
+        metrics = Metrics(name)
+        runners = [compile_stage(plan, stage, threads) if handle is None else Remote(handle)
+                   for stage, handle in zip(plan.stages, remote)]
+        self.replicas = Replicas([plan_executor(plan, runners, metrics)], plan.inputs, plan.outputs, metrics,
+                                 limits.max_batch)
+        if self.replicas.batch:
+            self.batched.set_max_batch_size(limits.max_batch)
+            self.batched.set_batch_wait_timeout_s(limits.max_delay_ms / 1e3)
+            self.replicas.submit = self.batched
+        self.asgi = create_app(self.replicas, name, limits)
 
     def __serve_build_asgi_app__(self):
-        async def call(k: int, feeds):
-            return await self.stages[k].remote(feeds)
+        return self.asgi
 
-        return create_app(self.pipeline, call, self.name, max_request_bytes=self.max_request_bytes)
+    @serve.batch
+    async def batched(self, jobs: list[Job]) -> list:
+        return await self.replicas.run_jobs(jobs)
 
 
 def stage_resources(stage: Stage, num_cpus: float, accelerators: float = 1.0) -> dict[str, Any]:
@@ -72,32 +97,42 @@ def stage_resources(stage: Stage, num_cpus: float, accelerators: float = 1.0) ->
 
 def ray_app(plan: Plan, name: str, replicas: int = 1, autoscaling: Mapping[str, Any] | None = None,
             num_cpus: float | None = None, accelerators: float = 1.0, threads: int | None = None,
-            max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES):
-    """The Ray Serve application serving `plan`: one deployment per stage plus the ingress.
+            limits: Limits = Limits(), per_stage: bool = False,
+            stage_options: Mapping[int, Mapping[str, Any]] | None = None):
+    """The Ray Serve application serving `plan`: replicas of the whole plan, plus a deployment for each stage
+    that needs a GPU or NPU (or for every stage, `per_stage`).
 
-    `replicas` per stage, or `autoscaling` (Ray Serve's `autoscaling_config`) instead. `num_cpus` per
-    replica defaults to an equal share of the cluster's CPUs (at most 1), so every replica fits. Ray must
-    be initialised.
+    `replicas` per deployment, or `autoscaling` (Ray Serve's `autoscaling_config`) instead. `num_cpus` per
+    replica defaults to an equal share of the cluster's CPUs (at most 1), so every replica fits.
+    `stage_options` adds Ray actor options for stage k (`{"resources": {"npu": 1}}` pins it to the nodes
+    that advertise that resource, and gives it a deployment of its own). Ray must be initialised.
     """
     if replicas < 1:
         raise UhopError(f"replicas must be at least 1, got {replicas}")
     most = int(autoscaling.get("max_replicas", replicas)) if autoscaling else replicas
+    extra = stage_options or {}
+    asks = [{**stage_resources(stage, 0), **extra.get(k, {})} for k, stage in enumerate(plan.stages)]
+    apart = [k for k, ask in enumerate(asks) if per_stage or set(ask) - {"num_cpus"}]
     if num_cpus is None:
-        num_cpus = cpu_share(len(plan.stages) * most + 1)
+        num_cpus = cpu_share(most * (1 + len(apart)))
     scale = {"autoscaling_config": dict(autoscaling)} if autoscaling else {"num_replicas": replicas}
     threads = threads or plan.threads or max(1, math.floor(num_cpus))
-    stages = [
-        StageReplica.options(name=f"stage_{k}_{stage.label.replace(':', '_')}",
-                             ray_actor_options=stage_resources(stage, num_cpus, accelerators), **scale)
-        .bind(plan.stage_model(stage).SerializeToString(), stage.provider, dict(stage.options), threads)
-        for k, stage in enumerate(plan.stages)
-    ]
+    for stage in plan.stages:
+        plan.stage_model(stage)  # in memory, so replicas on other nodes need no plan folder
+    remote: list[Any] = [None] * len(plan.stages)
+    for k in apart:
+        options = {**stage_resources(plan.stages[k], num_cpus, accelerators), **extra.get(k, {})}
+        remote[k] = StageReplica.options(name=f"stage_{k}_{plan.stages[k].label.replace(':', '_')}",
+                                         ray_actor_options=options, **scale).bind(plan, k, threads)
     env = {key: value for key, value in os.environ.items() if key.startswith("OTEL_")}
-    ingress_options: dict[str, Any] = {"num_cpus": num_cpus}
+    options: dict[str, Any] = {"num_cpus": num_cpus}
     if env:
-        ingress_options["runtime_env"] = {"env_vars": env}
-    return Ingress.options(name="ingress", ray_actor_options=ingress_options).bind(
-        Pipeline(plan), name, stages, max_request_bytes)
+        options["runtime_env"] = {"env_vars": env}
+    return PlanReplica.options(
+        name="plan", ray_actor_options=options, max_ongoing_requests=2 * max(1, limits.max_batch),
+        max_queued_requests=limits.max_queue, graceful_shutdown_timeout_s=limits.timeout_s,
+        backpressure_config={"status_code": 503, "retry_after_s": RETRY_AFTER_S}, **scale,
+    ).bind(plan, name, remote, threads, limits)
 
 
 def cpu_share(replicas: int) -> float:
@@ -130,7 +165,8 @@ def deploy(app, name: str) -> None:
 
 
 def stop(name: str, started: bool) -> None:
-    """Remove the application; shut Serve and Ray down too when this process started Ray."""
+    """Remove the application, its replicas answering what they accepted first; shut Serve and Ray down too
+    when this process started Ray."""
     import ray
 
     if started:

@@ -1,0 +1,116 @@
+"""A plan's replicas in one server process: each the runtime's `Executor` over the plan's stage runners, used
+by one call at a time in a worker thread, every stage run timed into `/metrics`.
+
+A runner is a stage compiled here, or (on Ray) a handle to a stage deployment on other hardware; the
+`Executor` routes tensors between them the same way `InferenceSession` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import TensorSig
+from ..executor import Executor, StageIO
+from ..graph import declared_outputs
+from ..plan import Plan, Stage
+from ..providers.base import Runner
+from .batching import Job, batchable, run_together
+from .metrics import Metrics, span
+
+log = logging.getLogger(__name__)
+
+
+def compile_stage(plan: Plan, stage: Stage, threads: int | None) -> Runner:
+    """A stage's runner, compiled on its provider to share the process with other stages."""
+    from ..providers import create
+
+    provider = create((stage.provider, dict(stage.options)), threads)
+    provider.require()
+    return provider.compile(plan.stage_model(stage), exclusive=False)
+
+
+class Timed(Runner):
+    """A stage's runner whose runs are recorded (time or failure) in `metrics`, each within a span."""
+
+    def __init__(self, runner: Runner, index: int, label: str, metrics: Metrics):
+        self.runner, self.index, self.label, self.metrics = runner, index, label, metrics
+        self.device = runner.device
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        with span(f"stage {self.index}", stage=self.index, provider=self.label, model=self.metrics.model):
+            start = time.perf_counter()
+            try:
+                results = self.runner.run(feeds)
+            except Exception:
+                self.metrics.stage(self.index, self.label, None)
+                raise
+        self.metrics.stage(self.index, self.label, time.perf_counter() - start)
+        return results
+
+    def to_host(self, value: Any) -> np.ndarray:
+        return self.runner.to_host(value)
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def plan_executor(plan: Plan, runners: Sequence[Runner], metrics: Metrics) -> Executor:
+    """The runtime's `Executor` over one runner per stage of `plan`, each timed into `metrics`."""
+    stages = [StageIO(s.label, s.inputs, s.outputs, declared_outputs(plan.stage_model(s)), s.provider)
+              for s in plan.stages]
+    timed = [Timed(runner, k, s.label, metrics) for k, (s, runner) in enumerate(zip(plan.stages, runners))]
+    return Executor(stages, timed, plan.inputs, [o.name for o in plan.outputs], plan.constants)
+
+
+class Replicas:
+    """Executors of one plan, each running one call at a time in its own worker thread.
+
+    With `max_batch` above 1 and a model whose inputs and outputs all have a free first dimension, the jobs
+    handed to `run_jobs` together are joined into batches; `submit` (a `Batcher`'s, or a Ray Serve
+    `@serve.batch` method) gathers them. `capacity` is how many requests can be running at once.
+    """
+
+    def __init__(self, executors: Sequence[Executor], inputs: Sequence[TensorSig], outputs: Sequence[TensorSig],
+                 metrics: Metrics, max_batch: int = 0):
+        self.inputs, self.outputs, self.metrics = list(inputs), list(outputs), metrics
+        self.batch = max_batch > 1 and batchable(inputs, outputs)
+        if max_batch > 1 and not self.batch:
+            log.warning("%s: an input or output has a fixed first dimension; requests run one at a time, "
+                        "unbatched", metrics.model)
+        self.capacity = len(executors) * (max_batch if self.batch else 1)
+        self.submit: Callable[[Job], Awaitable[dict[str, np.ndarray] | Exception]] | None = None
+        self._free: asyncio.Queue[Executor] = asyncio.Queue()
+        for executor in executors:
+            self._free.put_nowait(executor)
+        self._threads = ThreadPoolExecutor(len(executors), thread_name_prefix="uhop-serve")
+
+    async def infer(self, feeds: dict[str, np.ndarray], wanted: list[str]) -> dict[str, np.ndarray]:
+        """The outputs `wanted` for one request; what the run raised, for this request alone."""
+        job = Job(feeds, wanted)
+        answer = await self.submit(job) if self.submit else (await self.run_jobs([job]))[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def run_jobs(self, jobs: list[Job]) -> list[dict[str, np.ndarray] | Exception]:
+        """Run `jobs` on the next free executor; it is handed back only when its thread is done, even when the
+        callers stopped waiting."""
+        executor = await self._free.get()
+        call = functools.partial(contextvars.copy_context().run, run_together, executor.run, jobs, self.batch,
+                                 self._started)
+        future = asyncio.get_running_loop().run_in_executor(self._threads, call)
+        future.add_done_callback(lambda _: self._free.put_nowait(executor))
+        return await asyncio.shield(future)
+
+    def _started(self, jobs: Sequence[Job]) -> None:
+        now = time.perf_counter()
+        self.metrics.run([now - job.arrived for job in jobs])
