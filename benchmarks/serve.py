@@ -1,13 +1,16 @@
-"""Serving throughput and latency: `serve --engine local`, `--engine ray` with 1 and 2 replicas per stage, and a
-plain ONNX Runtime loop in one process, at a few concurrency levels.
+"""Serving throughput and latency under load: a plain ONNX Runtime loop, `serve --engine local` with and without
+dynamic batching, and `--engine ray` (whole-plan replicas, and every stage its own deployment), at a few
+concurrency levels.
 
-    python benchmarks/serve.py [--model cnn] [--size 32] [--concurrency 1,4,16] [--requests 200] [--rounds 3]
+    python benchmarks/serve.py [--model mobilenetv2|encoder] [--concurrency 1,4,16] [--requests 200] [--rounds 2]
 
-The model is split into three stages (OpenVINO, ONNX Runtime, OpenVINO) so that requests cross stages. Each
-candidate runs in its own process (a server started with `uhop_onnx.serve.cli.serve`, or the ONNX Runtime loop),
-one after the other in alternating rounds; `tritonclient.http` clients in this process send `--requests`
-requests per level (bounded by `--seconds`). Reported per candidate and level: the best round's requests/s,
-and the minimum over rounds of the round's p50 and p99 latency.
+Models (PyTorch, exported to ONNX with a free batch axis): MobileNetV2 at 224x224, and a BERT-sized encoder
+(2 layers, hidden 128, 4 heads, sequence 128). The plan is split into three stages (OpenVINO, ONNX Runtime,
+OpenVINO), so `ray-stages` crosses two deployment hops. Each candidate runs in its own process (a server
+started with `uhop_onnx.serve.cli.serve`, or the ONNX Runtime loop), one after the other in alternating rounds;
+`tritonclient.http` clients in this process (one per thread) send `--requests` requests per level (bounded by
+`--seconds`). Reported per candidate and level: the best round's requests/s, and the minimum over rounds of
+the round's p50 and p99 latency.
 """
 
 from __future__ import annotations
@@ -29,8 +32,79 @@ import onnx
 import typer
 
 HOST = "127.0.0.1"
-CANDIDATES = {"ort": {}, "local": {"engine": "local"}, "ray-1": {"engine": "ray", "replicas": 1},
-              "ray-2": {"engine": "ray", "replicas": 2}}
+BATCH = {"max_batch": 8}
+CANDIDATES = {"ort": {}, "local": {"engine": "local"}, "local-batch": {"engine": "local", **BATCH},
+              "ray": {"engine": "ray", "replicas": 2}, "ray-batch": {"engine": "ray", "replicas": 2, **BATCH},
+              "ray-stages": {"engine": "ray", "per_stage": True}}
+
+
+def mobilenetv2():
+    """MobileNetV2 (inverted residuals, ReLU6, width 1.0), 1000 classes, seeded weights; input 1x3x224x224."""
+    import torch
+
+    nn = torch.nn
+
+    def conv(cin: int, cout: int, k: int = 3, stride: int = 1, groups: int = 1, act: bool = True):
+        layers = [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False), nn.BatchNorm2d(cout)]
+        return nn.Sequential(*layers, *([nn.ReLU6()] if act else []))
+
+    class Inverted(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int, expand: int):
+            super().__init__()
+            hidden = cin * expand
+            self.residual = stride == 1 and cin == cout
+            self.body = nn.Sequential(*([conv(cin, hidden, 1)] if expand != 1 else []),
+                                      conv(hidden, hidden, 3, stride, hidden), conv(hidden, cout, 1, act=False))
+
+        def forward(self, x):
+            return x + self.body(x) if self.residual else self.body(x)
+
+    layers, cin = [conv(3, 32, 3, 2)], 32
+    for expand, cout, repeats, stride in [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                                          (6, 160, 3, 2), (6, 320, 1, 1)]:
+        for i in range(repeats):
+            layers.append(Inverted(cin, cout, stride if i == 0 else 1, expand))
+            cin = cout
+    layers += [conv(cin, 1280, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(1280, 1000)]
+    return nn.Sequential(*layers), (1, 3, 224, 224)
+
+
+def encoder(layers: int = 2, hidden: int = 128, heads: int = 4, seq: int = 128):
+    """A BERT-style encoder over token embeddings: self-attention and a GELU MLP, each with a residual and
+    LayerNorm; input 1 x seq x hidden."""
+    import torch
+
+    nn = torch.nn
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.out = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
+            self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+            self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+
+        def forward(self, x):
+            q, k, v = (t.reshape(x.shape[0], seq, heads, hidden // heads).transpose(1, 2)
+                       for t in self.qkv(x).chunk(3, dim=-1))
+            attention = torch.softmax(q @ k.transpose(-1, -2) / (hidden // heads) ** 0.5, dim=-1) @ v
+            x = self.ln1(x + self.out(attention.transpose(1, 2).reshape(x.shape[0], seq, hidden)))
+            return self.ln2(x + self.mlp(x))
+
+    return nn.Sequential(*[Layer() for _ in range(layers)]), (1, seq, hidden)
+
+
+MODELS = {"mobilenetv2": mobilenetv2, "encoder": encoder}
+
+
+def export(name: str, path: Path) -> onnx.ModelProto:
+    """The model as ONNX with a free batch axis, written to `path`."""
+    import torch
+
+    torch.manual_seed(0)
+    net, shape = MODELS[name]()
+    torch.onnx.export(net.eval(), (torch.randn(*shape),), str(path), input_names=["input"], output_names=["output"],
+                      dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}}, opset_version=17, dynamo=False)
+    return onnx.load(path)
 
 
 def load(call, concurrency: int, count: int, seconds: float) -> dict[str, float]:
@@ -162,11 +236,10 @@ def breakdown(url: str) -> str:
 
 
 def main(
-    model: str = typer.Option("cnn", help="A reference model from uhop_onnx.models.BUILDERS."),
-    size: int = typer.Option(32, help="Input height and width, for the image models."),
+    model: str = typer.Option("mobilenetv2", help="Which model: " + ", ".join(MODELS)),
     concurrency: str = typer.Option("1,4,16", help="Concurrent clients, comma-separated."),
     requests: int = typer.Option(200, help="Requests per level and round."),
-    rounds: int = typer.Option(3, help="Alternating rounds over the candidates."),
+    rounds: int = typer.Option(2, help="Alternating rounds over the candidates."),
     seconds: float = typer.Option(60.0, help="Time bound per level and round."),
     candidates: str = typer.Option(",".join(CANDIDATES), help="Which of: " + ", ".join(CANDIDATES)),
     worker: str = typer.Option("", hidden=True),
@@ -176,19 +249,17 @@ def main(
     if worker == "ort":
         ort_worker(model_file, levels, requests, seconds)
         return
-    from uhop_onnx.models import BUILDERS
     from uhop_onnx.optimizer import optimize
 
-    onnx_model = BUILDERS[model](size=size) if model in ("cnn", "resnet", "mobilenet") else BUILDERS[model]()
-    nodes = [n.name for n in onnx_model.graph.node]
-    middle = {n: "ort-cpu" for n in nodes[len(nodes) // 3: 2 * len(nodes) // 3]}
-    plan = optimize(onnx_model, providers=["openvino", "ort-cpu"], assign=middle, profile=False)
     chosen = candidates.split(",")
     results: dict[str, list] = {c: [] for c in chosen}
     with tempfile.TemporaryDirectory() as tmp:
-        plan_dir = plan.save(Path(tmp) / model)
         model_path = Path(tmp) / f"{model}.onnx"
-        onnx.save(onnx_model, model_path)
+        onnx_model = export(model, model_path)
+        nodes = [n.name for n in optimize(onnx_model, providers=["ort-cpu"], profile=False).stages[0].nodes]
+        middle = {n: "ort-cpu" for n in nodes[len(nodes) // 3: 2 * len(nodes) // 3]}
+        plan = optimize(onnx_model, providers=["openvino", "ort-cpu"], assign=middle, profile=False)
+        plan_dir = plan.save(Path(tmp) / model)
         print(f"{model}: {len(plan.stages)} stages ({', '.join(s.label for s in plan.stages)}); "
               f"{os.cpu_count()} CPUs", file=sys.stderr)
         for r in range(rounds):

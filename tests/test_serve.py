@@ -492,7 +492,7 @@ def two_nodes():
     try:
         # Both nodes listen on loopback only; without this the driver would dial the host's own address.
         patch.setattr("ray._private.ray_constants.ENABLE_RAY_CLUSTER", False)
-        cluster.add_node(num_cpus=1, resources={"npu": 1}, **common)
+        cluster.add_node(num_cpus=2, resources={"npu": 1}, **common)  # room for a plan replica beside the NPU stage
         ray.init(address=cluster.address, log_to_driver=False)
         port = free_port()
         serve.start(http_options={"host": HOST, "port": port, "location": "HeadOnly"})
@@ -508,8 +508,11 @@ def two_nodes():
 def deploy_in_time(app, name: str) -> None:
     from uhop_onnx.serve.ray_engine import deploy
 
-    with ThreadPoolExecutor(1) as pool:
+    pool = ThreadPoolExecutor(1)
+    try:
         pool.submit(deploy, app, name).result(timeout=180)
+    finally:
+        pool.shutdown(wait=False)
 
 
 def test_ray_whole_plan_replicas_batch_and_an_npu_stage_lands_on_its_node(two_nodes, batch_model):
