@@ -166,4 +166,4 @@ def test_plan_repr_summary_and_html():
     assert text.startswith("<Plan 'mlp' first-supported: openvino x") and len(text) < 200
     assert "openvino" in plan.summary() and "1 stage(s)" in plan.summary()
     html = plan._repr_html_()
-    assert "<table>" in html and "openvino" in html
+    assert "<table>" in html and "openvino" in html and "<svg" in html

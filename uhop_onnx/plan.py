@@ -16,7 +16,7 @@ import numpy as np
 from .errors import PlanError
 from .files import new_folder, read_npz
 from .dtypes import TensorSig
-from .report import ms_text, write_report
+from .report import ms_text, placement_svg, write_report
 from .samples import shapes_text
 
 SCHEMA = "uhop-onnx.plan/2"
@@ -115,7 +115,7 @@ class Plan:
         return f"<Plan {self.model_name!r} {self.placement}: {labels}{more}>"
 
     def _repr_html_(self) -> str:
-        """The stage table, for notebooks."""
+        """The stage table and the placement picture (`placement.svg`), for notebooks."""
         from html import escape
 
         rows = "".join(f"<tr><td>{k}</td><td>{escape(s.label)}</td><td>{len(s.nodes)}</td><td><code>"
@@ -123,7 +123,7 @@ class Plan:
                        for k, s in enumerate(self.stages))
         head = escape(self.summary().splitlines()[0])
         return (f"<p><b>{head}</b></p><table><tr><th>stage</th><th>provider</th><th>nodes</th><th>first node</th>"
-                f"<th>ms</th></tr>{rows}</table>")
+                f"<th>ms</th></tr>{rows}</table>{placement_svg(self)}")
 
     def on(self, provider: str, options: dict[str, Any] | None = None) -> Plan:
         """The same stages, every one on `provider` (a reference to compare this plan with)."""
