@@ -138,11 +138,17 @@ class OrtProvider(Provider):
         return Artifact("onnx", [f"{stem}.onnx"], {"ep": ep, "ep_options": portable})
 
 
-def load_stage(folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool) -> Runner:
-    """A bundle's `.onnx` stage on the EP it was placed on."""
+def load_stage(folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool,
+               trusted: bool = False) -> Runner:
+    """A bundle's `.onnx` stage on the EP it was placed on. EP options that name files or libraries (a
+    TensorRT plugin library, say: native code) are taken only when `trusted`, from a signed bundle."""
     import onnxruntime as ort
 
     options = artifact["options"]
+    native = sorted(k for k in options.get("ep_options") or {} if "path" in k or "lib" in k)
+    if native and not trusted:
+        raise ProviderError(f"the unsigned bundle's {options['ep']} options {', '.join(native)} name files on this "
+                            "host; such options are taken only from a signed bundle (load_bundle(path, key=...))")
     if options["ep"] not in ort.get_available_providers():
         raise ImportError(f"this onnxruntime ({ort.__version__}) has no {options['ep']}")
     entry = (options["ep"], options["ep_options"]) if options.get("ep_options") else options["ep"]

@@ -220,6 +220,16 @@ def test_a_delegate_path_in_an_unsigned_bundle_is_never_loaded(tmp_path, monkeyp
     assert marker.exists()
 
 
+def test_ep_options_naming_libraries_in_an_unsigned_bundle_are_refused(small_bundle, tmp_path):
+    folder = _copy(small_bundle, tmp_path)
+
+    def plant(manifest):
+        manifest["stages"][0]["artifact"]["options"]["ep_options"] = {"trt_extra_plugin_lib_paths": "/tmp/evil.so"}
+    _rehash(folder, plant)
+    with pytest.raises(uhop_onnx.ProviderError, match="trt_extra_plugin_lib_paths name files on this host"):
+        uhop_onnx.load_bundle(folder)
+
+
 # -- the kernels cache -----------------------------------------------------------------------------------------
 
 CACHE_DRIVER = """

@@ -25,9 +25,9 @@ from uhop_onnx.files import read_npz
 from .manifest import FORMATS, open_bundle, read_checked, read_manifest
 from .signature import KeySource, check
 
-# Formats whose stages may carry native code (a library, a delegate path); their `load_stage` takes `trusted`,
-# true only when a signature the loader checked covers the stage's files.
-NATIVE = {"kernels", "tflite"}
+# Formats whose stages may carry native code (a library, a delegate path, an EP plugin path); their `load_stage`
+# takes `trusted`, true only when a signature the loader checked covers the stage's files.
+NATIVE = {"kernels", "tflite", "onnx"}
 
 
 class Bundle:
