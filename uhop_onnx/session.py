@@ -312,7 +312,9 @@ def _optimize(source: Any, **options: Any) -> Plan:
         if not options["profile"]:
             raise
         warnings.warn(f"placed without measuring: {error}", UserWarning, stacklevel=3)
-        return optimize(source, progress=log.info, **{**options, "profile": False})
+        with warnings.catch_warnings():  # the providers skipped were named once already
+            warnings.filterwarnings("ignore", message="provider .* is not available here")
+            return optimize(source, progress=log.info, **{**options, "profile": False})
 
 
 def _read_session_options(so: Any) -> dict[str, Any]:
