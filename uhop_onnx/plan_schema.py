@@ -100,7 +100,6 @@ class StageEntry(_Strict):
     cost_ms: float | None = None
     alternatives: dict[str, float] = {}
     boundary_ms: float | None = None
-    fallback: str | None = Field(default=None, exclude=True)  # a sticky fallback older versions wrote: not obeyed
 
     @field_validator("file")
     @classmethod
