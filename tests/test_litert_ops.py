@@ -364,6 +364,19 @@ def test_layer_normalization(axis, bias):
     check(op_model("LayerNormalization", inputs, {"axis": axis, "epsilon": 1e-5}, nhwc=True))
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 7), (1, 4, 5, 6), (2, 2, 3, 4, 2)])
+def test_instance_normalization(shape):
+    """wav2vec2's feature extractor (rank 3), and 2-D and 3-D images."""
+    channels = shape[1]
+    inputs = {"x": shape, "scale": weights(channels), "bias": weights(channels)}
+    check(op_model("InstanceNormalization", inputs, {"epsilon": 1e-5}, nhwc=len(shape) == 4))
+
+
+def test_reciprocal():
+    """T5's RMS norm as the dynamo exporter writes it: 1 / sqrt(mean(x^2) + eps)."""
+    check(op_model("Reciprocal", {"x": (3, 5)}))
+
+
 def test_gelu_op_and_exported_gelu_pattern():
     check(op_model("Gelu", {"x": (2, 8)}, opset=20))
     check(op_model("Gelu", {"x": (2, 8)}, {"approximate": "tanh"}, opset=20))

@@ -67,6 +67,12 @@ def unary(cx: Lowering, node: Node) -> None:
     cx.op(UNARY[node.op], [cx.read(x)], [cx.write(y, cx.perm(x))])
 
 
+@lowers("Reciprocal")
+def reciprocal(cx: Lowering, node: Node) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    cx.op("DIV", [scalar(cx, 1.0), cx.read(x)], [cx.write(y, cx.perm(x))], "DivOptions")
+
+
 @lowers("HardSigmoid")
 def hard_sigmoid(cx: Lowering, node: Node) -> None:
     """clamp(alpha x + beta, 0, 1)."""
@@ -785,6 +791,20 @@ def softmax(cx: Lowering, node: Node) -> None:
         cx.op("LOG_SOFTMAX", [cx.read(x, perm)], [cx.write(y, perm)])
 
 
+def standardized(cx: Lowering, x: str, axes: list[int], epsilon: float) -> int:
+    """(x - mean) * rsqrt(var + epsilon) over the ONNX `axes`, in the layout `x` has."""
+    perm, shape = cx.perm(x), physical(cx, x)
+    reduced = [1 if a in axes else d for a, d in zip(perm, shape)]
+    held = cx.int32(sorted(inverse(perm)[a] for a in axes))
+    xi = cx.read(x)
+    mean = emit(cx, "MEAN", [xi, held], reduced, "ReducerOptions", KeepDims=True)
+    centred = emit(cx, "SUB", [xi, mean], shape)
+    variance = emit(cx, "MEAN", [emit(cx, "MUL", [centred, centred], shape), held], reduced, "ReducerOptions",
+                    KeepDims=True)
+    inv_std = emit(cx, "RSQRT", [emit(cx, "ADD", [variance, scalar(cx, epsilon)], reduced)], reduced)
+    return emit(cx, "MUL", [centred, inv_std], shape)
+
+
 @lowers("LayerNormalization")
 def layer_norm(cx: Lowering, node: Node) -> None:
     """(x - mean) * rsqrt(var + eps) * scale + bias: LiteRT has no layer-norm builtin."""
@@ -793,19 +813,24 @@ def layer_norm(cx: Lowering, node: Node) -> None:
     x, scale, y = node.inputs[0], node.inputs[1], node.outputs[0]
     rank, perm = cx.rank(x), cx.perm(x)
     axis = node.attrs.get("axis", -1) % rank
-    shape = physical(cx, x)
-    reduced = [1 if a >= axis else d for a, d in zip(perm, shape)]
-    axes = cx.int32(sorted(inverse(perm)[a] for a in range(axis, rank)))
-    xi = cx.read(x)
-    mean = emit(cx, "MEAN", [xi, axes], reduced, "ReducerOptions", KeepDims=True)
-    centred = emit(cx, "SUB", [xi, mean], shape)
-    variance = emit(cx, "MEAN", [emit(cx, "MUL", [centred, centred], shape), axes], reduced, "ReducerOptions",
-                    KeepDims=True)
-    inv_std = emit(cx, "RSQRT", [emit(cx, "ADD", [variance, scalar(cx, node.attrs.get("epsilon", 1e-5))], reduced)],
-                   reduced)
-    normed = emit(cx, "MUL", [centred, inv_std], shape)
+    normed = standardized(cx, x, list(range(axis, rank)), node.attrs.get("epsilon", 1e-5))
     bias = node.input(2)
-    scaled = cx.write(y, perm) if not bias else cx.temp(shape)
+    scaled = cx.write(y, perm) if not bias else cx.temp(physical(cx, x))
     cx.op("MUL", [normed, cx.broadcast(scale, rank, perm)], [scaled])
     if bias:
         cx.fusable[y] = cx.op("ADD", [scaled, cx.broadcast(bias, rank, perm)], [cx.write(y, perm)], "AddOptions")
+
+
+@lowers("InstanceNormalization")
+def instance_norm(cx: Lowering, node: Node) -> None:
+    """Each sample's channels standardized over their spatial axes, then scaled and shifted per channel."""
+    x, y = node.inputs[0], node.outputs[0]
+    rank, perm = cx.rank(x), cx.perm(x)
+    if rank < 3:
+        raise Unsupported(f"rank-{rank} input; InstanceNormalization needs N, C and a spatial axis")
+    normed = standardized(cx, x, list(range(2, rank)), node.attrs.get("epsilon", 1e-5))
+    scale, bias = (cx.const(n, "InstanceNormalization scale and bias").astype(np.float32) for n in node.inputs[1:3])
+    channel = (1, -1) + (1,) * (rank - 2)
+    scaled = emit(cx, "MUL", [normed, cx.constant(scale.reshape(channel).transpose(perm))], physical(cx, x))
+    cx.fusable[y] = cx.op("ADD", [scaled, cx.constant(bias.reshape(channel).transpose(perm))], [cx.write(y, perm)],
+                          "AddOptions")

@@ -28,7 +28,7 @@ def _rules() -> tuple[OpRule, ...]:
                                                    "Tile", "Gather", "GatherElements", "GatherND", "Reshape",
                                                    "Squeeze", "Unsqueeze", "Slice", "ConstantOfShape"]]
     movement.append(OpRule("Split", dtypes=INDEX))  # LiteRT's SPLIT_V has no boolean kernel
-    unary = "Pow Relu Sigmoid Tanh HardSwish HardSigmoid LeakyRelu Elu PRelu Erf Sqrt Exp Abs Neg Log Floor Ceil Sin Cos"
+    unary = "Reciprocal Pow Relu Sigmoid Tanh HardSwish HardSigmoid LeakyRelu Elu PRelu Erf Sqrt Exp Abs Neg Log Floor Ceil Sin Cos"
     plain = [OpRule(op, dtypes=FLOAT) for op in unary.split()]
     plain += [OpRule(op, dtypes=FLOAT) for op in ["GlobalAveragePool", "GlobalMaxPool"]]
     return (
@@ -55,6 +55,7 @@ def _rules() -> tuple[OpRule, ...]:
         OpRule("Softmax", dtypes=FLOAT),
         OpRule("LogSoftmax", dtypes=FLOAT),
         OpRule("LayerNormalization", dtypes=FLOAT, constant_inputs=(1, 2)),
+        OpRule("InstanceNormalization", dtypes=FLOAT, constant_inputs=(1, 2)),
         *(OpRule(op, dtypes=INDEX, constant_inputs=(1,)) for op in ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"]),
         OpRule("CumSum", dtypes=INDEX, constant_inputs=(1,)),
         # Resize's roi, scales and sizes only fix the output shape, which the converter needs static.
