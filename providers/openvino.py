@@ -89,6 +89,9 @@ class OpenVinoRunner(Runner):
     def __init__(self, compiled, dtypes: Mapping[str, np.dtype]):
         self.compiled = compiled
         self.requests = Pool(compiled.create_infer_request, compiled.create_infer_request())
+        # OpenVINO's binding fills a table on the process's first `Type.to_dtype()` (which `infer` calls); two
+        # threads making that first call at once deadlock (one holds the GIL, the other the table's guard).
+        compiled.outputs[0].get_element_type().to_dtype()
         self.outputs = [(port, _onnx_name(port, dtypes)) for port in compiled.outputs]
         self.dtypes = dict(dtypes)
 

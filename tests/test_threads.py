@@ -4,6 +4,8 @@ provider present here, a plan mixing providers) and on one bundle, every result 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -94,3 +96,34 @@ def test_kernels_tune_each_op_once_when_first_called_from_many_threads(monkeypat
                                          threads=1)
     hammer(session, model)
     assert searched and len(searched) == len(set(searched))
+
+
+FIRST_CALLS = """
+import threading
+import openvino as ov
+from uhop_onnx.models import cnn
+from uhop_onnx.providers import create
+
+create("openvino").compile(cnn())
+start = threading.Barrier(8)
+
+def first_call():
+    start.wait()
+    ov.Type.f32.to_dtype()  # what `infer` calls on every input
+
+threads = [threading.Thread(target=first_call) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
+
+
+@pytest.mark.skipif("openvino" not in PRESENT, reason="openvino is not installed")
+def test_openvino_first_calls_from_many_threads_do_not_deadlock():
+    """OpenVINO's binding deadlocks when a process's first `Type.to_dtype()` calls come from several threads at
+    once (27 of 30 fresh processes hung here); compiling a runner makes that first call, so no `infer` can."""
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", FIRST_CALLS], capture_output=True, text=True, timeout=120,
+                              check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
