@@ -163,6 +163,7 @@ def free_port() -> int:
 
 def start_server(plan_dir: Path, options: dict, port: int) -> subprocess.Popen:
     code = (f"from uhop_onnx.serve.cli import serve; serve({str(plan_dir)!r}, host={HOST!r}, port={port}, "
+            f"model_name={plan_dir.name!r}, "
             + ", ".join(f"{k}={v!r}" for k, v in options.items()) + ")")
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 240
@@ -256,7 +257,7 @@ def main(
     with tempfile.TemporaryDirectory() as tmp:
         model_path = Path(tmp) / f"{model}.onnx"
         onnx_model = export(model, model_path)
-        nodes = [n.name for n in optimize(onnx_model, providers=["ort-cpu"], profile=False).stages[0].nodes]
+        nodes = optimize(onnx_model, providers=["ort-cpu"], profile=False).stages[0].nodes  # the loaded names
         middle = {n: "ort-cpu" for n in nodes[len(nodes) // 3: 2 * len(nodes) // 3]}
         plan = optimize(onnx_model, providers=["openvino", "ort-cpu"], assign=middle, profile=False)
         plan_dir = plan.save(Path(tmp) / model)

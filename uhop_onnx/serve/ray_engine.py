@@ -17,6 +17,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 from ray import serve
 
 from ..errors import UhopError
@@ -43,6 +44,9 @@ class StageReplica:
         self.lock = asyncio.Lock()
 
     async def __call__(self, feeds: dict) -> dict:
+        # Large arrays arrive as read-only views of Ray's object store; some runtimes (OpenVINO's shared
+        # input tensors) need memory they could write, so those are copied once here.
+        feeds = {name: np.require(value, requirements="W") for name, value in feeds.items()}
         async with self.lock:
             results = await asyncio.to_thread(self.runner.run, feeds)
         return {name: self.runner.to_host(value) for name, value in results.items()}
