@@ -119,6 +119,14 @@ def test_one_exit_code_rule(tmp_path):
     assert uhop("run").returncode == 2  # click's usage error
 
 
+def test_verbose_anywhere_on_the_line_shows_the_logs(model_path):
+    quiet = uhop("run", str(model_path), "--providers", "ort-cpu")
+    assert quiet.returncode == 0 and "INFO" not in quiet.stderr
+    for args in (("-v", "run", str(model_path)), ("run", str(model_path), "-v")):
+        loud = uhop(*args, "--providers", "ort-cpu")
+        assert loud.returncode == 0 and "INFO uhop_onnx" in loud.stderr, loud.stderr
+
+
 def test_tables_fit_80_columns_and_text_is_not_markup(model_path):
     devices = uhop("devices")
     assert devices.returncode == 0

@@ -61,16 +61,23 @@ def _measured_at(shape: list[str] | None, inputs: Path | None) -> dict[str, Any]
     return {"shapes": parse_shapes(shape), "inputs": inputs}
 
 
+VERBOSE = ("-v", "--verbose")
+
+
 def main() -> None:
+    """The command; `-v` is taken anywhere on the line (`uhop-onnx run model.onnx -v`), as trtexec takes it."""
+    args = sys.argv[1:]
+    if any(a in VERBOSE for a in args):
+        args = ["-v", *(a for a in args if a not in VERBOSE)]
     try:
-        app()
+        app(args=args)
     except UhopError as error:
         err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
         sys.exit(error.exit_code)
 
 
 @app.callback()
-def _options(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the runtimes' own logs and "
+def _options(verbose: Annotated[bool, typer.Option(*VERBOSE, help="Show the runtimes' own logs and "
                                                    "uhop-onnx's progress log.")] = False) -> None:
     """Place ONNX models on the fastest mix of providers, and run them."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
