@@ -12,6 +12,9 @@
    profiler's own figures than the best single provider; plans within 10% of the fastest are timed again
    in fresh processes and keep their faster figure. While the budget lasts, moving a stage's blocks to
    another provider (a neighbour's first, merging the two) is tried and kept when it beats the noise.
+4. With a `gate` (reduced precision), a candidate is a (provider, precision) pair wherever a provider is
+   one above (each variant is its own entry in `providers`), and a whole plan is chosen only if the gate
+   accepts its outputs: the fastest accepted plan wins; a rejected one is never chosen, however fast.
 
 A measurement that fails (the runtime raises while building or running) is recorded with its error, as
 the provider that raised it said it, and is never a figure: a block is placed only where it was
@@ -54,6 +57,8 @@ Placement = list[int]
 CONTENDERS = 0.10  # whole plans within this share of the fastest are timed again before one is chosen
 SMALLEST_CLASS = 1 << 12  # boundary size classes: 4 KiB, 64 KiB, 1 MiB, ... (each 16 times the last)
 PlanTimer = Callable[[Mapping[str, Placement]], dict[str, Measurement]]  # named placements -> their whole figures
+# A placement -> whether its outputs are within the accuracy budget, and its figures (None: nothing to check)
+Gate = Callable[[Placement], tuple[bool, dict[str, Any] | None]]
 
 
 def in_process(run_plan: Callable[[Placement], Callable[[], object]], profiler: Profiler) -> PlanTimer:
@@ -80,11 +85,13 @@ class Search:
     store: JsonTable | None = None
     budget_s: float = 60.0
     threads: int | None = None
+    gate: Gate | None = None
     report: dict[str, Any] = field(default_factory=dict)
     _known: dict[str, Any] = field(default_factory=dict, repr=False)  # the cache as read
     _fresh: dict[str, Any] = field(default_factory=dict, repr=False)  # measured in this search
     _hits: set[str] = field(default_factory=set, repr=False)  # keys whose cached figure this search used
     _failed: dict[str, str] = field(default_factory=dict, repr=False)  # block, entry, pair key -> its error
+    _gated: dict[str, tuple[bool, dict[str, Any] | None]] = field(default_factory=dict, repr=False)  # by candidate
 
     def run(self) -> Placement:
         started = time.monotonic()
@@ -110,12 +117,17 @@ class Search:
         timed = [name for name, m in whole.items() if m.ok]
         if not timed:
             raise self._none_timed(candidates, whole)
-        best = min(timed, key=lambda name: whole[name].ms)
-        best = self._improve(candidates, whole, best, units, measured, started)
+        accepted = [name for name in sorted(timed, key=lambda name: whole[name].ms)
+                    if self._accepts(name, candidates[name])]
+        if not accepted:
+            raise MeasurementError("every candidate plan was outside the accuracy tolerance: "
+                                   + ", ".join(sorted(timed)))
+        best = self._improve(candidates, whole, accepted[0], units, measured, started)
         self.report = {
             "placement": "measured",
             "chosen": best,
-            "candidates": {name: {**m.to_json(), "ms": _finite(m.ms), "stages": _stage_labels(candidates[name], labels)}
+            "candidates": {name: {**m.to_json(), "ms": _finite(m.ms), "stages": _stage_labels(candidates[name], labels),
+                                  **self._accuracy(name)}
                            for name, m in whole.items()},
             "blocks": [{"first": self.graph.nodes[b[0]].name, "last": self.graph.nodes[b[-1]].name, "nodes": len(b),
                         "boundary_bytes": size, "ms": {labels[p]: c.ms for p, c in costs.items() if c.rounds}}
@@ -133,6 +145,23 @@ class Search:
         if self.store:
             self.store.update(self._fresh)
         return candidates[best]
+
+    def _accepts(self, name: str, placement: Placement) -> bool:
+        """Whether the gate (if any) accepts the placement's outputs; remembered by candidate name."""
+        if self.gate is None:
+            return True
+        if name not in self._gated:
+            self._gated[name] = self.gate(placement)
+            if not self._gated[name][0]:
+                log.info("candidate %s is outside the accuracy tolerance: %s", name, self._gated[name][1])
+        return self._gated[name][0]
+
+    def _accuracy(self, name: str) -> dict[str, Any]:
+        """A candidate's report entries from the gate: its outputs' errors, and whether it was rejected."""
+        if name not in self._gated or self._gated[name][1] is None:
+            return {}
+        ok, figures = self._gated[name]
+        return {"accuracy": figures, "rejected": not ok}
 
     def _none_timed(self, candidates: Mapping[str, Placement], whole: Mapping[str, Measurement]) -> MeasurementError:
         """The error when no whole plan could be timed: the sample shapes, and each candidate's error."""
@@ -184,7 +213,7 @@ class Search:
         return found | fresh
 
     def _key(self, kind: str, provider: Provider, content: str) -> str:
-        return f"{kind}|{provider.label}|{provider.availability.version}|threads={self.threads}|{content}|{self._at}"
+        return f"{kind}|{provider.label}|{_version(provider)}|threads={self.threads}|{content}|{self._at}"
 
     @cached_property
     def _at(self) -> str:
@@ -202,7 +231,7 @@ class Search:
         def job(k: int, p: int) -> Callable[[], object]:
             block_feeds = feeds.for_block(k, models, allowed, runners)
             if (k, p) not in runners:
-                runners[k, p] = _raised_by(self.providers[p], self.providers[p].compile, models[k], exclusive=False)
+                runners[k, p] = _compiled(self.providers[p], models[k])
             runner = runners[k, p]
             return lambda: _raised_by(self.providers[p], runner.run, block_feeds)
 
@@ -235,7 +264,7 @@ class Search:
         sizes = sorted(set(classes))
         keys = {(p, c): self._key("entry", self.providers[p], f"bytes={c}") for p in used for c in sizes}
         pairs = {(q, p, c): self._key("pair", self.providers[p], f"after={self.providers[q].label}@"
-                                      f"{self.providers[q].availability.version}|bytes={c}")
+                                      f"{_version(self.providers[q])}|bytes={c}")
                  for q in used for p in used if q != p for c in sizes}
         measured = self._cached({key: (lambda p=p, c=c: alone(p, c)) for (p, c), key in keys.items()}
                                 | {key: (lambda q=q, p=p, c=c: pair(q, p, c)) for (q, p, c), key in pairs.items()},
@@ -246,7 +275,7 @@ class Search:
 
     def _measure_plans(self, placements: Mapping[str, Placement]) -> dict[str, Measurement]:
         digest = hashlib.sha256(self.model.SerializeToString(deterministic=True)).hexdigest()
-        versions = ",".join(f"{p.label}@{p.availability.version}" for p in self.providers)
+        versions = ",".join(f"{p.label}@{_version(p)}" for p in self.providers)
         keys = {name: f"plan|{digest}|{versions}|threads={self.threads}|{self._at}|"
                       f"{_stage_labels(pl, [p.label for p in self.providers])}"
                 f"|{','.join(map(str, pl))}" for name, pl in placements.items()}
@@ -288,7 +317,7 @@ class Search:
                 result = self._measure_plans({name: placement, best: current})
                 whole[name] = result[name]
                 margin = max(result[name].spread, result[best].spread, 0.01)
-                if result[name].ms < result[best].ms * (1 - margin):
+                if result[name].ms < result[best].ms * (1 - margin) and self._accepts(name, placement):
                     best, improved = name, True
                     break
         return best
@@ -317,7 +346,7 @@ class _Feeds:
             provider = self.search.providers[p]
             try:
                 if (k, p) not in runners:
-                    runners[k, p] = _raised_by(provider, provider.compile, models[k], exclusive=False)
+                    runners[k, p] = _compiled(provider, models[k])
                 results = _raised_by(provider, runners[k, p].run, feeds)
             except ProviderError as error:
                 errors.append(str(error))
@@ -334,6 +363,18 @@ def _raised_by(provider: Provider, call: Callable[..., Any], *args: Any, **kwarg
     except Exception as error:  # noqa: BLE001 - a runtime may fail in any way; say whose it was
         text = first_line(error)
         raise ProviderError(text if text.startswith(f"{provider.label}:") else f"{provider.label}: {text}") from error
+
+
+def _compiled(provider: Provider, model: onnx.ModelProto) -> Runner:
+    """A block at the provider's precision (int8 quantized first), compiled to share the process."""
+    return _raised_by(provider, lambda: provider.compile(provider.lower(model), exclusive=False))
+
+
+def _version(provider: Provider) -> str:
+    """What a provider's figures depend on besides its label: its runtime's version, and for an int8
+    variant the calibration its stages were quantized on."""
+    calibration = provider.calibration
+    return f"{provider.availability.version}" + (f"+calibration={calibration.digest}" if calibration else "")
 
 
 def allowed_providers(graph: Graph, support: Sequence[Mapping[str, Support]], pinned: Mapping[str, int],

@@ -6,6 +6,7 @@ runtime, so a bundle can run them on a board that has nothing else.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from abc import ABC, abstractmethod
@@ -148,6 +149,10 @@ class Provider(ABC):
     # A runtime that builds for fixed shapes: its capability is asked of the model at the measured shapes, and
     # a stage with free dimensions is built once per shape it is run at.
     static_shapes: ClassVar[bool] = False
+    # The precision this instance builds stages at (`precisions` lists those it offers), and for int8 the
+    # calibration (`uhop_onnx.precision.Calibration`) its stages are quantized on.
+    precision: str = "fp32"
+    calibration: Any = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -167,9 +172,28 @@ class Provider(ABC):
 
     @property
     def label(self) -> str:
-        """The id, with the device when one is set: `openvino:GPU`."""
+        """The id, with the device when one is set and a reduced precision: `openvino:GPU`, `openvino[bf16]`."""
         device = self.options.get("device")
-        return f"{self.id}:{device}" if device else self.id
+        return (f"{self.id}:{device}" if device else self.id) + ("" if self.precision == "fp32" else f"[{self.precision}]")
+
+    def precisions(self) -> list[str]:
+        """The precisions this provider builds stages at on this host, fp32 first."""
+        return ["fp32"]
+
+    def at_precision(self, precision: str, calibration: Any = None) -> Provider:
+        """This provider building its stages at `precision` (int8 quantized on `calibration`)."""
+        variant = copy.copy(self)
+        variant.precision, variant.calibration = precision, calibration
+        return variant
+
+    def lower(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """The stage model this instance compiles: int8 as a QDQ model quantized on its calibration; the
+        model itself at any other precision (the runtime is told the precision when it compiles)."""
+        if self.precision != "int8":
+            return model
+        from uhop_onnx.precision import quantize_int8
+
+        return quantize_int8(model, self.calibration)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(options={self.options!r}, threads={self.threads!r})"

@@ -150,6 +150,16 @@ class OpenVino(Provider):
                          install=DEVICE_SETUP.get(self.device, "see OpenVINO's device configuration guide"))
         return ov.get_version().split("-")[0], self.device
 
+    def precisions(self) -> list[str]:
+        """fp32; bf16, fp16 and int8 (a QDQ stage) where the device reports BF16, FP16 or INT8 in its
+        `OPTIMIZATION_CAPABILITIES`."""
+        if not self.present:
+            return ["fp32"]
+        import openvino as ov
+
+        reported = set(ov.Core().get_property(self.device, "OPTIMIZATION_CAPABILITIES"))
+        return ["fp32", *(p for p, capability in CAPABILITIES.items() if capability in reported)]
+
     def query(self, model: onnx.ModelProto) -> dict[str, Support]:
         """Nodes OpenVINO's `query_model` does not place on the device, mapped back by output tensor names."""
         import openvino as ov
@@ -179,7 +189,7 @@ class OpenVino(Provider):
 
         self.require()
         compiled = ov.Core().compile_model(read_model(model.SerializeToString()), self.device,
-                                           compile_config(self.device, self.threads))
+                                           compile_config(self.device, self.threads, self.precision))
         return OpenVinoRunner(compiled, output_dtypes(model))
 
     def export_blocker(self) -> str | None:
@@ -194,10 +204,17 @@ class OpenVino(Provider):
         return Artifact("openvino-ir", [f"{stem}.xml", f"{stem}.bin"], {"device": self.device, "outputs": dtypes})
 
 
-def compile_config(device: str, threads: int | None) -> dict[str, Any]:
+# A stage's precision -> the device capability that offers it, and the inference precision it compiles at (an
+# int8 stage is a QDQ model: its quantized ops run in int8, the rest in f32).
+CAPABILITIES = {"bf16": "BF16", "fp16": "FP16", "int8": "INT8"}
+HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16", "int8": "f32"}
+
+
+def compile_config(device: str, threads: int | None, precision: str = "fp32") -> dict[str, Any]:
     config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
+    if device == "CPU" or precision != "fp32":
+        config["INFERENCE_PRECISION_HINT"] = HINTS[precision]  # fp32: exact, as ONNX Runtime computes
     if device == "CPU":
-        config["INFERENCE_PRECISION_HINT"] = "f32"  # exact fp32, as ONNX Runtime computes
         if threads:
             config["INFERENCE_NUM_THREADS"] = threads
     return config

@@ -166,6 +166,10 @@ class OrtCpu(OrtProvider):
     ep = "CPUExecutionProvider"
     install = "pip install onnxruntime"
 
+    def precisions(self) -> list[str]:
+        """fp32, and int8: a QDQ stage from `onnxruntime.quantization.quantize_static`."""
+        return ["fp32", "int8"]
+
 
 class DeviceTensor:
     """A tensor left on a GPU between stages: an `onnxruntime.OrtValue`, with numpy's `shape`."""

@@ -46,9 +46,11 @@ class Candidate:
 
 def bench(model: str | os.PathLike, providers: list[str] | None = None, threads: int | None = None,
           rounds: int = 7, calls: int | None = None, budget: float = 60.0,
-          progress: Callable[[str], None] = lambda step: None, *, shapes=None, inputs=None) -> dict[str, Any]:
+          progress: Callable[[str], None] = lambda step: None, *, shapes=None, inputs=None, precision: str = "fp32",
+          tolerance: float | None = None, calibration: str | os.PathLike | None = None) -> dict[str, Any]:
     """Measure every candidate in its own process, in alternating rounds; optimize cold and warm. Every
-    candidate, and the optimize runs, measure on the same inputs (`shapes`/`inputs` as `optimize` takes)."""
+    candidate, and the optimize runs, measure on the same inputs (`shapes`/`inputs` as `optimize` takes);
+    the plan is optimized at `precision` (`tolerance`, `calibration` as `optimize` takes them)."""
     from .graph import Graph
     from .inputs import measured_shapes, profile_feeds
     from .loader import load
@@ -61,13 +63,15 @@ def bench(model: str | os.PathLike, providers: list[str] | None = None, threads:
     with tempfile.TemporaryDirectory(prefix="uhop-bench-") as work:
         work = Path(work)
         np.savez(work / "feeds.npz", **feeds)
+        reduced = {"precision": precision, "tolerance": tolerance,
+                   "calibration": None if calibration is None else str(Path(calibration).resolve())}
         progress("optimizing with a cold cache")
         cold = warm = _optimize_in_process(model, providers, threads, budget, work / "cache", work / "plan",
-                                           work / "feeds.npz")
+                                           work / "feeds.npz", reduced)
         if "error" not in cold:
             progress("optimizing with a warm cache")
             warm = _optimize_in_process(model, providers, threads, budget, work / "cache", work / "plan-warm",
-                                        work / "feeds.npz")
+                                        work / "feeds.npz", reduced)
         candidates = [Candidate(f"{r} (raw)", "raw", r, wraps=w) for r, w in RAW.items() if w in present]
         candidates += [Candidate(f"{p} alone", "alone", p) for p in present]
         if "error" not in cold:
@@ -93,13 +97,13 @@ def bench(model: str | os.PathLike, providers: list[str] | None = None, threads:
             "plan": cold.get("stages", []), "failed": sorted(n for n, f in figures.items() if f["error"])}
 
 
-def _optimize_in_process(model: str, providers, threads, budget, cache: Path, out: Path, feeds: Path
-                         ) -> dict[str, Any]:
+def _optimize_in_process(model: str, providers, threads, budget, cache: Path, out: Path, feeds: Path,
+                         reduced: dict[str, Any]) -> dict[str, Any]:
     """Time `optimize` on `feeds` in a fresh process with its own cache folder, as a user's first and second
     run: `{"seconds", "stages"}`, or `{"error"}` when it failed (the plan folder is then not written)."""
     env = {**os.environ, "UHOP_CACHE_DIR": str(cache)}
     request = json.dumps({"model": model, "providers": providers, "threads": threads, "budget": budget, "out": str(out),
-                          "inputs": str(feeds)})
+                          "inputs": str(feeds), **reduced})
     result = subprocess.run([sys.executable, "-m", "uhop_onnx.bench", "optimize", request], env=env,
                             capture_output=True, text=True, timeout=3600)
     lines = result.stdout.strip().splitlines()
@@ -255,7 +259,8 @@ def _optimize(request: dict) -> None:
     start = time.perf_counter()
     try:
         plan = optimize(request["model"], request["providers"], threads=request["threads"], inputs=request["inputs"],
-                        budget=request["budget"])
+                        budget=request["budget"], precision=request["precision"], tolerance=request["tolerance"],
+                        calibration=request["calibration"])
     except UhopError as error:
         print(json.dumps({"error": f"optimize: {error}"}))
         return

@@ -27,7 +27,7 @@ from rich.table import Table
 from .custom_ops.cli import app as kernels_app
 from .errors import UhopError
 from .providers.rknn.cli import app as rknn_setup
-from .report import ms_order, ms_text
+from .report import candidate_accuracy, ms_order, ms_text, precision_text
 from .samples import shapes_text
 from .serve.cli import serve
 
@@ -54,11 +54,26 @@ MeasuredInputsOption = Annotated[Path | None, typer.Option("--inputs", "-i", hel
                                  "model) or an ONNX test_data_set_* folder.")]
 
 
-def _measured_at(shape: list[str] | None, inputs: Path | None) -> dict[str, Any]:
-    """`shapes=` and `inputs=` from `--shape` and `--inputs`."""
+PrecisionOption = Annotated[str, typer.Option("--precision", help="fp32 (default), auto (every precision the "
+                            "providers offer competes), or bf16, fp16, int8 (that one or fp32, per stage): chosen by "
+                            "measured speed within --tolerance of ONNX Runtime fp32.")]
+ToleranceOption = Annotated[float | None, typer.Option("--tolerance", help="Per output and sample: max|y - ref| <= "
+                            "TOLERANCE * (1 + max|ref|). Default 1e-2.")]
+CalibrationOption = Annotated[Path | None, typer.Option("--calibration", help="Calibration samples: an .npz whose "
+                              "arrays carry a leading sample axis, or a folder of .npz files (one sample each); "
+                              "int8 is tried only with them.")]
+
+
+def _measured_at(shape: list[str] | None, inputs: Path | None, precision: str = "fp32",
+                 tolerance: float | None = None, calibration: Path | None = None) -> dict[str, Any]:
+    """`shapes=` and `inputs=` from `--shape` and `--inputs`; `precision=`, `tolerance=`, `calibration=` from
+    theirs (left out at the fp32 default)."""
     from .inputs import parse_shapes
 
-    return {"shapes": parse_shapes(shape), "inputs": inputs}
+    chosen = {"shapes": parse_shapes(shape), "inputs": inputs}
+    if precision != "fp32" or tolerance is not None or calibration is not None:
+        chosen |= {"precision": precision, "tolerance": tolerance, "calibration": calibration}
+    return chosen
 
 
 VERBOSE = ("-v", "--verbose")
@@ -223,7 +238,8 @@ def optimize(model: Path, output: Annotated[Path, typer.Option("--output", "-o",
              budget: Annotated[float, typer.Option("--budget", min=0, help="Seconds the measured search may "
                                                    "spend improving the plan.")] = 60.0,
              litert_fp16: LiteRtFp16Option = False, shape: MeasuredShapeOption = None,
-             inputs: MeasuredInputsOption = None,
+             inputs: MeasuredInputsOption = None, precision: PrecisionOption = "fp32",
+             tolerance: ToleranceOption = None, calibration: CalibrationOption = None,
              as_json: JsonOption = False) -> None:
     """Place a model's nodes on providers and write the plan folder."""
     from .files import check_writable
@@ -232,7 +248,8 @@ def optimize(model: Path, output: Annotated[Path, typer.Option("--output", "-o",
     check_writable(output)
     with _steps("optimizing", not as_json) as step:
         plan = run_optimize(model, _providers(providers, litert_fp16), profile=not no_profile, threads=threads,
-                            budget=budget, progress=step, **_measured_at(shape, inputs))
+                            budget=budget, progress=step,
+                            **_measured_at(shape, inputs, precision, tolerance, calibration))
         step("writing the plan")
         plan.save(output)
     if as_json:
@@ -270,14 +287,16 @@ def _print_replaced(plan) -> None:
 
 
 def _print_candidates(profile: dict) -> None:
-    table = Table("whole plan", "ms", "spread", "stages", title=f"whole plans measured ({profile['measured']} "
-                  f"figures measured, {profile['cached']} cached, {profile['seconds']} s)")
+    gated = any("accuracy" in c for c in profile["candidates"].values())
+    table = Table("whole plan", "ms", "spread", "stages", *(["error vs fp32"] if gated else []),
+                  title=f"whole plans measured ({profile['measured']} figures measured, {profile['cached']} cached, "
+                  f"{profile['seconds']} s)")
     for name, c in sorted(profile["candidates"].items(), key=lambda kv: ms_order(kv[1]["ms"])):
         chosen = name == profile["chosen"]
         figure = ms_text(c["ms"]) if c["ms"] is not None else f"[red]failed:[/] {_short(c.get('error'))}"
         table.add_row(f"[bold green]{escape(name)} (this plan)[/]" if chosen else escape(name), figure,
-                      f"{c['spread']:.1%}", escape(c["stages"]))
-    out.print(_fit(table, 1, 3))
+                      f"{c['spread']:.1%}", escape(c["stages"]), *([escape(candidate_accuracy(c))] if gated else []))
+    out.print(_fit(table, 0, 3, 4))
 
 
 @app.command()
@@ -429,6 +448,8 @@ def explain(plan_dir: Annotated[Path, typer.Argument(help="A plan folder written
     if as_json:
         return _print_json(plan.to_json())
     out.print(escape(plan.summary()))
+    if plan.tolerance is not None:
+        out.print(escape(precision_text(plan)), highlight=False)
     _print_stages(plan, title=str(plan_dir), wide=wide)
     if plan.profile:
         _print_candidates(plan.profile)
@@ -439,14 +460,16 @@ def explain(plan_dir: Annotated[Path, typer.Argument(help="A plan folder written
 def bench(model: Path, providers: ProvidersOption = None, threads: ThreadsOption = None,
           rounds: Annotated[int, typer.Option(min=1, help="Alternating rounds per candidate.")] = 7,
           budget: Annotated[float, typer.Option(min=0, help="Seconds for the measured search.")] = 60.0,
-          shape: MeasuredShapeOption = None, inputs: MeasuredInputsOption = None, as_json: JsonOption = False) -> None:
+          shape: MeasuredShapeOption = None, inputs: MeasuredInputsOption = None, precision: PrecisionOption = "fp32",
+          tolerance: ToleranceOption = None, calibration: CalibrationOption = None,
+          as_json: JsonOption = False) -> None:
     """Time raw runtimes, each provider alone and the optimized plan, each in its own process, side by side.
     Exit 1 when a candidate failed (its error in the table and the JSON)."""
     from .bench import bench as run_bench
 
     with _steps("benchmarking", not as_json) as step:
         result = run_bench(model, _providers(providers), threads=threads, rounds=rounds, budget=budget, progress=step,
-                           **_measured_at(shape, inputs))
+                           **_measured_at(shape, inputs, precision, tolerance, calibration))
     if as_json:
         _print_json(result)
     else:
@@ -515,7 +538,8 @@ def export(model: Path,
                                                   "(needs a free first dimension); 0: none.")] = 0,
            max_delay_ms: Annotated[float | None, typer.Option(min=0, help="Triton only: how long a batch waits "
                                                               "for more requests.")] = None,
-           as_json: JsonOption = False) -> None:
+           precision: PrecisionOption = "fp32", tolerance: ToleranceOption = None,
+           calibration: CalibrationOption = None, as_json: JsonOption = False) -> None:
     """Write a deployment bundle for a board, or a Triton model repository."""
     if fmt is ExportFormat.triton:
         from .triton import export_triton
@@ -541,7 +565,8 @@ def export(model: Path,
 
     with _steps("exporting", not as_json) as step:
         written = export_bundle(model, target, output, providers=_providers(providers), threads=threads,
-                                progress=step, sign=sign, **_measured_at(shape, inputs))
+                                progress=step, sign=sign,
+                                **_measured_at(shape, inputs, precision, tolerance, calibration))
     _print_bundle(written, f"{'signed ' if sign else ''}bundle for {target}", as_json)
 
 

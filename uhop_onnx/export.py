@@ -31,11 +31,12 @@ from .bundle.manifest import (
 )
 from .bundle import signature
 from .dtypes import TensorSig
-from .errors import ProviderError, UhopError
+from .errors import InputError, ProviderError, UhopError
 from .files import check_writable, new_folder, read_npz, write_archive, writing
 from .graph import Graph, declared_outputs
 from .inputs import Inputs, Shapes, at_shapes, free_inputs, read_inputs
 from .optimizer import Analysis, analyze, build_plan, place_measured
+from .precision import check_choice
 from .partitioner.blocks import blocks
 from .partitioner.profiler import Measurement
 from .partitioner.search import allowed_providers, cheapest_path, expand
@@ -50,14 +51,20 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
                   providers: Sequence[str] | None = None, assign: Mapping[str, str] | None = None,
                   threads: int | None = None, progress: Callable[[str], None] = lambda step: None, *,
                   shapes: Shapes | None = None, inputs: Inputs | None = None, measure: bool = False,
-                  budget: float = 60.0, sign: str | os.PathLike | bytes | None = None) -> Path:
+                  budget: float = 60.0, sign: str | os.PathLike | bytes | None = None, precision: str = "fp32",
+                  tolerance: float | None = None, calibration: Any = None) -> Path:
     """Write a bundle for `target` (a built-in profile name, a JSON profile path, or a `Target`) to `out`: a
     folder (absent or empty) or a file ending `.tar.gz`. Returns `out`. With `sign` (an Ed25519 private key,
     PEM path or bytes, as `uhop-onnx keygen` writes), the manifest is signed.
 
     With `measure`, this host is the board: placement is measured here (as `optimize` does) over the
     profile's providers present here, instead of the profile's static cost model. The bundle's sample
-    inputs (and any measurement) are at `shapes` or the given `inputs`, as `optimize` takes them."""
+    inputs (and any measurement) are at `shapes` or the given `inputs`, as `optimize` takes them. Bundles
+    are fp32: another `precision` is refused (`InputError`) until bundles carry reduced-precision stages."""
+    check_choice(precision, tolerance)
+    if precision != "fp32":
+        raise InputError(f"precision={precision!r}: bundles hold fp32 stages only for now; export with "
+                         "precision='fp32' (reduced-precision plans run through optimize and InferenceSession)")
     out = Path(out)
     archive = out.name.endswith(".tar.gz")
     if out.exists() and (archive or out.is_file() or any(out.iterdir())):

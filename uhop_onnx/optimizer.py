@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from .partitioner.placement import first_supported
 from .partitioner.profiler import Measurement, Profiler
 from .partitioner.search import Search, in_process
 from .plan import PLAN_FILE, ModelMetadata, Plan, Stage
+from .precision import Calibration, check_choice, check_samples, errors, gate, read_calibration, wanted
 from .providers import (
     LAST_RESORT,
     Provider,
@@ -37,7 +39,7 @@ from .providers import (
     resolve,
 )
 from .report import ms_text
-from .samples import shapes_text
+from .samples import reference_outputs, shapes_text
 from .session import InferenceSession
 from .simplify import simplify
 
@@ -56,6 +58,7 @@ class Analysis:
     support: list[dict[str, Support]]  # per provider: node name -> Support
     pinned: dict[str, int]  # node name -> index into providers
     feeds: dict[str, Any] | None = None  # the inputs measurements run on (None: free dimensions without a default)
+    precision: Precision | None = None  # the reduced precisions competing, and what they are gated on
 
 
 def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[ProviderSpec] | None = None,
@@ -127,9 +130,60 @@ class FixedShapes:
         return {n.name: verdicts.get(n.name, folded) for n in graph.nodes}
 
 
+@dataclass
+class Precision:
+    """What a reduced-precision search is gated on: the tolerance, the samples each candidate plan runs on
+    and ONNX Runtime fp32's outputs of the original model on them."""
+
+    choice: str
+    tolerance: float
+    samples: list[dict[str, Any]]
+    references: list[dict[str, Any]]
+    calibration: Calibration | None  # None: no calibration data was given (int8 is not tried)
+
+
+def with_precisions(a: Analysis, choice: str, tolerance: float, samples: list[dict[str, Any]] | None) -> Analysis:
+    """`a` with each provider's reduced-precision variants that compete under `choice` placed right after it
+    (each runs what its provider runs). Gated on the calibration `samples`, or without them on generated
+    ones, with a warning; int8 needs the calibration samples and is left out without them."""
+    names = list(a.graph.inputs)
+    if samples is None:
+        offered = {p for provider in a.providers for p in wanted(choice, provider.precisions())}
+        if "int8" in offered:
+            warnings.warn("precision: int8 variants are not tried without calibration samples (calibration=...)",
+                          UserWarning, stacklevel=3)
+        warnings.warn("precision: no calibration samples given; reduced-precision plans are checked on 4 "
+                      "generated samples only (give calibration=samples.npz to check them on real data)",
+                      UserWarning, stacklevel=3)
+        signatures = [a.graph.signature(name) for name in names]
+        gate_samples = [profile_feeds(signatures, measured_shapes(a.feeds), seed=seed) for seed in range(1, 5)]
+        calibration = None
+    else:
+        check_samples(samples, names)
+        gate_samples = [profile_feeds([a.graph.signature(n) for n in names], inputs=s) for s in samples]
+        calibration = Calibration(a.simplified, gate_samples)
+    providers, support, index = [], [], {}
+    for i, (provider, table) in enumerate(zip(a.providers, a.support)):
+        index[i] = len(providers)
+        for p in wanted(choice, provider.precisions()):
+            if p == "int8" and calibration is None:
+                continue
+            providers.append(provider if p == "fp32" else provider.at_precision(p, calibration))
+            support.append(table)
+    if len(providers) == len(a.providers):
+        warnings.warn(f"precision={choice!r}: no provider here offers it; the plan is fp32", UserWarning, stacklevel=3)
+    original = a.loaded.SerializeToString()
+    references = [reference_outputs(original, s) for s in gate_samples]
+    return Analysis(a.source, a.loaded, a.simplified, a.graph, providers, support,
+                    {node: index[p] for node, p in a.pinned.items()}, a.feeds,
+                    Precision(choice, tolerance, gate_samples, references, calibration))
+
+
 def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[ProviderSpec] | None = None,
              assign: Mapping[str, str] | None = None, profile: bool = True, threads: int | None = None, *,
              strict: bool = False, shapes: Shapes | None = None, inputs: Inputs | None = None,
+             precision: str = "fp32", tolerance: float | None = None,
+             calibration: str | os.PathLike | Mapping[str, Any] | None = None,
              budget: float = 60.0, profiler: Profiler | None = None,
              progress: Callable[[str], None] = lambda step: None) -> Plan:
     """Place every node of `model` on a provider and split it into stages.
@@ -147,12 +201,34 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     Measurements run at `shapes` (`{input: (1, 3, 640, 640)}`) or on `inputs` (arrays by name, or an `.npz`
     path); without them a free leading dimension is 1, and any other free dimension raises `InputError`
     naming it. The plan records the shapes and runs at every shape the model allows.
+
+    `precision` other than `"fp32"` lets reduced-precision variants of the providers compete (`"auto"`:
+    every one a provider offers here; `"bf16"`, `"fp16"`, `"int8"`: that one or fp32, per stage); a plan
+    is chosen only if, on every calibration sample, each output `y` is within `tolerance` (default 1e-2) of
+    ONNX Runtime fp32's `ref` on the original model: `max|y - ref| <= tolerance * (1 + max|ref|)`.
+    `calibration` is an `.npz` (or a dict) whose arrays carry a leading sample axis, or a folder of `.npz`
+    files, one sample each; int8 is tried only with it. Without `shapes` or `inputs`, measurements run at
+    the first calibration sample.
     """
+    tolerance = check_choice(precision, tolerance)
+    samples = None if precision == "fp32" or calibration is None else read_calibration(calibration)
+    if precision != "fp32" and not profile:
+        raise InputError(f"precision={precision!r} chooses by measuring: it needs profile=True (drop --no-profile)")
+    measure_on = samples[0] if samples and shapes is None and inputs is None else inputs
     chosen = resolve(providers, threads, strict)
 
     def analysis() -> Analysis:
-        return analyze(model, providers, assign, threads, progress, resolved=chosen, shapes=shapes, inputs=inputs,
-                       sample=profile)
+        try:
+            a = analyze(model, providers, assign, threads, progress, resolved=chosen, shapes=shapes,
+                        inputs=measure_on, sample=profile)
+        except InputError as error:
+            if measure_on is inputs:
+                raise
+            raise InputError(f"calibration sample 0: {str(error).removeprefix('inputs: ')}") from None
+        if precision == "fp32":
+            return a
+        progress("preparing reduced-precision variants and the fp32 reference")
+        return with_precisions(a, precision, tolerance, samples)
 
     if not profile:
         a = analysis()
@@ -161,7 +237,11 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     if profiler is not None:
         return place_measured(analysis(), threads, budget=budget, profiler=profiler, progress=progress)
     measured_at = {"shapes": {k: list(v) for k, v in (shapes or {}).items()},
-                   "inputs": None if inputs is None else inputs_digest(inputs)}
+                   "inputs": None if measure_on is None else inputs_digest(measure_on)}
+    if precision != "fp32":
+        measured_at["precision"] = [precision, tolerance, None if calibration is None else (
+            inputs_digest(calibration) if isinstance(calibration, (str, os.PathLike)) else
+            inputs_digest({f"{k}/{n}": v for k, s in enumerate(samples) for n, v in s.items()}))]
     folder = cache_dir() / "plans" / _plan_key(model, chosen, assign=assign, threads=threads, budget=budget,
                                                **measured_at)
     if (folder / PLAN_FILE).is_file():
@@ -234,13 +314,33 @@ def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, pr
     store = JsonTable(cache_dir() / "profiles" / f"{device_fingerprint(threads, *labels)}.json",
                       check=Measurement.from_json)
     search = Search(a.simplified, a.graph, a.providers, a.support, a.pinned, time_plans, a.feeds,
-                    profiler=profiler or Profiler(), store=store, budget_s=budget, threads=threads)
+                    profiler=profiler or Profiler(), store=store, budget_s=budget, threads=threads,
+                    gate=None if a.precision is None else lambda placement: _gate(a, placement, threads))
     placement = search.run()
     plan = build_plan(a, placement, threads)
     plan.placement, plan.profile = "measured", search.report
+    if a.precision is not None:
+        plan.tolerance = a.precision.tolerance
+        plan.accuracy = search.report["candidates"][search.report["chosen"]].get("accuracy")
     _attribute_costs(plan, a, search)
     _log_measured(plan.model_name, search.report)
     return plan
+
+
+def _gate(a: Analysis, placement: Sequence[int], threads: int | None) -> tuple[bool, dict[str, Any] | None]:
+    """Whether the plan of `placement` is within the tolerance on every gate sample, and its worst errors per
+    output; a plan whose stages are all fp32 is not checked (None)."""
+    if all(a.providers[p].precision == "fp32" for p in set(placement)):
+        return True, None
+    g = a.precision
+    try:
+        session = InferenceSession(build_plan(a, placement, threads), threads=threads)
+        names = [o.name for o in session.get_outputs()]
+        per_sample = [errors(dict(zip(names, session.run(None, s), strict=True)), ref)
+                      for s, ref in zip(g.samples, g.references)]
+    except Exception as error:  # noqa: BLE001 - a plan that cannot run its samples is not accepted
+        return False, {"error": first_line(error)}
+    return gate(per_sample, g.tolerance)
 
 
 def _log_measured(model_name: str, report: dict[str, Any]) -> None:
@@ -273,7 +373,7 @@ def build_plan(a: Analysis, placement: Sequence[int], threads: int | None) -> Pl
     stages = []
     for k, spec in enumerate(partition(graph, placement)):
         provider = a.providers[spec.provider]
-        stage_model = extract(a.simplified, graph, spec.nodes, name=f"stage_{k}")
+        stage_model = provider.lower(extract(a.simplified, graph, spec.nodes, name=f"stage_{k}"))
         stages.append(Stage(
             provider=provider.id,
             options=dict(provider.options),
@@ -281,6 +381,7 @@ def build_plan(a: Analysis, placement: Sequence[int], threads: int | None) -> Pl
             inputs=[i.name for i in stage_model.graph.input],
             outputs=[o.name for o in stage_model.graph.output],
             file=f"stage_{k:02d}_{provider.id}.onnx",
+            precision=provider.precision,
             model=stage_model,
         ))
     return Plan(
@@ -288,7 +389,8 @@ def build_plan(a: Analysis, placement: Sequence[int], threads: int | None) -> Pl
         model_hash=hashlib.sha256(a.loaded.SerializeToString(deterministic=True)).hexdigest(),
         inputs=[graph.signature(name) for name in graph.inputs],
         outputs=[graph.signature(name) for name in graph.outputs],
-        providers=[{"id": p.id, "options": dict(p.options), "version": p.availability.version} for p in a.providers],
+        providers=[{"id": p.id, "options": dict(p.options), "version": p.availability.version} for p in a.providers
+                   if p.precision == "fp32"],
         stages=stages,
         constants={t.name: numpy_helper.to_array(t) for t in a.simplified.graph.initializer if t.name in graph.outputs},
         threads=threads,

@@ -57,13 +57,16 @@ class Stage:
     cost_ms: float | None = None  # measured: the stage's blocks on its provider
     alternatives: dict[str, float] = field(default_factory=dict)  # provider label -> measured ms, where it could run
     boundary_ms: float | None = None  # measured cost of entering this stage from another provider
+    precision: str = "fp32"  # "fp32", "bf16", "fp16" or "int8" (an int8 stage's file is its QDQ model)
     sha256: str | None = None  # of `file`, recorded by `Plan.save` and checked when the file is read
     model: Any = field(default=None, repr=False)  # onnx.ModelProto, read from `file` on demand
 
     @property
     def label(self) -> str:
+        """As the provider's label: `openvino:GPU`, `openvino[bf16]`."""
         device = self.options.get("device")
-        return f"{self.provider}:{device}" if device else self.provider
+        return (f"{self.provider}:{device}" if device else self.provider) + (
+            "" if self.precision == "fp32" else f"[{self.precision}]")
 
 
 @dataclass
@@ -87,6 +90,10 @@ class Plan:
     # {"node", "provider", "reason"}: nodes a provider's build check refused, so they were placed elsewhere
     replaced: list[dict[str, str]] = field(default_factory=list)
     shapes: dict[str, list[int]] | None = None  # the input shapes it was placed and measured at
+    # With reduced precision: the tolerance the plan was gated with, and per output the worst error measured
+    # against ONNX Runtime fp32 over the gate's samples ({"max_abs_error", "max_rel_error", "cosine", ...}).
+    tolerance: float | None = None
+    accuracy: dict[str, dict[str, Any]] | None = None
     folder: Path | None = field(default=None, repr=False)
     constants_hash: str | None = field(default=None, repr=False)  # of `constants.npz`, recorded by `save`
 
@@ -129,7 +136,8 @@ class Plan:
         """The same stages, every one on `provider` (a reference to compare this plan with)."""
         stages = [replace(s, provider=provider, options=dict(options or {}), model=s.model, cost_ms=None,
                           alternatives={}, boundary_ms=None) for s in self.stages]
-        return replace(self, stages=stages, placement=f"every stage on {provider}", profile=None, fallbacks={})
+        return replace(self, stages=stages, placement=f"every stage on {provider}", profile=None, fallbacks={},
+                       tolerance=None, accuracy=None)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -146,6 +154,7 @@ class Plan:
             "constants_sha256": self.constants_hash,
             "fallbacks": {str(k): v for k, v in sorted(self.fallbacks.items())},
             "replaced": self.replaced,
+            **({"tolerance": self.tolerance, "accuracy": self.accuracy} if self.tolerance is not None else {}),
             "stages": [
                 {k: v for k, v in asdict(s).items() if k != "model"} for s in self.stages
             ],
@@ -235,6 +244,9 @@ class Plan:
             fallbacks={int(k): v.model_dump() for k, v in data.fallbacks.items()},
             replaced=[r.model_dump() for r in data.replaced],
             shapes=data.shapes,
+            tolerance=data.tolerance,
+            accuracy={name: a.model_dump(exclude_none=True) for name, a in data.accuracy.items()}
+            if data.accuracy is not None else None,
             folder=folder,
             constants_hash=data.constants_sha256,
         )

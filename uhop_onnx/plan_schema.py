@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator
 
@@ -100,6 +100,7 @@ class StageEntry(_Strict):
     cost_ms: float | None = None
     alternatives: dict[str, float] = {}
     boundary_ms: float | None = None
+    precision: Literal["fp32", "bf16", "fp16", "int8"] = "fp32"
 
     @field_validator("file")
     @classmethod
@@ -135,6 +136,16 @@ class StageEntry(_Strict):
         return options
 
 
+class OutputAccuracy(_Strict):
+    """The worst error an output of a reduced-precision plan showed against ONNX Runtime fp32."""
+
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    cosine: float | None = None
+    top1_agrees: bool | None = None
+    error: str | None = None
+
+
 class PlanFile(_Strict):
     schema_: str = Field(alias="schema")
     model: ModelRef
@@ -149,6 +160,8 @@ class PlanFile(_Strict):
     fallbacks: dict[Annotated[str, Field(pattern=r"^[0-9]+$")], Fallback] = {}  # stage index -> counts
     replaced: list[Replaced] = []
     shapes: dict[str, list[Annotated[int, Field(ge=0)]]] | None = None  # input -> the shape it was placed at
+    tolerance: float | None = Field(default=None, gt=0)  # what a reduced-precision plan was gated with
+    accuracy: dict[str, OutputAccuracy] | None = None
     stages: list[StageEntry] = Field(min_length=1)
 
 

@@ -106,15 +106,18 @@ def markdown(plan: Plan) -> str:
                   "|---|---|---|---|"]
         lines += [f"| `{r['node']}` | {r['provider']} | {where.get(r['node'], '')} | {r['reason'].replace('|', '/')}"
                   " |" for r in plan.replaced]
+    if plan.tolerance is not None:
+        lines += ["", "## Precision", "", precision_text(plan)]
     if plan.profile:
         p = plan.profile
         lines += ["", "## Whole plans measured", "",
                   f"Chosen: **{p['chosen']}**. {p['measured']} figures measured, {p['cached']} from the cache, "
-                  f"in {p['seconds']} s.", "", "| candidate | ms | spread | stages |", "|---|---|---|---|"]
+                  f"in {p['seconds']} s.", "", "| candidate | ms | spread | stages | error vs fp32 |",
+                  "|---|---|---|---|---|"]
         for name, c in sorted(p["candidates"].items(), key=lambda kv: ms_order(kv[1]["ms"])):
             failed = f"failed: {c.get('error') or 'no figure'}".replace("|", "\\|")
             figure = ms_text(c["ms"]) if c["ms"] is not None else failed
-            lines.append(f"| {name} | {figure} | {c['spread']:.1%} | {c['stages']} |")
+            lines.append(f"| {name} | {figure} | {c['spread']:.1%} | {c['stages']} | {candidate_accuracy(c)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -137,6 +140,35 @@ def graph_dot(plan: Plan) -> str:
 
 def _escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def accuracy_text(accuracy: dict[str, dict] | None) -> str:
+    """`logits: max abs 0.012, max rel 0.8%, cosine 0.99995, top-1 agrees` per output; '' for none."""
+    parts = []
+    for name, a in (accuracy or {}).items():
+        if a.get("error"):
+            parts.append(f"{name}: {a['error']}")
+            continue
+        top1 = "" if "top1_agrees" not in a else ", top-1 agrees" if a["top1_agrees"] else ", top-1 differs"
+        parts.append(f"{name}: max abs {a['max_abs_error']:.3g}, max rel {a['max_rel_error']:.2%}, "
+                     f"cosine {a['cosine']:.6f}{top1}")
+    return "; ".join(parts)
+
+
+def candidate_accuracy(candidate: dict) -> str:
+    """A whole plan's worst error against fp32 where it was gated, marked when the gate rejected it."""
+    text = accuracy_text(candidate.get("accuracy"))
+    return f"rejected: {text}" if candidate.get("rejected") else text
+
+
+def precision_text(plan: Plan) -> str:
+    """What precision each stage runs at, the tolerance it was gated with, and the worst error it showed."""
+    counts: dict[str, int] = {}
+    for s in plan.stages:
+        counts[s.precision] = counts.get(s.precision, 0) + len(s.nodes)
+    where = ", ".join(f"{p} {n} nodes" for p, n in counts.items())
+    measured = accuracy_text(plan.accuracy) or "every stage fp32, nothing to check"
+    return f"precision: {where}; gated at tolerance {plan.tolerance:g} against ONNX Runtime fp32: {measured}"
 
 
 def ms_order(ms: float | None) -> float:

@@ -216,6 +216,8 @@ class InferenceSession:
     def _compile(self, stage: Stage, provider_id: str) -> Runner:
         options = stage.options if provider_id == stage.provider else {}
         provider = create((provider_id, options), self.threads)
+        if provider_id == stage.provider:
+            provider = provider.at_precision(stage.precision)
         provider.require()
         try:
             return provider.compile(self.plan.stage_model(stage), exclusive=self._exclusive)

@@ -1,0 +1,189 @@
+"""Reduced precision in the plan: variants chosen by measured speed (a fake clock makes it exact), the
+accuracy gate against ONNX Runtime fp32, calibration samples, and int8 stages on the real runtimes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import uhop_onnx
+from uhop_onnx.errors import InputError
+from uhop_onnx.models import cnn, mlp
+from uhop_onnx.partitioner.profiler import Profiler
+from uhop_onnx.plan import Plan
+from uhop_onnx.precision import Calibration, errors, gate, quantize_int8, read_calibration
+from uhop_onnx.providers import REGISTRY
+from uhop_onnx.providers.openvino import OpenVino
+from uhop_onnx.providers.ort import OrtCpu
+
+from .conftest import reference
+from .test_search import FakeClock, fake_provider
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def with_bf16(ident: str, clock: FakeClock, factor: float, wrong: bool = False):
+    """A fake provider (ONNX Runtime underneath, charging the clock per op) that offers bf16: its bf16 stages
+    cost `factor` times its fp32 ones, and with `wrong` they add 1 to every output."""
+    base = fake_provider(ident, {"Gemm": 1.0, "Conv": 1.0}, 0.05, clock)
+
+    class Variant(base):
+        def precisions(self):
+            return ["fp32", "bf16"]
+
+        def compile(self, model, *, exclusive=True):
+            runner = super().compile(model, exclusive=exclusive)
+            if self.precision == "bf16":
+                runner.cost *= factor
+                if wrong:
+                    inner = runner.run
+                    runner.run = lambda feeds: {k: v + 1.0 for k, v in inner(feeds).items()}
+            return runner
+
+    return Variant
+
+
+def place(monkeypatch, factor: float, wrong: bool = False, **options):
+    clock = FakeClock()
+    monkeypatch.setitem(REGISTRY, "fake-bf16", with_bf16("fake-bf16", clock, factor, wrong))
+    monkeypatch.setitem(REGISTRY, "ort-cpu", fake_provider("ort-cpu", {}, 100.0, clock))
+    return uhop_onnx.optimize(mlp(), providers=["fake-bf16"], profiler=Profiler(clock=clock, warmup=1), **options)
+
+
+def test_a_faster_bf16_variant_wins_and_its_accuracy_is_recorded(monkeypatch, tmp_path):
+    with pytest.warns(UserWarning, match="generated samples"):
+        plan = place(monkeypatch, 0.5, precision="bf16")
+    assert {s.precision for s in plan.stages} == {"bf16"}
+    assert plan.stages[0].label == "fake-bf16[bf16]"
+    assert plan.tolerance == 1e-2 and set(plan.accuracy) == {o.name for o in plan.outputs}
+    assert all(a["cosine"] > 0.9999 and a["max_abs_error"] < 1e-5 for a in plan.accuracy.values())
+    loaded = Plan.load(plan.save(tmp_path / "plan"))
+    assert [s.precision for s in loaded.stages] == ["bf16"] and loaded.accuracy == plan.accuracy
+
+
+def test_a_slower_bf16_variant_loses(monkeypatch):
+    with pytest.warns(UserWarning, match="generated samples"):
+        plan = place(monkeypatch, 2.0, precision="bf16")
+    assert {s.precision for s in plan.stages} == {"fp32"}
+    candidates = plan.profile["candidates"]
+    assert candidates["fake-bf16[bf16] first"]["ms"] > candidates[plan.profile["chosen"]]["ms"]
+
+
+def test_a_variant_with_wrong_values_is_rejected_even_when_fastest(monkeypatch):
+    with pytest.warns(UserWarning, match="generated samples"):
+        plan = place(monkeypatch, 0.1, wrong=True, precision="auto")
+    candidates = plan.profile["candidates"]
+    fast = min(candidates.values(), key=lambda c: c["ms"])
+    assert fast["stages"].startswith("fake-bf16[bf16]") and fast["rejected"]
+    assert fast["ms"] < candidates[plan.profile["chosen"]]["ms"]
+    assert all(a["max_abs_error"] >= 1.0 for a in fast["accuracy"].values())
+    assert {s.precision for s in plan.stages} == {"fp32"}
+
+
+def test_fp32_is_the_plan_of_before(monkeypatch):
+    default, fp32 = place(monkeypatch, 0.1), place(monkeypatch, 0.1, precision="fp32")
+    for plan in (default, fp32):
+        assert [(s.label, s.nodes) for s in plan.stages] == [(s.label, s.nodes) for s in default.stages]
+        assert {n: c["ms"] for n, c in plan.profile["candidates"].items()} == {
+            n: c["ms"] for n, c in default.profile["candidates"].items()}
+        assert "tolerance" not in plan.to_json() and plan.accuracy is None
+        assert all(s.precision == "fp32" for s in plan.stages)
+
+
+def test_bad_precision_options_are_refused():
+    with pytest.raises(InputError, match="precision: 'int4' is not one of fp32, auto"):
+        uhop_onnx.optimize(mlp(), precision="int4")
+    with pytest.raises(InputError, match="tolerance"):
+        uhop_onnx.optimize(mlp(), precision="bf16", tolerance=-1)
+    with pytest.raises(InputError, match="needs profile=True"):
+        uhop_onnx.optimize(mlp(), precision="auto", profile=False)
+
+
+def test_the_gate_is_relative_to_the_output_scale():
+    ref = {"y": np.array([[10.0, -2.0]])}
+    inside, outside = {"y": np.array([[10.1, -2.0]])}, {"y": np.array([[10.2, -2.0]])}
+    assert gate([errors(inside, ref)], 1e-2)[0]  # 0.1 <= 0.01 * 11
+    ok, worst = gate([errors(inside, ref), errors(outside, ref)], 1e-2)
+    assert not ok and worst["y"]["max_abs_error"] == pytest.approx(0.2) and worst["y"]["top1_agrees"]
+    assert not gate([errors({"y": np.array([[np.nan, 0.0]])}, ref)], 1.0)[0]
+
+
+def test_calibration_from_an_npz_a_folder_or_a_dict(tmp_path):
+    x = np.arange(3 * 4, dtype=np.float32).reshape(3, 1, 4)
+    np.savez(tmp_path / "all.npz", x=x[:, 0])
+    (tmp_path / "each").mkdir()
+    for k in range(3):
+        np.savez(tmp_path / "each" / f"{k}.npz", x=x[k])
+    for source in (tmp_path / "all.npz", tmp_path / "each", {"x": x[:, 0]}):
+        samples = read_calibration(source)
+        assert len(samples) == 3 and all(np.array_equal(s["x"], x[k]) for k, s in enumerate(samples))
+    with pytest.raises(InputError, match="same leading sample axis"):
+        read_calibration({"x": x[:, 0], "n": np.zeros(2)})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="holds no .npz"):
+        read_calibration(tmp_path / "empty")
+    with pytest.raises(InputError, match="calibration sample 0: the model has no input 'x'; its inputs: input"):
+        uhop_onnx.optimize(cnn(), precision="int8", calibration={"x": x})
+
+
+def calibration_of(model, count: int, seed: int) -> Calibration:
+    rng = np.random.default_rng(seed)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    return Calibration(model, [{"input": rng.standard_normal(shape).astype(np.float32)} for _ in range(count)])
+
+
+@pytest.mark.parametrize("provider", [OrtCpu, OpenVino])
+def test_int8_on_a_cnn_keeps_cosine_and_top1(provider):
+    model = cnn()
+    variant = provider().at_precision("int8", calibration_of(model, 16, seed=1))
+    assert "int8" in provider().precisions()
+    stage = variant.lower(model)
+    assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in stage.graph.node}
+    runner = variant.compile(stage)
+    for sample in calibration_of(model, 8, seed=99).samples:  # inputs not in the calibration set
+        got, want = runner.run(sample)["output"], reference(model, sample)[0]
+        e = errors({"y": got}, {"y": want})["y"]
+        assert e["cosine"] >= 0.999 and e["top1_agrees"], e
+
+
+def test_the_same_calibration_gives_the_same_quantized_stage(tmp_path, monkeypatch):
+    model = cnn()
+    first = quantize_int8(model, calibration_of(model, 4, seed=1)).SerializeToString()
+    monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path / "fresh"))
+    assert quantize_int8(model, calibration_of(model, 4, seed=1)).SerializeToString() == first  # made again
+    assert quantize_int8(model, calibration_of(model, 4, seed=1)).SerializeToString() == first  # from the cache
+    other = calibration_of(model, 4, seed=2)
+    assert other.digest != calibration_of(model, 4, seed=1).digest
+    assert quantize_int8(model, other).SerializeToString() != first
+
+
+def test_openvino_offers_bf16_where_the_cpu_has_it():
+    flags = open("/proc/cpuinfo").read()
+    assert ("bf16" in OpenVino().precisions()) == (" avx512_bf16" in flags or " amx_bf16" in flags)
+
+
+def test_cli_optimize_int8_on_ort_and_explain_shows_the_errors(tmp_path):
+    import onnx
+    from typer.testing import CliRunner
+
+    from uhop_onnx.cli import app
+
+    onnx.save(cnn(), tmp_path / "cnn.onnx")
+    rng = np.random.default_rng(3)
+    np.savez(tmp_path / "cal.npz", input=rng.standard_normal((8, 3, 32, 32)).astype(np.float32))
+    runner = CliRunner()
+    done = runner.invoke(app, ["optimize", str(tmp_path / "cnn.onnx"), "-o", str(tmp_path / "plan"), "-p", "ort-cpu",
+                               "--precision", "int8", "--tolerance", "0.05", "--calibration", str(tmp_path / "cal.npz"),
+                               "--budget", "1"])
+    assert done.exit_code == 0, done.output
+    plan = Plan.load(tmp_path / "plan")
+    assert plan.tolerance == 0.05
+    int8 = [c for c in plan.profile["candidates"].values() if "ort-cpu[int8]" in c["stages"]]
+    assert int8 and all(c["accuracy"]["output"]["cosine"] > 0.999 for c in int8)
+    shown = runner.invoke(app, ["explain", str(tmp_path / "plan")], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0 and "gated at tolerance 0.05" in shown.output and "top-1 agrees" in shown.output
+    bad = runner.invoke(app, ["optimize", str(tmp_path / "cnn.onnx"), "-o", str(tmp_path / "p2"), "--precision", "int4"])
+    assert isinstance(bad.exception, InputError) and bad.exception.exit_code == 2 and "int4" in str(bad.exception)
