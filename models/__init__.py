@@ -2,11 +2,12 @@
 
 from pathlib import Path
 
-from .builders import BUILDERS, cnn, hybrid, mlp, mobilenet, resnet, resnet50, speech, transformer
+from .builders import BUILDERS, cnn, encoder, hybrid, mlp, mobilenet, mobilenetv2, resnet, resnet50, speech, transformer
 
 EXAMPLE = Path(__file__).with_name("example_mobilenet.onnx")
 EXAMPLE_INPUTS = Path(__file__).with_name("example_mobilenet_inputs.npz")
 EXAMPLE_ENCODER = Path(__file__).with_name("example_encoder.onnx")  # made by make_example_encoder.py
 
-__all__ = ["BUILDERS", "EXAMPLE", "EXAMPLE_ENCODER", "EXAMPLE_INPUTS", "cnn", "hybrid", "mlp", "mobilenet", "resnet",
+__all__ = ["BUILDERS", "EXAMPLE", "EXAMPLE_ENCODER", "EXAMPLE_INPUTS", "cnn", "encoder", "hybrid", "mlp", "mobilenet",
+           "mobilenetv2", "resnet",
            "resnet50", "speech", "transformer"]

@@ -129,6 +129,38 @@ def mobilenet(size: int = 32, widths: tuple[int, ...] = (16, 32, 64), classes: i
     return _head(b, x, widths[-1], classes, "mobilenet", [1, 3, size, size])
 
 
+def mobilenetv2(size: int = 224, classes: int = 1000, seed: int = 7) -> onnx.ModelProto:
+    """MobileNetV2's shape: a stride-2 stem, inverted residual blocks (1x1 expand + Clip(0, 6), depthwise 3x3 +
+    Clip(0, 6), linear 1x1 projection; a residual where stride and width allow), a 1x1 conv to 1280, the head."""
+    b = _Builder(seed)
+    lo, hi = b.const("relu6.min", np.float32(0.0)), b.const("relu6.max", np.float32(6.0))
+
+    def conv6(x: str, scope: str, cin: int, cout: int, **kw) -> str:
+        return b.op("Clip", [b.conv(x, scope, cin, cout, relu=False, **kw), lo, hi], f"{scope}/relu6")
+
+    x, cin = conv6("input", "/stem", 3, 32, stride=2), 32
+    for i, (t, c, n, s) in enumerate(((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
+                                      (6, 160, 3, 2), (6, 320, 1, 1))):
+        for j in range(n):
+            scope, stride, hidden = f"/features{i}/{j}", s if j == 0 else 1, cin * t
+            y = conv6(x, f"{scope}/expand", cin, hidden, k=1) if t != 1 else x
+            y = conv6(y, f"{scope}/dw", hidden, hidden, stride=stride, group=hidden)
+            y = b.conv(y, f"{scope}/project", hidden, c, k=1, relu=False)
+            x, cin = (b.op("Add", [x, y], f"{scope}/add") if stride == 1 and cin == c else y), c
+    x = conv6(x, "/last", cin, 1280, k=1)
+    return _head(b, x, 1280, classes, "mobilenetv2", [1, 3, size, size])
+
+
+def encoder(layers: int = 4, seq: int = 128, hidden: int = 256, heads: int = 4, seed: int = 8) -> onnx.ModelProto:
+    """A BERT-like encoder over embeddings: `layers` encoder blocks, as `transformer` builds one."""
+    b = _Builder(seed)
+    x = "input"
+    for i in range(layers):
+        x = _encoder(b, x, seq, hidden, heads, scope=f"/layer{i}")
+    b.nodes.append(helper.make_node("Identity", [x], ["output"], name="/output/Identity"))
+    return b.model("encoder", [_io("input", [1, seq, hidden])], [_io("output", [1, seq, hidden])])
+
+
 def transformer(seq: int = 16, hidden: int = 64, heads: int = 4, seed: int = 4) -> onnx.ModelProto:
     """One encoder block: multi-head self-attention and a Gelu (Erf) MLP, each with a residual and LayerNorm."""
     b = _Builder(seed)

@@ -187,3 +187,13 @@ def test_cli_optimize_int8_on_ort_and_explain_shows_the_errors(tmp_path):
     assert shown.exit_code == 0 and "gated at tolerance 0.05" in shown.output and "top-1 agrees" in shown.output
     bad = runner.invoke(app, ["optimize", str(tmp_path / "cnn.onnx"), "-o", str(tmp_path / "p2"), "--precision", "int4"])
     assert isinstance(bad.exception, InputError) and bad.exception.exit_code == 2 and "int4" in str(bad.exception)
+
+
+def test_litert_fp16_is_its_fp16_weights_option():
+    from uhop_onnx.providers.litert import LiteRt
+
+    base = LiteRt()
+    variant = base.at_precision("fp16")
+    assert base.precisions() == ["fp32", "fp16"]
+    assert variant.options == {"fp16": True} and variant.label == "litert[fp16]" and variant.tolerance["rtol"] > 1e-4
+    assert base.options == {} and base.label == "litert" and base.precision == "fp32"

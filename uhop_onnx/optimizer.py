@@ -151,10 +151,10 @@ def with_precisions(a: Analysis, choice: str, tolerance: float, samples: list[di
         offered = {p for provider in a.providers for p in wanted(choice, provider.precisions())}
         if "int8" in offered:
             warnings.warn("precision: int8 variants are not tried without calibration samples (calibration=...)",
-                          UserWarning, stacklevel=3)
+                          UserWarning, stacklevel=4)
         warnings.warn("precision: no calibration samples given; reduced-precision plans are checked on 4 "
                       "generated samples only (give calibration=samples.npz to check them on real data)",
-                      UserWarning, stacklevel=3)
+                      UserWarning, stacklevel=4)
         signatures = [a.graph.signature(name) for name in names]
         gate_samples = [profile_feeds(signatures, measured_shapes(a.feeds), seed=seed) for seed in range(1, 5)]
         calibration = None
@@ -171,7 +171,7 @@ def with_precisions(a: Analysis, choice: str, tolerance: float, samples: list[di
             providers.append(provider if p == "fp32" else provider.at_precision(p, calibration))
             support.append(table)
     if len(providers) == len(a.providers):
-        warnings.warn(f"precision={choice!r}: no provider here offers it; the plan is fp32", UserWarning, stacklevel=3)
+        warnings.warn(f"precision={choice!r}: no provider here offers it; the plan is fp32", UserWarning, stacklevel=4)
     original = a.loaded.SerializeToString()
     references = [reference_outputs(original, s) for s in gate_samples]
     return Analysis(a.source, a.loaded, a.simplified, a.graph, providers, support,

@@ -10,7 +10,7 @@ import logging
 import time
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -54,6 +54,15 @@ class LiteRt(Provider):
     @property
     def tolerance(self) -> dict[str, float]:
         return FP16_TOLERANCE if self.options.get("fp16") else FP32_TOLERANCE
+
+    def precisions(self) -> list[str]:
+        """fp32, and fp16: float16 weights (the `fp16` option)."""
+        return ["fp32", "fp16"]
+
+    def at_precision(self, precision: str, calibration: Any = None) -> Provider:
+        variant = super().at_precision(precision, calibration)
+        variant.options = {**self.options, "fp16": True} if precision == "fp16" else dict(self.options)
+        return variant
 
     def probe(self) -> tuple[str, str]:
         try:

@@ -1,0 +1,127 @@
+"""Reduced precision on this machine: each (runtime, precision) alone and the `auto` plan, side by side.
+
+    python benchmarks/precision.py [--models resnet50,mobilenetv2,encoder] [--rounds 5] [--budget 30]
+
+For a ResNet-50 and a MobileNetV2 at 224x224 and a BERT-like encoder (4 layers, hidden 256, sequence 128),
+all from `models/builders.py`: 16 calibration samples and 4 checked inputs from the same generator
+(`samples.sample_feeds`) under other seeds. Candidates, each in its own process in alternating rounds
+(`uhop_onnx.bench.time_candidates`): ONNX Runtime fp32 and OpenVINO f32 (the raw runtimes), OpenVINO bf16,
+ONNX Runtime int8 and OpenVINO int8 (the whole model as one stage at that precision; int8 is the QDQ model
+`quantize_static` makes from the calibration samples), and the plan `optimize(precision="auto",
+tolerance=1e-2)` chooses. Each one's error is measured on the checked inputs (not in the calibration set)
+against ONNX Runtime fp32: the worst max abs error, cosine and top-1 agreement over them, and whether every
+output is within the tolerance (`max|y - ref| <= 1e-2 * (1 + max|ref|)`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import typer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from uhop_onnx import InferenceSession, optimize  # noqa: E402
+from uhop_onnx.bench import Candidate, time_candidates  # noqa: E402
+from uhop_onnx.graph import Graph  # noqa: E402
+from uhop_onnx.models import encoder, mobilenetv2, resnet50  # noqa: E402
+from uhop_onnx.precision import Calibration, errors, gate  # noqa: E402
+from uhop_onnx.samples import reference_outputs, sample_feeds  # noqa: E402
+
+MODELS = {"resnet50": resnet50, "mobilenetv2": mobilenetv2, "encoder": encoder}
+TOLERANCE = 1e-2
+ONE_STAGE = {"OpenVINO bf16": ("openvino", "bf16"), "ORT int8": ("ort-cpu", "int8"),
+             "OpenVINO int8": ("openvino", "int8")}
+
+
+def one_stage(model_path: Path, provider: str, precision: str, calibration: Calibration, out: Path) -> Path:
+    """The whole model as one stage on `provider` at `precision`, saved as a plan folder."""
+    from uhop_onnx.providers import create
+
+    plan = optimize(model_path, providers=[provider], profile=False)
+    variant = create(provider).at_precision(precision, calibration)
+    for stage in plan.stages:
+        stage.model, stage.precision = variant.lower(plan.stage_model(stage)), precision
+    plan.save(out)
+    return out
+
+
+def accuracy(session: InferenceSession, checked: list[dict], references: list[dict]) -> dict:
+    """The worst errors over the checked inputs, and whether they are within the tolerance."""
+    names = [o.name for o in session.get_outputs()]
+    ok, worst = gate([errors(dict(zip(names, session.run(None, x))), ref) for x, ref in zip(checked, references)],
+                     TOLERANCE)
+    return {"within": ok, **next(iter(worst.values()))}
+
+
+def bench_model(name: str, work: Path, rounds: int, budget: float, threads: int | None) -> list[dict]:
+    model = MODELS[name]()
+    path = work / f"{name}.onnx"
+    onnx.save(model, path)
+    graph = Graph.from_model(model)
+    signatures = [graph.signature(n) for n in graph.inputs]
+    checked = [sample_feeds(signatures, seed=seed) for seed in range(4)]
+    samples = [sample_feeds(signatures, seed=seed) for seed in range(100, 116)]
+    np.savez(work / f"{name}-calibration.npz", **{n: np.concatenate([s[n] for s in samples]) for n in graph.inputs})
+    references = [reference_outputs(str(path), x) for x in checked]
+    calibration = Calibration(model, samples)
+    plans = {label: one_stage(path, p, precision, calibration, work / f"{name}-{label.replace(' ', '-')}")
+             for label, (p, precision) in ONE_STAGE.items()}
+    started = time.perf_counter()
+    plan = optimize(path, precision="auto", tolerance=TOLERANCE, calibration=work / f"{name}-calibration.npz",
+                    budget=budget, threads=threads)
+    seconds = time.perf_counter() - started
+    plan.save(work / f"{name}-auto")
+    plans["auto plan"] = work / f"{name}-auto"
+    candidates = [Candidate("ORT fp32", "raw", "onnxruntime"), Candidate("OpenVINO f32", "raw", "openvino"),
+                  *(Candidate(label, "plan", str(folder)) for label, folder in plans.items())]
+    figures = time_candidates(candidates, str(path), checked[0], threads, rounds)
+    errors_of = {f"{runtime} f{'p' if p == 'ort-cpu' else ''}32": accuracy(
+        InferenceSession(path, providers=[p], profile=False), checked, references)
+        for runtime, p in (("ORT", "ort-cpu"), ("OpenVINO", "openvino"))}
+    errors_of |= {label: accuracy(InferenceSession(folder), checked, references) for label, folder in plans.items()}
+    base = figures["ORT fp32"]["ms"]
+    rows = []
+    for c in candidates:
+        f, e = figures[c.name], errors_of[c.name]
+        rows.append({"model": name, "candidate": c.name, "ms": f["ms"], "speedup": base / f["ms"] if f["ms"] else None,
+                     "stages": f.get("stages", []), "error": f.get("error"), **e})
+    rows[-1]["optimize_seconds"] = round(seconds, 1)
+    return rows
+
+
+def main(models: str = typer.Option(",".join(MODELS), help="Comma-separated: " + ", ".join(MODELS)),
+         rounds: int = typer.Option(5, help="Alternating rounds per candidate."),
+         budget: float = typer.Option(30.0, help="Seconds the auto plan's search may spend improving."),
+         threads: int | None = typer.Option(None, help="Intra-op threads."),
+         output: Path | None = typer.Option(None, help="Write the rows as JSON here.")) -> None:
+    logging.basicConfig(level=logging.WARNING)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="uhop-precision-") as work:
+        os.environ["UHOP_CACHE_DIR"] = str(Path(work) / "cache")  # a cold cache: optimize measures everything
+        for name in models.split(","):
+            rows += bench_model(name, Path(work), rounds, budget, threads)
+    print("| model | candidate | ms | vs ORT fp32 | max abs error | cosine | top-1 | within 1e-2 | stages |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ms = f"{r['ms']:.2f}" if r["ms"] else f"failed: {r['error']}"
+        speed = f"{r['speedup']:.2f}x" if r["speedup"] else ""
+        top1 = "" if "top1_agrees" not in r else "yes" if r["top1_agrees"] else "no"
+        stages = " > ".join(r["stages"]) if r["stages"] else "raw runtime"
+        seconds = f" (optimize {r['optimize_seconds']} s)" if "optimize_seconds" in r else ""
+        print(f"| {r['model']} | {r['candidate']}{seconds} | {ms} | {speed} | {r['max_abs_error']:.2g} | "
+              f"{r['cosine']:.6f} | {top1} | {'yes' if r['within'] else 'no'} | {stages} |")
+    if output:
+        output.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    typer.run(main)
