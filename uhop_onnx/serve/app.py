@@ -23,7 +23,6 @@ from starlette.routing import Route
 from .. import __version__
 from ..errors import StageError
 from .metrics import span
-from .replicas import Replicas
 from .protocol import (
     DEFAULT_MAX_REQUEST_BYTES,
     HEADER_LENGTH,
@@ -33,6 +32,7 @@ from .protocol import (
     error_body,
     tensor_metadata,
 )
+from .replicas import Replicas
 
 log = logging.getLogger(__name__)
 

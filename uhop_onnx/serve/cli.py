@@ -63,7 +63,8 @@ def serve(
     scaling = _autoscaling(autoscaling)
     if engine is Engine.local and (scaling or num_cpus is not None or per_stage):
         raise UhopError("--autoscaling, --num-cpus and --per-stage apply to --engine ray only")
-    limits = Limits(max_request_bytes, max_queue, timeout_s, max_batch, max_delay_ms)
+    limits = Limits(max_request_bytes=max_request_bytes, max_queue=max_queue, timeout_s=timeout_s,
+                    max_batch=max_batch, max_delay_ms=max_delay_ms)
     plan, default_name = load_plan(model_or_dir, providers, threads)
     name = model_name or default_name
     configure_tracing()
