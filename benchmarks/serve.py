@@ -3,6 +3,7 @@ dynamic batching, and `--engine ray` (whole-plan replicas, and every stage its o
 concurrency levels.
 
     python benchmarks/serve.py [--model mobilenetv2|encoder] [--concurrency 1,4,16] [--requests 200] [--rounds 2]
+    python benchmarks/serve.py --hop     # a deployment-handle round trip carrying arrays of 4 KB to 60 MB
 
 Models (PyTorch, exported to ONNX with a free batch axis): MobileNetV2 at 224x224, and a BERT-sized encoder
 (2 layers, hidden 128, 4 heads, sequence 128). The plan is split into three stages (OpenVINO, ONNX Runtime,
@@ -236,6 +237,43 @@ def breakdown(url: str) -> str:
     return ", ".join(f"{key} {1e3 * total / count:.2f}" for key, (total, count) in sums.items() if count)
 
 
+def hop_costs(sizes: tuple[int, ...] = (1024, 150_528, 1_505_280, 15_052_800), calls: int = 30) -> None:
+    """Median time of a Ray Serve handle call from one deployment to another carrying a float32 array (as a
+    stage deployment is called), by size: what passing tensors between deployments costs."""
+    import ray
+    from ray import serve
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0.5})
+    class Sink:
+        def __call__(self, feeds: dict) -> dict:
+            return {name: np.float32(value.reshape(-1)[0]) for name, value in feeds.items()}
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0.5})
+    class Caller:
+        def __init__(self, sink):
+            self.sink = sink
+
+        async def __call__(self, n: int) -> float:
+            feeds = {"x": np.ones(n, np.float32)}
+            await self.sink.remote(feeds)
+            times = []
+            for _ in range(calls):
+                start = time.perf_counter()
+                await self.sink.remote(feeds)
+                times.append(time.perf_counter() - start)
+            return float(np.median(times)) * 1e3
+
+    ray.init(address="local", _node_ip_address=HOST, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": HOST, "port": free_port()})
+        handle = serve.run(Caller.bind(Sink.bind()), name="hop", route_prefix=None)
+        for n in sizes:
+            print(f"{4 * n / 1e6:8.3f} MB: {handle.remote(n).result():6.2f} ms per round trip (median of {calls})")
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
 def main(
     model: str = typer.Option("mobilenetv2", help="Which model: " + ", ".join(MODELS)),
     concurrency: str = typer.Option("1,4,16", help="Concurrent clients, comma-separated."),
@@ -243,9 +281,13 @@ def main(
     rounds: int = typer.Option(2, help="Alternating rounds over the candidates."),
     seconds: float = typer.Option(60.0, help="Time bound per level and round."),
     candidates: str = typer.Option(",".join(CANDIDATES), help="Which of: " + ", ".join(CANDIDATES)),
+    hop: bool = typer.Option(False, help="Only time a handle call between deployments, by tensor size."),
     worker: str = typer.Option("", hidden=True),
     model_file: str = typer.Option("", hidden=True),
 ) -> None:
+    if hop:
+        hop_costs()
+        return
     levels = [int(c) for c in concurrency.split(",")]
     if worker == "ort":
         ort_worker(model_file, levels, requests, seconds)
