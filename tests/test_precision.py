@@ -197,3 +197,24 @@ def test_litert_fp16_is_its_fp16_weights_option():
     assert base.precisions() == ["fp32", "fp16"]
     assert variant.options == {"fp16": True} and variant.label == "litert[fp16]" and variant.tolerance["rtol"] > 1e-4
     assert base.options == {} and base.label == "litert" and base.precision == "fp32"
+
+
+def test_a_named_precision_competes_with_fp32_only_and_auto_with_all():
+    from uhop_onnx.precision import wanted
+
+    offered = ["fp32", "bf16", "int8"]
+    assert wanted("bf16", offered) == ["fp32", "bf16"] and wanted("int8", offered) == ["fp32", "int8"]
+    assert wanted("auto", offered) == offered and wanted("fp16", offered) == ["fp32"]
+
+
+def test_an_inference_session_takes_the_precision_options(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setitem(REGISTRY, "fake-bf16", with_bf16("fake-bf16", clock, 0.5))
+    monkeypatch.setitem(REGISTRY, "ort-cpu", fake_provider("ort-cpu", {}, 100.0, clock))
+    model = mlp()
+    x = {"input": np.random.default_rng(7).standard_normal((4, 64)).astype(np.float32)}
+    with pytest.warns(UserWarning, match="generated samples"):
+        session = uhop_onnx.InferenceSession(model, providers=["fake-bf16"], precision="bf16", tolerance=1e-3,
+                                             profiler=Profiler(clock=clock, warmup=1))
+    assert session.plan.tolerance == 1e-3 and {s.precision for s in session.plan.stages} == {"bf16"}
+    np.testing.assert_allclose(session.run(None, x)[0], reference(model, x)[0], rtol=1e-4, atol=1e-5)
