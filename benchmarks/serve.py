@@ -281,6 +281,7 @@ def main(
     rounds: int = typer.Option(2, help="Alternating rounds over the candidates."),
     seconds: float = typer.Option(60.0, help="Time bound per level and round."),
     candidates: str = typer.Option(",".join(CANDIDATES), help="Which of: " + ", ".join(CANDIDATES)),
+    max_delay_ms: float = typer.Option(None, help="The batching candidates' --max-delay-ms (default: serve's)."),
     hop: bool = typer.Option(False, help="Only time a handle call between deployments, by tensor size."),
     worker: str = typer.Option("", hidden=True),
     model_file: str = typer.Option("", hidden=True),
@@ -289,6 +290,10 @@ def main(
         hop_costs()
         return
     levels = [int(c) for c in concurrency.split(",")]
+    if max_delay_ms is not None:
+        for options in CANDIDATES.values():
+            if "max_batch" in options:
+                options["max_delay_ms"] = max_delay_ms
     if worker == "ort":
         ort_worker(model_file, levels, requests, seconds)
         return
