@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 import numpy as np
 
 from uhop_onnx.errors import ProviderError, first_line
-from uhop_onnx.inputs import at_shapes, free_inputs
+from uhop_onnx.inputs import at_shapes, free_inputs, shape_values
 
 from .capability import CapabilityTable, Support
 
@@ -112,24 +112,36 @@ class Pool(Generic[T]):
 
 
 class PerShapeRunner(Runner):
-    """A stage with free input dimensions on a runtime that builds for fixed shapes: one runner built per
-    set of input shapes seen (`build` takes the stage model fixed at them), the last `keep` kept. Safe to
-    call from many threads: a shape is built once, and a runner dropped from the cache is left to the
-    calls still using it."""
+    """A stage on a runtime that builds for fixed shapes, run at whatever its inputs are: one runner built per
+    set of input shapes seen and values of its small integer inputs (`shape_values`: shapes, repeats, slice
+    bounds another stage computed), `build` taking the stage model fixed at them, with those values as
+    constants (as in the model at fixed shapes that capability was asked of), the last `keep` kept. Safe to
+    call from many threads: a key is built once, and a runner dropped from the cache is left to the calls
+    still using it."""
 
     def __init__(self, model: onnx.ModelProto, build: Callable[[onnx.ModelProto], Runner], keep: int = 8):
+        from onnx import helper
+
         self.model, self.build, self.keep = model, build, keep
         self.inputs = free_inputs(model)
+        declared = {v.name: v.type.tensor_type.elem_type for v in model.graph.input}
+        self.values = {name: helper.tensor_dtype_to_np_dtype(declared[name]) for name in shape_values(model)}
         self.runners: dict[tuple, Runner] = {}
         self._lock = threading.Lock()
 
+    @staticmethod
+    def needed(model: onnx.ModelProto) -> bool:
+        """Whether a stage has free dimensions or small integer inputs, so is built per key it is run at."""
+        return bool(free_inputs(model) or shape_values(model))
+
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         shapes = {name: tuple(np.shape(feeds[name])) for name in self.inputs}
-        key = tuple(shapes.values())
+        values = {name: np.asarray(feeds[name], dtype) for name, dtype in self.values.items()}
+        key = (*shapes.values(), *((v.shape, v.tobytes()) for v in values.values()))
         with self._lock:
             runner = self.runners.get(key)
             if runner is None:
-                runner = self.build(at_shapes(self.model, shapes))
+                runner = self.build(at_shapes(self.model, shapes, values))
                 while len(self.runners) >= self.keep:
                     self.runners.pop(next(iter(self.runners)))
                 self.runners[key] = runner
@@ -146,8 +158,8 @@ class Provider(ABC):
     option_types: ClassVar[dict[str, Any]] = {}
     option_names: ClassVar[frozenset[str]] = frozenset()  # the keys of `option_types`
     appended: bool = False  # the last resort `resolve` added to a list that did not name it: it runs only the rest
-    # A runtime that builds for fixed shapes: its capability is asked of the model at the measured shapes, and
-    # a stage with free dimensions is built once per shape it is run at.
+    # A runtime that builds for fixed shapes: its capability is asked of the model at the measured shapes, its
+    # shape arithmetic folded, and a stage is built once per shape and shape value it is run at (`PerShapeRunner`).
     static_shapes: ClassVar[bool] = False
     # The precision this instance builds stages at (`precisions` lists those it offers), and for int8 the
     # calibration (`uhop_onnx.precision.Calibration`) its stages are quantized on.

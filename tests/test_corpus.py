@@ -25,12 +25,7 @@ RTOL, ATOL = 1e-4, 1e-5
 BUDGET = 2.0  # seconds of measured search per model: the plan is measured, not exhaustively searched
 
 # Failures of the product met on this corpus (its own bugs, filed; strict=False so a fix shows as XPASS).
-_TILE = ("ProviderError: litert cannot convert node '...' (Tile): Tile repeats '...' must be constant (an "
-         "initializer, or computed from them); the capability table takes the node, the converter refuses it")
-KNOWN: dict[tuple[str, ...], str] = {  # (model, exporter[, "default" | "measured"]) -> the error
-    ("hf-detr", "torchscript"): _TILE,
-    ("hf-detr", "dynamo"): _TILE,
-}
+KNOWN: dict[tuple[str, ...], str] = {}  # (model, exporter[, "default" | "measured"]) -> the error
 
 _ALL = os.environ.get("UHOP_CORPUS") == "all"
 

@@ -298,6 +298,42 @@ def test_shape_arithmetic_split_over_stages_still_converts(unfolded, first):
     assert_matches(session.run(None, feeds), reference(model, feeds))
 
 
+def cut_from_its_shapes() -> onnx.ModelProto:
+    """x [n, 4, 6] -> Reshape to [n, 24] -> Slice [:, :n]: both operands computed from Shape(x)."""
+    nodes = [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+             helper.make_node("Gather", ["shape", "zero"], ["n"], name="gather", axis=0),
+             helper.make_node("Concat", ["n", "flat"], ["target"], name="concat", axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["rows"], name="reshape"),
+             helper.make_node("Slice", ["rows", "zero", "n", "one"], ["cut"], name="slice"),
+             helper.make_node("Relu", ["cut"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "cut", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", "m"])],
+                              [numpy_helper.from_array(np.array([v], np.int64), name)
+                               for name, v in (("zero", 0), ("one", 1), ("flat", 24))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_litert_stage_cut_from_its_shape_arithmetic_builds_per_shape_value():
+    """Capability is asked of the model with its shape arithmetic folded; a stage that gets a Reshape shape and
+    Slice bounds from another provider has them as constants too, one build per value, a bounded number kept,
+    from many threads at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = cut_from_its_shapes()
+    on_ort = {"shape": "ort-cpu", "gather": "ort-cpu", "concat": "ort-cpu"}
+    session = uhop_onnx.InferenceSession(model, providers=["litert"], assign=on_ort, profile=False)
+    assert [(s.provider, s.nodes) for s in session.plan.stages] == [
+        ("ort-cpu", ["shape", "gather", "concat"]), ("litert", ["reshape", "slice", "relu"])]
+    stage = session._executor.runners[1]
+    stage.keep = 2
+    feeds = [{"x": np.random.default_rng(n).standard_normal((n, 4, 6)).astype(np.float32)} for n in (1, 2, 3, 2, 5, 1)]
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda f: session.run(None, f), feeds))
+    for got, f in zip(results, feeds):
+        assert_matches(got, reference(model, f))
+    assert 0 < len(stage.runners) <= 2
+
+
 def test_integer_arithmetic_litert_lacks_is_declined_alone():
     """Integer Div has no exact LiteRT kernel, Range and Slice need constant bounds: each is declined even
     where, whole, it would fold into a constant."""

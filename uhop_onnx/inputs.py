@@ -120,14 +120,40 @@ def free_inputs(model) -> list[str]:
         or any(not d.HasField("dim_value") or d.dim_value < 0 for d in v.type.tensor_type.shape.dim))]
 
 
-def at_shapes(model, shapes: Shapes):
-    """A copy of `model` (`onnx.ModelProto`) whose inputs have the fixed `shapes`, every other shape inferred
-    again from them: what a runtime that builds for fixed shapes compiles."""
+def shape_values(model, most: int = 8) -> list[str]:
+    """Names of a model's (`onnx.ModelProto`) small integer inputs: int32 or int64, a scalar or a vector of at
+    most `most` entries. Cut from its shape arithmetic, a stage gets its shapes, repeats and slice bounds
+    from another stage as such inputs, where a runtime that builds for fixed shapes needs constants."""
+    from onnx import TensorProto
+
+    initializers = {t.name for t in model.graph.initializer}
+    small = []
+    for v in model.graph.input:
+        tensor = v.type.tensor_type
+        if (v.name in initializers or not v.type.HasField("tensor_type") or not tensor.HasField("shape")
+                or tensor.elem_type not in (TensorProto.INT32, TensorProto.INT64)):
+            continue
+        dims = tensor.shape.dim
+        if len(dims) == 0 or (len(dims) == 1 and 0 < dims[0].dim_value <= most):
+            small.append(v.name)
+    return small
+
+
+def at_shapes(model, shapes: Shapes, values: Mapping[str, np.ndarray] | None = None):
+    """A copy of `model` (`onnx.ModelProto`) whose inputs have the fixed `shapes`, and whose inputs named in
+    `values` are those constants, every other shape inferred again from them: what a runtime that builds for
+    fixed shapes compiles."""
     import onnx
+    from onnx import numpy_helper
 
     fixed = onnx.ModelProto()
     fixed.CopyFrom(model)
     graph = fixed.graph
+    if values:
+        kept = [v for v in graph.input if v.name not in values]
+        del graph.input[:]
+        graph.input.extend(kept)
+        graph.initializer.extend(numpy_helper.from_array(np.asarray(a), name) for name, a in values.items())
     for value in graph.input:
         if value.name in shapes and value.type.HasField("tensor_type"):
             dims = value.type.tensor_type.shape

@@ -83,16 +83,20 @@ class LiteRt(Provider):
         return {name: Support(False, reason, "runtime") for name, reason in unconvertible(model).items()}
 
     def check(self, model: onnx.ModelProto) -> None:
-        """The check `compile` makes (convert, load, compare with ONNX Runtime), on what it would build."""
-        self.compile(model, exclusive=False).close()
+        """The check `compile` makes (convert, load, compare with ONNX Runtime), on a stage at fixed shapes, its
+        integer inputs taken as variables; a stage with free dimensions is checked at each shape it runs at."""
+        self.require()
+        if not free_inputs(model):
+            self._compile_fixed(model).close()
 
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
         """Convert, load and check the stage against ONNX Runtime on random inputs (`CheckError` when they
-        differ); a stage with free input dimensions is converted (and checked) once per shape it is run at."""
+        differ); a stage with free input dimensions or small integer inputs is converted (and checked) once per
+        shape and integer value it is run at (`PerShapeRunner`)."""
         from uhop_onnx.simplify import simplify
 
         self.require()
-        if free_inputs(model):
+        if PerShapeRunner.needed(model):
             return PerShapeRunner(model, lambda fixed: self._compile_fixed(simplify(fixed)))
         return self._compile_fixed(model)
 

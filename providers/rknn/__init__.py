@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from uhop_onnx.errors import ProviderError
-from uhop_onnx.inputs import free_inputs
 
 from ..base import Absent, Artifact, PerShapeRunner, Provider, Runner, output_dtypes
 from .runner import CORE_MASKS, RUNTIME_LIBRARY, data_formats
@@ -158,9 +157,9 @@ class Rknn(Provider):
 
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
         """The stage converted to `.rknn` (run in the simulator with `simulate`); a stage with free input
-        dimensions is converted once per shape it is run at."""
+        dimensions or small integer inputs is converted once per shape and integer value it is run at."""
         self.require()
-        if free_inputs(model):
+        if PerShapeRunner.needed(model):
             from uhop_onnx.simplify import simplify
 
             return PerShapeRunner(model, lambda fixed: self._compile_fixed(simplify(fixed)))
