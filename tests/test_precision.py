@@ -218,3 +218,14 @@ def test_an_inference_session_takes_the_precision_options(monkeypatch):
                                              profiler=Profiler(clock=clock, warmup=1))
     assert session.plan.tolerance == 1e-3 and {s.precision for s in session.plan.stages} == {"bf16"}
     np.testing.assert_allclose(session.run(None, x)[0], reference(model, x)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_a_triton_repository_refuses_a_bf16_stage(tmp_path):
+    from uhop_onnx.errors import PlanError
+    from uhop_onnx.triton import export_triton
+
+    plan = uhop_onnx.optimize(mlp(), providers=["openvino"], profile=False)
+    plan.stages[0].precision = "bf16"
+    with pytest.raises(PlanError, match="stage 0 runs at bf16"):
+        export_triton(plan, tmp_path / "repo")
+    assert not (tmp_path / "repo").exists()

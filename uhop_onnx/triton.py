@@ -93,6 +93,9 @@ def _target(k: int, stage: Stage) -> tuple[str, str, str | None]:
     if stage.provider not in TARGETS:
         raise PlanError(f"stage {k} runs on {stage.provider}, which Triton has no backend for; providers Triton "
                         f"can run: {', '.join(TARGETS)} (optimize with --providers among them)")
+    if stage.precision in ("bf16", "fp16"):  # an int8 stage is its QDQ model, which the backends run as it is
+        raise PlanError(f"stage {k} runs at {stage.precision}, which a Triton model config does not carry; "
+                        "export a plan optimized with precision='fp32' or 'int8'")
     device = str(stage.options.get("device", "CPU")).upper()
     if stage.provider == "openvino" and device != "CPU":
         raise PlanError(f"stage {k} runs on openvino:{device}; Triton's openvino backend runs on CPU only")
