@@ -153,3 +153,19 @@ def test_bad_input_exits_2_with_one_line(model_path, tmp_path, args, message):
 
 def test_bundled_example_is_a_valid_model():
     onnx.checker.check_model(onnx.load(EXAMPLE))
+
+
+def test_the_command_runs_without_the_serve_extra_and_serve_names_it(tmp_path):
+    """The default install has no starlette, uvicorn or tritonclient: every other command works, and `serve`
+    stops before any work, naming the extra."""
+    blocked = "import sys; sys.modules.update(starlette=None, uvicorn=None, tritonclient=None); "
+    script = blocked + "import sys; from uhop_onnx.cli import main; sys.argv = ['uhop-onnx', *sys.argv[1:]]; main()"
+    devices = subprocess.run([sys.executable, "-c", script, "devices", "--json"], capture_output=True, text=True,
+                             timeout=120)
+    assert devices.returncode == 0, devices.stderr
+    assert any(row["id"] == "ort-cpu" and row["present"] for row in json.loads(devices.stdout))
+    serve = subprocess.run([sys.executable, "-c", script, "serve", str(EXAMPLE)], capture_output=True, text=True,
+                           timeout=120)
+    said = " ".join(serve.stderr.split())  # rich wraps long lines
+    assert serve.returncode == 2, said
+    assert "pip install 'uhop-onnx[serve]'" in said and "starlette is not installed" in said

@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from uhop_onnx.models import mlp
 from uhop_onnx.optimizer import optimize
-from uhop_onnx.serve.app import Limits
+from uhop_onnx.serve.limits import Limits
 
 from .conftest import assert_matches, reference
 

@@ -12,7 +12,6 @@ import json
 import logging
 import time
 import zlib
-from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -23,8 +22,8 @@ from starlette.routing import Route
 from .. import __version__
 from ..errors import StageError
 from .metrics import span
+from .limits import Limits
 from .protocol import (
-    DEFAULT_MAX_REQUEST_BYTES,
     HEADER_LENGTH,
     ProtocolError,
     decode_request,
@@ -40,20 +39,6 @@ VERSION = "1"  # the one version of the model served
 EXTENSIONS = ["binary_tensor_data"]
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 RETRY_AFTER_S = 1  # what a 503 tells the client to wait
-# The batching delay: how long the first request of a batch waits for others (benchmarks/serve.py).
-DEFAULT_MAX_DELAY_MS = 2.0
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What a server promises under load: request size (413), waiting requests (503), time to answer (504),
-    and dynamic batching (off unless `max_batch` is above 1)."""
-
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    max_queue: int = 64
-    timeout_s: float = 30.0
-    max_batch: int = 0
-    max_delay_ms: float = DEFAULT_MAX_DELAY_MS
 
 
 def create_app(replicas: Replicas, name: str, limits: Limits = Limits()) -> Starlette:

@@ -13,8 +13,7 @@ from typing import Annotated
 import typer
 
 from ..errors import UhopError
-from .app import DEFAULT_MAX_DELAY_MS, Limits
-from .protocol import DEFAULT_MAX_REQUEST_BYTES
+from .limits import DEFAULT_MAX_DELAY_MS, DEFAULT_MAX_REQUEST_BYTES, Limits
 from .source import load_plan
 
 log = logging.getLogger(__name__)
@@ -57,6 +56,7 @@ def serve(
 ) -> None:
     """Serve the Open Inference Protocol (KServe v2 REST) until SIGINT or SIGTERM, then answer what was
     accepted and stop."""
+    _require_serve_extra()
     from .metrics import configure_tracing
 
     engine = Engine(engine)
@@ -84,6 +84,17 @@ def serve(
         _wait_for_signal()
     finally:
         stop(name, started)
+
+
+def _require_serve_extra() -> None:
+    """Stop before any work when the `serve` extra is missing, naming what is."""
+    try:
+        import starlette  # noqa: F401
+        import tritonclient.utils  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as error:
+        raise UhopError(f"uhop-onnx serve needs the serve extra ({error.name} is not installed): "
+                        "pip install 'uhop-onnx[serve]'") from None
 
 
 def _wait_for_signal() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from starlette.applications import Starlette
 
 from ..plan import Plan
-from .app import Limits, create_app
+from .app import create_app
+from .limits import Limits
 from .batching import Batcher
 from .metrics import Metrics
 from .replicas import Replicas, compile_stage, plan_executor

@@ -22,7 +22,6 @@ from ..errors import InputError
 from ..dtypes import TensorSig
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
 # ONNX element types -> protocol datatypes, for those numpy has no dtype for.
 _ONNX_ONLY = {"bfloat16": "BF16"}

@@ -23,7 +23,8 @@ from ray import serve
 from ..errors import UhopError
 from ..plan import Plan, Stage
 from ..providers.base import Runner
-from .app import RETRY_AFTER_S, Limits, create_app
+from .app import RETRY_AFTER_S, create_app
+from .limits import Limits
 from .batching import Job
 from .metrics import Metrics, configure_tracing
 from .replicas import Replicas, compile_stage, plan_executor
