@@ -17,7 +17,6 @@ import logging
 import sys
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 
 import onnx
 import typer
@@ -58,10 +57,8 @@ def measure(name: str, exporter: str, s, path: Path, threads: int, rounds: int, 
            "stages": " > ".join(f"{st.label} x{len(st.nodes)}" for st in plan.stages), "shapes": shapes}
     with tempfile.TemporaryDirectory(prefix="uhop-corpus-") as work:
         plan.save(Path(work) / "plan")
-        types = {i.name: i.type for i in plan.inputs}
-        inputs = [SimpleNamespace(name=n, type=types[n], shape=list(shape)) for n, shape in shapes.items()]
         figures = time_candidates([Candidate("ort", "raw", "onnxruntime"), Candidate("plan", "plan", str(Path(work) / "plan"))],
-                                  str(path), inputs, threads, rounds)
+                                  str(path), s.feeds(0), threads, rounds)
     row["plan_ms"], row["ort_ms"] = figures["plan"]["ms"], figures["ort"]["ms"]
     row["errors"] = {k: f["error"] for k, f in figures.items() if f["error"]}
     row["ratio"] = row["plan_ms"] / row["ort_ms"] if row["plan_ms"] and row["ort_ms"] else None
