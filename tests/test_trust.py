@@ -214,9 +214,16 @@ def test_a_delegate_path_in_an_unsigned_bundle_is_never_loaded(tmp_path, monkeyp
     report = uhop_onnx.verify_bundle(bundle)
     assert not report["stages"][0]["ran"] and "nor a path the user allowed" in report["stages"][0]["how"]
     assert not marker.exists()
-    monkeypatch.setenv("UHOP_ALLOWED_DELEGATES", str(planted))  # the user's own choice: then it is loaded
+    # The user's own choice, in the call or in the environment: then it is loaded (it is no real delegate:
+    # loading fails, but only after the user allowed it).
     with pytest.raises(uhop_onnx.ProviderError, match="delegate"):
-        uhop_onnx.load_bundle(bundle)  # it is no real delegate: loading fails, but only after the user allowed it
+        uhop_onnx.load_bundle(bundle, allowed_delegates=[planted])
+    assert marker.exists()
+    planted, marker = _planted(tmp_path, "other-delegate")  # a library loads once a process: plant another
+    _rehash(bundle, plant)
+    monkeypatch.setenv("UHOP_ALLOWED_DELEGATES", str(planted))
+    with pytest.raises(uhop_onnx.ProviderError, match="delegate"):
+        uhop_onnx.load_bundle(bundle)
     assert marker.exists()
 
 

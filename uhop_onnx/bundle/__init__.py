@@ -10,7 +10,7 @@ checked against the manifest's sha256 before anything is loaded; with a key, the
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import import_module
 from pathlib import Path
 from typing import Any
@@ -28,17 +28,19 @@ from .signature import KeySource, check
 # Formats whose stages may carry native code (a library, a delegate path, an EP plugin path); their `load_stage`
 # takes `trusted`, true only when a signature the loader checked covers the stage's files.
 NATIVE = {"kernels", "tflite", "onnx"}
+DELEGATES = {"tflite"}  # formats whose `load_stage` also takes the delegate paths the user allowed in the call
 
 
 class Bundle:
     """A loaded bundle, with onnxruntime's interface: `get_inputs`, `get_outputs`, `run`."""
 
-    def __init__(self, path: str | os.PathLike, threads: int | None = None, key: KeySource | None = None):
+    def __init__(self, path: str | os.PathLike, threads: int | None = None, key: KeySource | None = None,
+                 allowed_delegates: Iterable[str | os.PathLike] = ()):
         self.folder, self._scratch = open_bundle(path)
         self.manifest, self.signed = open_checked(self.folder, path, key)
         stages = self.manifest["stages"]
-        runners = [load_stage(self.folder, s, threads, exclusive=len(stages) == 1, trusted=self.signed)
-                   for s in stages]
+        runners = [load_stage(self.folder, s, threads, exclusive=len(stages) == 1, trusted=self.signed,
+                              allowed_delegates=allowed_delegates) for s in stages]
         constants = read_npz(self.folder / self.manifest["constants"]) if self.manifest.get("constants") else {}
         ios = [StageIO(f"{s['provider']} ({s['artifact']['format']})", s["inputs"], s["outputs"],
                        [(name, None if dims is None else tuple(dims)) for name, dims in s["declared"]]) for s in stages]
@@ -86,13 +88,17 @@ def check_signature(folder: Path, path: str | os.PathLike, key: KeySource) -> No
     check(folder, key, path)
 
 
-def load_stage(folder: Path, stage: Mapping[str, Any], threads: int | None, exclusive: bool, trusted: bool = False):
+def load_stage(folder: Path, stage: Mapping[str, Any], threads: int | None, exclusive: bool, trusted: bool = False,
+               allowed_delegates: Iterable[str | os.PathLike] = ()):
     """A stage's runner, from its runtime's own format; a missing runtime is named with its install."""
     artifact = stage["artifact"]
     fmt = artifact["format"]
+    trust = {"trusted": trusted} if fmt in NATIVE else {}
+    if fmt in DELEGATES:
+        trust["allowed_delegates"] = allowed_delegates
     try:
         module = import_module(FORMATS[fmt])
-        return module.load_stage(folder, artifact, threads, exclusive, **({"trusted": trusted} if fmt in NATIVE else {}))
+        return module.load_stage(folder, artifact, threads, exclusive, **trust)
     except ImportError as error:
         runtime = stage.get("runtime") or {}
         raise BundleError(f"stage on {stage['provider']} needs {runtime.get('name', fmt)} "
@@ -103,8 +109,10 @@ def load_stage(folder: Path, stage: Mapping[str, Any], threads: int | None, excl
                           f"({type(error).__name__}: {error})") from None
 
 
-def load_bundle(path: str | os.PathLike, threads: int | None = None, key: KeySource | None = None) -> Bundle:
+def load_bundle(path: str | os.PathLike, threads: int | None = None, key: KeySource | None = None,
+                allowed_delegates: Iterable[str | os.PathLike] = ()) -> Bundle:
     """A bundle folder or `.tar.gz`, checked against its manifest and ready to run. With `key` (a public key's
     PEM path or bytes), the manifest must carry a valid signature by it, and only then is native code the
-    bundle carries (its kernels library, a delegate path) loaded."""
-    return Bundle(path, threads, key)
+    bundle carries (its kernels library, a delegate path) loaded; without one, a LiteRT delegate path is loaded
+    only when it is a known delegate, in `allowed_delegates` or in `UHOP_ALLOWED_DELEGATES`."""
+    return Bundle(path, threads, key, allowed_delegates)
