@@ -36,6 +36,21 @@ def cpu_description() -> str:
     return "".join(sorted(set(lines))) or platform.processor()
 
 
+@cache
+def code_fingerprint() -> str:
+    """A short hash of uhop-onnx's own Python source, so that what a cache keeps of its decisions (a measured
+    plan) is not reused by a changed checkout that still carries the same version number."""
+    from importlib import import_module
+
+    packages = ("uhop_onnx", "uhop_onnx.partitioner", "uhop_onnx.providers", "uhop_onnx.custom_ops")
+    folders = [Path(folder) for package in packages for folder in import_module(package).__path__]
+    sources = sorted({source.resolve() for folder in folders for source in folder.rglob("*.py")})
+    digest = hashlib.sha256()
+    for source in sources:  # installed, the subpackages lie inside uhop_onnx; editable, beside it
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def device_fingerprint(*parts: object) -> str:
     """A short hash of what makes timings comparable: CPU model and flags, cores, machine, and `parts`
     (thread count, GPU name and driver, library build...)."""

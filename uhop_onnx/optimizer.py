@@ -16,7 +16,7 @@ import onnx
 from onnx import numpy_helper
 
 from .bench import time_plans_in_processes
-from .cache import JsonTable, cache_dir, device_fingerprint
+from .cache import JsonTable, cache_dir, code_fingerprint, device_fingerprint
 from .errors import InputError, PlanError, UhopError, first_line
 from .graph import Graph
 from .inputs import Inputs, Shapes, at_shapes, free_inputs, inputs_digest, measured_shapes, profile_feeds
@@ -263,11 +263,12 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
 
 def _plan_key(model: str | os.PathLike | onnx.ModelProto | bytes, chosen: Sequence[Provider], **arguments: Any) -> str:
     """What a measured plan depends on, hashed: the model's bytes, the providers (with options and
-    versions), `arguments`, this machine and uhop-onnx's version."""
+    versions), `arguments`, this machine and uhop-onnx's version and source."""
     from . import __version__
 
     described = [(p.id, p.options, p.availability.version) for p in chosen]
-    settings = json.dumps([__version__, device_fingerprint(), described, arguments], sort_keys=True, default=repr)
+    settings = json.dumps([__version__, code_fingerprint(), device_fingerprint(), described, arguments],
+                          sort_keys=True, default=repr)
     return hashlib.sha256(f"{_model_digest(model)}\0{settings}".encode()).hexdigest()[:32]
 
 
