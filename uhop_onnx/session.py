@@ -42,13 +42,15 @@ class InferenceSession:
     otherwise the failure is raised as `StageError` naming the stage and provider. `run` may be called from
     many threads at once. `shapes` (`{input: (1, 3, 640, 640)}`) or `inputs` (arrays by name, or an `.npz`)
     are what measuring the placement runs at (see `optimize`); the session runs at every shape the model
-    allows.
+    allows. `precision`, `tolerance` and `calibration` let reduced-precision stages compete within the
+    tolerance (see `optimize`).
     """
 
     def __init__(self, path_or_bytes: Any, sess_options: Any = None, providers: Sequence | None = None,
                  provider_options: Sequence[Mapping[str, Any]] | None = None, *, assign: Mapping[str, str] | None = None,
                  profile: bool = True, threads: int | None = None, fallback: bool = False, strict: bool = False,
-                 shapes: Mapping[str, Sequence[int]] | None = None, inputs: Any = None, **optimize_options: Any):
+                 shapes: Mapping[str, Sequence[int]] | None = None, inputs: Any = None, precision: str = "fp32",
+                 tolerance: float | None = None, calibration: Any = None, **optimize_options: Any):
         if isinstance(sess_options, (list, tuple)):
             if providers is not None:
                 raise InputError("providers given twice: as the second argument and as providers=")
@@ -64,6 +66,7 @@ class InferenceSession:
         else:
             self.plan = _optimize(source, providers=_with_options(providers, provider_options), assign=assign,
                                   profile=profile, threads=threads, strict=strict, shapes=shapes, inputs=inputs,
+                                  precision=precision, tolerance=tolerance, calibration=calibration,
                                   **optimize_options)
         self.fallback = fallback
         self.threads = threads if threads is not None else self.plan.threads
