@@ -61,7 +61,7 @@ class Executor:
         for k in self._all_stages if output_names is None else stages_for(self.stages, wanted):
             stage, runner = self.stages[k], self.runners[k]
             feeds = {name: hand_over(values[name], origin.get(name), runner) for name in stage.inputs if name in values}
-            start = time.perf_counter()
+            start = time.perf_counter() if timings is not None else 0.0
             results = self._run_stage(k, feeds)
             if timings is not None:
                 timings.append((k, start, time.perf_counter()))
@@ -151,7 +151,7 @@ def _as_array(sig: TensorSig | None, name: str, value: Any) -> np.ndarray:
     if type(value).__name__ == "OrtValue" and callable(getattr(value, "numpy", None)):
         return value.numpy()
     if isinstance(value, (list, int, float, bool)):
-        dtype = (sig.dtype if sig is not None else None) or None
+        dtype = sig.dtype if sig is not None else None
         try:
             return np.array(value, dtype=dtype)
         except (TypeError, ValueError) as error:
