@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 
 from uhop_onnx.cache import JsonTable, cache_dir, device_fingerprint
-from uhop_onnx.samples import sample_feeds
 
 from .library import Library
 from .spec import ALGORITHMS, OpSpec, Schedule, check_schedule, default_schedule
@@ -162,17 +161,3 @@ def tune_op(lib: Library, op: OpSpec, threads: int, budget: float = 0.05) -> Sch
     store(lib, op, threads, best, best_time)
     return best
 
-
-def tune_model(model, threads: int | None = None) -> list[dict]:
-    """Run `model` once with random inputs, its Conv/Gemm/MatMul nodes on `kernels` with tuning on, so every
-    schedule it needs is searched and cached; returns the newly cached entries (op, schedule, GFLOP/s)."""
-    from uhop_onnx.session import InferenceSession
-
-    from .verify import host_library
-
-    winners = table(host_library())
-    before = set(winners.read())
-    session = InferenceSession(model, providers=[("kernels", {"tune": True}), "ort-cpu"], profile=False,
-                               threads=threads)
-    session.run(None, sample_feeds(session.get_inputs()))
-    return [{"op": key, **entry} for key, entry in sorted(winners.read().items()) if key not in before]

@@ -277,7 +277,7 @@ def test_autotune_caches_the_winner_per_device(lib):
 
 def test_kernels_tune_cli_tunes_a_model(lib, tmp_path):
     from typer.testing import CliRunner
-    from uhop_onnx.custom_ops.cli import app
+    from uhop_onnx.kernels_cli import app
 
     path = tmp_path / "mlp.onnx"
     onnx.save(BUILDERS["mlp"](batch=3, sizes=(24, 40, 12)), path)

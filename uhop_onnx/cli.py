@@ -24,8 +24,8 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .custom_ops.cli import app as kernels_app
 from .errors import UhopError
+from .kernels_cli import app as kernels_app
 from .providers.rknn.cli import app as rknn_setup
 from .report import candidate_accuracy, ms_order, ms_text, precision_text
 from .samples import shapes_text

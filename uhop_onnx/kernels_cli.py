@@ -21,7 +21,7 @@ def bench(threads: Annotated[str, typer.Option(help="Comma-separated thread coun
           rounds: Annotated[int, typer.Option(min=1, help="Rounds; each figure is the min of round medians.")] = 3,
           as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False) -> None:
     """GFLOP/s of our MatMul and ResNet-18 / MobileNetV2 convolutions beside numpy, ONNX Runtime and a naive loop."""
-    from .bench import LIBRARIES, measure
+    from .kernels_bench import LIBRARIES, measure
 
     counts = tuple(int(t) for t in threads.split(",") if t.strip())
     if not counts or min(counts) < 1:
@@ -47,7 +47,7 @@ def tune(model: Annotated[Path, typer.Argument(help="An ONNX model file.", exist
          threads: Annotated[int | None, typer.Option(min=1, help="Threads to tune for (default: all cores).")] = None,
          as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False) -> None:
     """Tune every Conv/Gemm/MatMul of MODEL that `kernels` would run, and cache the winners for this device."""
-    from .autotune import tune_model
+    from .tune import tune_model
 
     with err.status(f"tuning {model.name}"):
         tuned = tune_model(model, threads)
