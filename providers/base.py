@@ -162,7 +162,7 @@ class Provider(ABC):
     # shape arithmetic folded, and a stage is built once per shape and shape value it is run at (`PerShapeRunner`).
     static_shapes: ClassVar[bool] = False
     # The precision this instance builds stages at (`precisions` lists those it offers), and for int8 the
-    # calibration (`uhop_onnx.precision.Calibration`) its stages are quantized on.
+    # calibration (`providers.quantize.Calibration`) its stages are quantized on.
     precision: str = "fp32"
     calibration: Any = None
 
@@ -185,8 +185,7 @@ class Provider(ABC):
     @property
     def label(self) -> str:
         """The id, with the device when one is set and a reduced precision: `openvino:GPU`, `openvino[bf16]`."""
-        device = self.options.get("device")
-        return (f"{self.id}:{device}" if device else self.id) + ("" if self.precision == "fp32" else f"[{self.precision}]")
+        return label(self.id, self.options, self.precision)
 
     def precisions(self) -> list[str]:
         """The precisions this provider builds stages at on this host, fp32 first."""
@@ -198,12 +197,17 @@ class Provider(ABC):
         variant.precision, variant.calibration = precision, calibration
         return variant
 
+    def variants(self, precision: str, calibration: Any = None) -> list[Provider]:
+        """The ways this provider builds stages at `precision`, each a candidate of its own with its own
+        label (ort-cpu's int8 is static or dynamic); one, `at_precision`, for most."""
+        return [self.at_precision(precision, calibration)]
+
     def lower(self, model: onnx.ModelProto) -> onnx.ModelProto:
         """The stage model this instance compiles: int8 as a QDQ model quantized on its calibration; the
         model itself at any other precision (the runtime is told the precision when it compiles)."""
         if self.precision != "int8":
             return model
-        from uhop_onnx.precision import quantize_int8
+        from .quantize import quantize_int8
 
         return quantize_int8(model, self.calibration)
 
@@ -267,6 +271,14 @@ class Provider(ABC):
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
         """Build a runner for a standalone ONNX model. `exclusive` is False when other stages share the
         process, so the runtime must not keep spinning threads between calls."""
+
+
+def label(ident: str, options: Mapping[str, Any], precision: str) -> str:
+    """A provider's name in a plan and its figures: the id, with the device when one is set, and a reduced
+    precision with the quantization an option names: `openvino:GPU`, `openvino[bf16]`, `ort-cpu[int8-dynamic]`."""
+    device, method = options.get("device"), options.get("quantization")
+    suffix = "" if precision == "fp32" else f"[{precision}{f'-{method}' if method else ''}]"
+    return (f"{ident}:{device}" if device else ident) + suffix
 
 
 def missing_module(module: str, install: str) -> str | None:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
@@ -105,7 +105,7 @@ class OrtProvider(Provider):
         return ort.__version__, self.ep.removesuffix("ExecutionProvider")
 
     def ep_entry(self) -> Any:
-        return (self.ep, dict(self.options)) if self.options else self.ep
+        return self.ep
 
     def query(self, model: onnx.ModelProto) -> dict[str, Support]:
         """Which nodes ONNX Runtime assigns to this EP, read from the session's assignment record."""
@@ -162,13 +162,34 @@ def _refusals(entry: Any) -> None:
 
 
 class OrtCpu(OrtProvider):
+    """ONNX Runtime on the CPU. Option `quantization`: how an int8 stage is made, "static" (the default: a
+    QDQ model from `quantize_static`) or "dynamic" (`quantize_dynamic`: int8 MatMul weights, activations
+    quantized at run time, for MatMul-heavy stages where static ranges lose accuracy)."""
+
     id = "ort-cpu"
     ep = "CPUExecutionProvider"
     install = "pip install onnxruntime"
+    option_types = {"quantization": Literal["static", "dynamic"]}
 
     def precisions(self) -> list[str]:
-        """fp32, and int8: a QDQ stage from `onnxruntime.quantization.quantize_static`."""
+        """fp32, and int8 (static or dynamic)."""
         return ["fp32", "int8"]
+
+    def variants(self, precision: str, calibration: Any = None) -> list[Provider]:
+        """At int8 both quantizations compete (`ort-cpu[int8]`, `ort-cpu[int8-dynamic]`), unless the
+        `quantization` option names one."""
+        if precision != "int8" or "quantization" in self.options:
+            return super().variants(precision, calibration)
+        dynamic = self.at_precision(precision, calibration)
+        dynamic.options = {**self.options, "quantization": "dynamic"}
+        return [self.at_precision(precision, calibration), dynamic]
+
+    def lower(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        if self.precision != "int8":
+            return model
+        from .quantize import quantize_int8
+
+        return quantize_int8(model, self.calibration, self.options.get("quantization", "static"))
 
 
 class DeviceTensor:

@@ -28,7 +28,7 @@ from .partitioner.placement import first_supported
 from .partitioner.profiler import Measurement, Profiler
 from .partitioner.search import Search, in_process
 from .plan import PLAN_FILE, ModelMetadata, Plan, Stage
-from .precision import Calibration, check_choice, check_samples, errors, gate, read_calibration, wanted
+from .precision import check_choice, check_samples, errors, gate, read_calibration, wanted
 from .providers import (
     LAST_RESORT,
     Provider,
@@ -38,6 +38,7 @@ from .providers import (
     parse_spec,
     resolve,
 )
+from .providers.quantize import Calibration
 from .report import ms_text
 from .samples import reference_outputs, shapes_text
 from .session import InferenceSession
@@ -168,8 +169,9 @@ def with_precisions(a: Analysis, choice: str, tolerance: float, samples: list[di
         for p in wanted(choice, provider.precisions()):
             if p == "int8" and calibration is None:
                 continue
-            providers.append(provider if p == "fp32" else provider.at_precision(p, calibration))
-            support.append(table)
+            variants = [provider] if p == "fp32" else provider.variants(p, calibration)
+            providers += variants
+            support += [table] * len(variants)
     if len(providers) == len(a.providers):
         warnings.warn(f"precision={choice!r}: no provider here offers it; the plan is fp32", UserWarning, stacklevel=4)
     original = a.loaded.SerializeToString()

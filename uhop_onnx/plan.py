@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .errors import PlanError
+from .providers.base import label
 from .files import new_folder, read_npz
 from .dtypes import TensorSig
 from .report import ms_text, placement_svg, write_report
@@ -64,9 +65,7 @@ class Stage:
     @property
     def label(self) -> str:
         """As the provider's label: `openvino:GPU`, `openvino[bf16]`."""
-        device = self.options.get("device")
-        return (f"{self.provider}:{device}" if device else self.provider) + (
-            "" if self.precision == "fp32" else f"[{self.precision}]")
+        return label(self.provider, self.options, self.precision)
 
 
 @dataclass

@@ -1,27 +1,20 @@
-"""Reduced precision: the precisions a plan may use, calibration samples, int8 quantization of a stage, and
-the accuracy gate a reduced-precision plan must pass against ONNX Runtime fp32.
+"""Reduced precision: the precisions a plan may use, calibration samples, and the accuracy gate a
+reduced-precision plan must pass against ONNX Runtime fp32 (a stage is built at a reduced precision by its
+provider: `providers/quantize.py`).
 
 Tolerance, per output and per sample: `max|y - ref| <= tolerance * (1 + max|ref|)`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .cache import cache_dir
-from .errors import InputError, first_line
-from .files import atomic_file
-from .inputs import feeds_digest
-
-log = logging.getLogger(__name__)
+from .errors import InputError
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")  # what a stage runs at
 CHOICES = ("fp32", "auto", "bf16", "fp16", "int8")  # what `optimize(precision=...)` accepts
@@ -94,83 +87,6 @@ def _split(arrays: dict[str, Any], where: str) -> list[dict[str, np.ndarray]]:
                          f"(found {', '.join(f'{n}: {list(np.shape(v))}' for n, v in arrays.items()) or 'none'})")
     n = next(iter(counts.values()))
     return [{name: value[k:k + 1] for name, value in arrays.items()} for k in range(n)]
-
-
-class Calibration:
-    """Calibration samples over a model's inputs, and the fp32 values (ONNX Runtime CPU) of any tensor of
-    that model on them: what a stage cut from the model is quantized on."""
-
-    def __init__(self, model, samples: Sequence[Mapping[str, np.ndarray]]):
-        self.model = model
-        self.samples = [dict(s) for s in samples]
-        self.digest = feeds_digest({f"{k}/{name}": v for k, s in enumerate(self.samples) for name, v in s.items()})
-        self._values: list[dict[str, np.ndarray]] = [dict(s) for s in self.samples]
-
-    def at(self, names: Sequence[str]) -> list[dict[str, np.ndarray]]:
-        """Per sample, the values of the tensors `names`."""
-        missing = [n for n in dict.fromkeys(names) if n not in self._values[0]]
-        if missing:
-            import onnx
-            import onnxruntime as ort
-
-            model = onnx.ModelProto()
-            model.CopyFrom(self.model)
-            known = {v.name: v for v in (*model.graph.value_info, *model.graph.output)}
-            model.graph.output.extend(known.get(n) or onnx.ValueInfoProto(name=n) for n in missing
-                                      if n not in {o.name for o in model.graph.output})
-            session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-            inputs = {i.name for i in session.get_inputs()}
-            for values, sample in zip(self._values, self.samples):
-                got = session.run(missing, {k: v for k, v in sample.items() if k in inputs})
-                values.update(zip(missing, got))
-        return [{n: values[n] for n in names} for values in self._values]
-
-
-def quantize_int8(model, calibration: Calibration):
-    """`model` (a stage cut from the calibration's model) as int8 QDQ: ONNX Runtime's `quant_pre_process`,
-    then `quantize_static` (per channel) calibrated on the values its inputs take over the samples. Kept in
-    the cache by the model's bytes and the calibration's digest, so the same data gives the same model."""
-    import onnx
-
-    data = model.SerializeToString(deterministic=True)
-    path = cache_dir() / "quantized" / f"{hashlib.sha256(data).hexdigest()[:32]}-{calibration.digest}.onnx"
-    if path.is_file():
-        try:
-            return onnx.load_from_string(path.read_bytes())
-        except Exception as error:  # noqa: BLE001 - a damaged cache entry is made again
-            log.warning("quantized stage %s is unreadable (%s); quantizing again", path, first_line(error))
-    quantized = _quantize(model, calibration.at([i.name for i in model.graph.input]))
-    out = quantized.SerializeToString(deterministic=True)
-    try:
-        with atomic_file(path, "wb") as handle:
-            handle.write(out)
-    except OSError as error:
-        log.warning("could not keep the quantized stage in the cache at %s: %s", path, error)
-    return quantized
-
-
-def _quantize(model, samples: list[dict[str, np.ndarray]]):
-    import onnx
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.left = iter(samples)
-
-        def get_next(self):
-            return next(self.left, None)
-
-    with tempfile.TemporaryDirectory(prefix="uhop-quantize-") as folder:
-        source, prepared, target = (Path(folder) / name for name in ("in.onnx", "pre.onnx", "out.onnx"))
-        onnx.save(model, source)
-        try:
-            quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
-        except Exception as error:  # noqa: BLE001 - the stage is quantized as it is
-            log.info("quant_pre_process refused a stage (%s); quantizing it as it is", first_line(error))
-            prepared = source
-        quantize_static(str(prepared), str(target), Reader(), quant_format=QuantFormat.QDQ, per_channel=True)
-        return onnx.load(target)
 
 
 def errors(got: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> dict[str, dict[str, Any]]:

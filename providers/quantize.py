@@ -1,0 +1,184 @@
+"""A stage at reduced precision, made with the vendors' own tools: calibration values, int8 by ONNX Runtime's
+quantizer (static QDQ or dynamic) or NNCF, fp16 by onnxconverter-common, and TensorRT's calibration table.
+
+NNCF and onnxconverter-common come with the `quantize` extra and are imported only when used (`missing`
+says why a variant needing them is not offered).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from uhop_onnx.cache import cache_dir
+from uhop_onnx.errors import first_line
+from uhop_onnx.files import atomic_file
+from uhop_onnx.inputs import feeds_digest
+
+from .base import missing_module
+
+if TYPE_CHECKING:
+    import onnx
+
+log = logging.getLogger(__name__)
+
+EXTRA = "pip install 'uhop-onnx[quantize]'"
+METHODS = ("static", "dynamic", "nncf")  # how an int8 stage is made (see `quantize_int8`)
+
+
+def missing(module: str) -> str | None:
+    """Why a variant needing `module` (from the `quantize` extra) is not offered here; None when it can be."""
+    return missing_module(module, EXTRA)
+
+
+class Calibration:
+    """Calibration samples over a model's inputs, and the fp32 values (ONNX Runtime CPU) of any tensor of
+    that model on them: what a stage cut from the model is quantized on."""
+
+    def __init__(self, model, samples: Sequence[Mapping[str, np.ndarray]]):
+        self.model = model
+        self.samples = [dict(s) for s in samples]
+        self.digest = feeds_digest({f"{k}/{name}": v for k, s in enumerate(self.samples) for name, v in s.items()})
+        self._values: list[dict[str, np.ndarray]] = [dict(s) for s in self.samples]
+
+    def at(self, names: Sequence[str]) -> list[dict[str, np.ndarray]]:
+        """Per sample, the values of the tensors `names`."""
+        missing_names = [n for n in dict.fromkeys(names) if n not in self._values[0]]
+        if missing_names:
+            import onnx
+            import onnxruntime as ort
+
+            model = onnx.ModelProto()
+            model.CopyFrom(self.model)
+            known = {v.name: v for v in (*model.graph.value_info, *model.graph.output)}
+            model.graph.output.extend(known.get(n) or onnx.ValueInfoProto(name=n) for n in missing_names
+                                      if n not in {o.name for o in model.graph.output})
+            session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            inputs = {i.name for i in session.get_inputs()}
+            for values, sample in zip(self._values, self.samples):
+                got = session.run(missing_names, {k: v for k, v in sample.items() if k in inputs})
+                values.update(zip(missing_names, got))
+        return [{n: values[n] for n in names} for values in self._values]
+
+    def of(self, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
+        """Per sample, the values of a stage's inputs."""
+        return self.at([i.name for i in model.graph.input])
+
+
+def quantize_int8(model: onnx.ModelProto, calibration: Calibration | None, method: str = "static"):
+    """`model` (a stage cut from the calibration's model) as int8, by `method`:
+    - "static": QDQ from ONNX Runtime's `quant_pre_process` and `quantize_static` (per channel), calibrated
+      on the values its inputs take over the samples;
+    - "dynamic": ONNX Runtime's `quantize_dynamic` of its MatMuls (weights int8 per channel, activations
+      quantized at run time, so no calibration);
+    - "nncf": QDQ from NNCF's post-training quantization (`nncf.quantize`, with its bias correction) on the
+      same values.
+    Kept in the cache by the model's bytes, the method and the calibration's digest, so the same data gives
+    the same model."""
+    import onnx
+
+    data = model.SerializeToString(deterministic=True)
+    digest = "none" if method == "dynamic" else calibration.digest
+    path = cache_dir() / "quantized" / f"{hashlib.sha256(data).hexdigest()[:32]}-{method}-{digest}.onnx"
+    if path.is_file():
+        try:
+            return onnx.load_from_string(path.read_bytes())
+        except Exception as error:  # noqa: BLE001 - a damaged cache entry is made again
+            log.warning("quantized stage %s is unreadable (%s); quantizing again", path, first_line(error))
+    quantized = _in_files(model, QUANTIZERS[method], None if method == "dynamic" else calibration.of(model))
+    try:
+        with atomic_file(path, "wb") as handle:
+            handle.write(quantized.SerializeToString(deterministic=True))
+    except OSError as error:
+        log.warning("could not keep the quantized stage in the cache at %s: %s", path, error)
+    return quantized
+
+
+def _in_files(model, quantize: Callable[[Path, Path, list | None], None], samples: list | None):
+    """`quantize(source, target, samples)` run on `model` written to a temporary folder (ONNX Runtime's
+    quantizer reads and writes files), after `quant_pre_process` where it accepts the model."""
+    import onnx
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    with tempfile.TemporaryDirectory(prefix="uhop-quantize-") as folder:
+        source, prepared, target = (Path(folder) / name for name in ("in.onnx", "pre.onnx", "out.onnx"))
+        onnx.save(model, source)
+        try:
+            quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+        except Exception as error:  # noqa: BLE001 - the stage is quantized as it is
+            log.info("quant_pre_process refused a stage (%s); quantizing it as it is", first_line(error))
+            prepared = source
+        quantize(prepared, target, samples)
+        return onnx.load(target)
+
+
+class _Reader:
+    """The samples as ONNX Runtime's `CalibrationDataReader` reads them."""
+
+    def __init__(self, samples: list[dict[str, np.ndarray]]):
+        self.left = iter(samples)
+
+    def get_next(self):
+        return next(self.left, None)
+
+
+def _static(source: Path, target: Path, samples: list) -> None:
+    from onnxruntime.quantization import QuantFormat, quantize_static
+
+    quantize_static(str(source), str(target), _Reader(samples), quant_format=QuantFormat.QDQ, per_channel=True)
+
+
+def _dynamic(source: Path, target: Path, samples: None) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(source), str(target), op_types_to_quantize=["MatMul"], per_channel=True,
+                     weight_type=QuantType.QInt8)
+
+
+def _nncf(source: Path, target: Path, samples: list) -> None:
+    import nncf
+    import onnx
+
+    quantized = nncf.quantize(onnx.load(source), nncf.Dataset(samples), subset_size=len(samples))
+    onnx.save(quantized, target)
+
+
+QUANTIZERS = {"static": _static, "dynamic": _dynamic, "nncf": _nncf}
+
+
+def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with float16 weights and compute (onnxconverter-common's `convert_float_to_float16`), its
+    inputs and outputs kept float32 so it plugs into the plan unchanged."""
+    from onnxconverter_common import float16
+
+    return float16.convert_float_to_float16(model, keep_io_types=True)
+
+
+def trt_calibration_table(model: onnx.ModelProto, calibration: Calibration, folder: Path) -> str:
+    """The file name, in `folder` (TensorRT's engine cache, where the TensorRT EP reads it), of the int8
+    calibration table of `model`: each tensor's symmetric range over the calibration samples, from ONNX
+    Runtime's calibrator, written by its `write_calibration_table` (the flatbuffers format the EP reads
+    with `trt_int8_use_native_calibration_table` off)."""
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod, create_calibrator, write_calibration_table
+
+    data = model.SerializeToString(deterministic=True)
+    name = f"calibration-{hashlib.sha256(data).hexdigest()[:32]}-{calibration.digest}.flatbuffers"
+    if (folder / name).is_file():
+        return name
+    with tempfile.TemporaryDirectory(prefix="uhop-calibrate-") as work:
+        onnx.save(model, Path(work) / "in.onnx")
+        calibrator = create_calibrator(Path(work) / "in.onnx", augmented_model_path=str(Path(work) / "augmented.onnx"),
+                                       calibrate_method=CalibrationMethod.MinMax, providers=["CPUExecutionProvider"],
+                                       extra_options={"symmetric": True})
+        calibrator.collect_data(_Reader(calibration.of(model)))
+        write_calibration_table(calibrator.compute_data().data, Path(work))
+        with atomic_file(folder / name, "wb") as handle:
+            handle.write((Path(work) / "calibration.flatbuffers").read_bytes())
+    return name
