@@ -33,7 +33,8 @@ from uhop_onnx import InferenceSession, optimize  # noqa: E402
 from uhop_onnx.bench import Candidate, time_candidates  # noqa: E402
 from uhop_onnx.graph import Graph  # noqa: E402
 from uhop_onnx.models import encoder, mobilenetv2, resnet50  # noqa: E402
-from uhop_onnx.precision import Calibration, errors, gate  # noqa: E402
+from uhop_onnx.precision import errors, gate  # noqa: E402
+from uhop_onnx.providers.quantize import Calibration  # noqa: E402
 from uhop_onnx.samples import reference_outputs, sample_feeds  # noqa: E402
 
 MODELS = {"resnet50": resnet50, "mobilenetv2": mobilenetv2, "encoder": encoder}
