@@ -337,10 +337,14 @@ class OrtGpuProvider(OrtProvider):
         digest.update(json.dumps([self.ep, self.ep_options()], sort_keys=True, default=str).encode())
         return digest.hexdigest()
 
+    def stage_options(self, model: onnx.ModelProto) -> dict[str, Any]:
+        """The EP options a stage compiles with: `ep_options`, and what its precision adds."""
+        return self.ep_options()
+
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
         self.require()
-        return OrtGpuRunner(model.SerializeToString(), [self.ep_entry()], self.threads, exclusive,
-                            self.device_type, self.device_id, self.short.lower())
+        return OrtGpuRunner(model.SerializeToString(), [(self.ep, self.stage_options(model))], self.threads,
+                            exclusive, self.device_type, self.device_id, self.short.lower())
 
 
 class OrtCuda(OrtGpuProvider):
@@ -352,11 +356,30 @@ class OrtCuda(OrtGpuProvider):
     def ep_options(self) -> dict[str, Any]:
         return {"device_id": self.device_id, "use_tf32": 0}  # exact fp32, as ONNX Runtime CPU computes
 
+    def precisions(self) -> list[str]:
+        """fp32, and fp16: the stage converted to float16 by onnxconverter-common (the `quantize` extra)."""
+        from .quantize import offers
+
+        return ["fp32", *(["fp16"] if offers("onnxconverter_common", f"{self.id} fp16") else [])]
+
+    def lower(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        if self.precision != "fp16":
+            return super().lower(model)
+        from .quantize import to_fp16
+
+        return to_fp16(model)
+
 
 class OrtTensorRT(OrtGpuProvider):
     """TensorRT through ONNX Runtime. Options: `device_id`, `fp16` (bool), `engine_cache` (folder; default
     under the cache root). Engines are built when a stage is compiled and the time is reported as
-    `runner.build_seconds`, never inside a measured latency."""
+    `runner.build_seconds`, never inside a measured latency.
+
+    Precisions: fp16 is TensorRT's own (`trt_fp16_enable` on the fp32 stage). An int8 stage is the fp32
+    model with a calibration table in the engine cache, named in the model's metadata
+    (`TABLE_KEY`), which TensorRT reads with `trt_int8_enable` and `trt_int8_calibration_table_name`."""
+
+    TABLE_KEY = "uhop.trt_int8_calibration_table"
 
     id = "ort-tensorrt"
     eps = ("TensorrtExecutionProvider",)
@@ -383,6 +406,39 @@ class OrtTensorRT(OrtGpuProvider):
             "trt_timing_cache_enable": True,
             "trt_timing_cache_path": str(self.engine_cache),
         }
+
+    def precisions(self) -> list[str]:
+        return ["fp32", "fp16", "int8"]
+
+    def lower(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """An int8 stage: the model, its calibration table written into the engine cache and named in its
+        metadata; at any other precision the model itself."""
+        if self.precision != "int8":
+            return model
+        import onnx
+
+        from .quantize import trt_calibration_table
+
+        self.engine_cache.mkdir(parents=True, exist_ok=True)
+        tagged = onnx.ModelProto()
+        tagged.CopyFrom(model)
+        onnx.helper.set_model_props(tagged, {**{p.key: p.value for p in model.metadata_props},
+                                             self.TABLE_KEY: trt_calibration_table(model, self.calibration,
+                                                                                   self.engine_cache)})
+        return tagged
+
+    def stage_options(self, model: onnx.ModelProto) -> dict[str, Any]:
+        options = self.ep_options()
+        if self.precision == "fp16":
+            options["trt_fp16_enable"] = True
+        if self.precision == "int8":
+            table = next((p.value for p in model.metadata_props if p.key == self.TABLE_KEY), None)
+            if table is None or not (self.engine_cache / table).is_file():
+                raise ProviderError(f"{self.id}: the int8 stage's calibration table {table or '(none named)'} is "
+                                    f"not in the engine cache {self.engine_cache}; optimize again with calibration=...")
+            options |= {"trt_int8_enable": True, "trt_int8_calibration_table_name": table,
+                        "trt_int8_use_native_calibration_table": False}
+        return options
 
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
         self.engine_cache.mkdir(parents=True, exist_ok=True)

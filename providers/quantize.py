@@ -1,8 +1,8 @@
 """A stage at reduced precision, made with the vendors' own tools: calibration values, int8 by ONNX Runtime's
 quantizer (static QDQ or dynamic) or NNCF, fp16 by onnxconverter-common, and TensorRT's calibration table.
 
-NNCF and onnxconverter-common come with the `quantize` extra and are imported only when used (`missing`
-says why a variant needing them is not offered).
+NNCF and onnxconverter-common come with the `quantize` extra and are imported only when used; a variant
+needing one that is missing is not offered (`offers`), with a warning naming the extra.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import hashlib
 import logging
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,9 +33,14 @@ EXTRA = "pip install 'uhop-onnx[quantize]'"
 METHODS = ("static", "dynamic", "nncf")  # how an int8 stage is made (see `quantize_int8`)
 
 
-def missing(module: str) -> str | None:
-    """Why a variant needing `module` (from the `quantize` extra) is not offered here; None when it can be."""
-    return missing_module(module, EXTRA)
+@cache
+def offers(module: str, variant: str) -> bool:
+    """Whether `module` (from the `quantize` extra) can be imported, so the `variant` needing it is offered;
+    when not, one warning per process names the variant and the install command."""
+    reason = missing_module(module, EXTRA)
+    if reason:
+        log.warning("%s is not offered: %s", variant, reason)
+    return reason is None
 
 
 class Calibration:
