@@ -13,6 +13,9 @@ from collections.abc import Mapping, Sequence
 from uhop_onnx.graph import Graph, reads
 from uhop_onnx.providers import Support
 
+from .static_cost import nbytes
+
+SMALLEST_CLASS = 1 << 12  # boundary size classes: 4 KiB, 64 KiB, 1 MiB, ... (each 16 times the last)
 # Ops runtimes fuse into the op that feeds them (activations, bias adds, clips).
 FUSABLE = frozenset({"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSwish", "HardSigmoid", "Add", "Mul",
                      "BatchNormalization", "Elu", "Selu", "Softplus", "Gelu", "Erf", "Div", "Sub"})
@@ -33,9 +36,10 @@ def live_tensors(graph: Graph) -> list[list[str]]:
     return live
 
 
-def blocks(graph: Graph, support: Sequence[Mapping[str, Support]], pinned: Mapping[str, int],
+def blocks(graph: Graph, support: Mapping[str, Mapping[str, Support]], pinned: Mapping[str, str],
            max_live: int = 2, max_blocks: int = 24) -> list[tuple[int, ...]]:
-    """Blocks of node indices, in run order."""
+    """Blocks of node indices, in run order; `support` is provider label -> node name -> Support, in
+    preference order, and `pinned` node name -> provider label."""
     n = len(graph.nodes)
     if n == 0:
         return []
@@ -55,16 +59,16 @@ def _fuses(graph: Graph, c: int) -> bool:
     return node.op_type in FUSABLE and previous.outputs[0] in node.inputs and graph.readers.get(previous.outputs[0]) == {c}
 
 
-def _runnable(graph: Graph, span: list[int], support: Sequence[Mapping[str, Support]],
-              pinned: Mapping[str, int]) -> list[tuple[int, ...]]:
+def _runnable(graph: Graph, span: list[int], support: Mapping[str, Mapping[str, Support]],
+              pinned: Mapping[str, str]) -> list[tuple[int, ...]]:
     """`span` whole when one provider runs all of it and no node in it is pinned elsewhere; else split it
     where the first provider able to run each node (or its pin) changes."""
     names = [graph.nodes[i].name for i in span]
-    whole = [p for p, table in enumerate(support) if all(table[x].ok for x in names)]
+    whole = [p for p, table in support.items() if all(table[x].ok for x in names)]
     pins = {pinned[x] for x in names if x in pinned}
     if whole and (not pins or (len(pins) == 1 and pins <= set(whole))):
         return [tuple(span)]
-    first = [pinned.get(x, next((p for p, t in enumerate(support) if t[x].ok), -1)) for x in names]
+    first = [pinned.get(x, next((p for p, t in support.items() if t[x].ok), None)) for x in names]
     pieces: list[list[int]] = []
     previous = None
     for i, choice in zip(span, first):
@@ -74,3 +78,29 @@ def _runnable(graph: Graph, span: list[int], support: Sequence[Mapping[str, Supp
             pieces.append([i])
         previous = choice
     return [tuple(p) for p in pieces]
+
+
+def allowed_providers(graph: Graph, support: Mapping[str, Mapping[str, Support]], pinned: Mapping[str, str],
+                      block: Sequence[int]) -> list[str]:
+    """The providers (labels) that run every node of `block`, and to which none of them is pinned elsewhere."""
+    names = [graph.nodes[i].name for i in block]
+    pins = {pinned[x] for x in names if x in pinned}
+    return [p for p, table in support.items() if all(table[x].ok for x in names) and pins <= {p}]
+
+
+def expand(units: Sequence[Sequence[int]], choice: Sequence[str]) -> list[str]:
+    """A provider per block -> a provider per node."""
+    placement = {i: p for block, p in zip(units, choice) for i in block}
+    return [placement[i] for i in range(len(placement))]
+
+
+def boundary_classes(graph: Graph, units: Sequence[Sequence[int]]) -> list[int]:
+    """Per block, the size class of the tensors live where it starts (the graph's inputs, for the first)."""
+    live = live_tensors(graph)
+    classes = []
+    for block in units:
+        size, c = sum(nbytes(graph, t) for t in live[block[0]] or graph.inputs), SMALLEST_CLASS
+        while c < size:
+            c *= 16
+        classes.append(c)
+    return classes

@@ -4,7 +4,7 @@ check its compile makes; and what an unlisted last resort may take."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 
 import onnx
 
@@ -48,16 +48,15 @@ def capabilities(model: onnx.ModelProto, graph: Graph, provider: Provider, query
     return verdicts
 
 
-def only_the_rest(support: Sequence[Mapping[str, Support]], labels: Sequence[str], keep: Collection[str] = ()
-                  ) -> dict[str, Support]:
-    """The answers of a last resort that was not listed (the last of `support`): "no" for every node a listed
-    provider supports, except the nodes in `keep` (assigned to it)."""
-    *listed, last = support
+def only_the_rest(support: Mapping[str, Mapping[str, Support]], keep: Collection[str] = ()) -> dict[str, Support]:
+    """The answers of a last resort that was not listed (the last of `support`, provider label -> node name
+    -> Support): "no" for every node a listed provider supports, except the nodes in `keep` (assigned to it)."""
+    *listed, (resort, last) = support.items()
     answers = dict(last)
     for name, verdict in last.items():
-        runners = [label for label, table in zip(labels, listed) if table[name].ok]
+        runners = [label for label, table in listed if table[name].ok]
         if verdict.ok and runners and name not in keep:
-            answers[name] = Support(False, f"a listed provider runs it ({', '.join(runners)}); {labels[-1]}, not "
+            answers[name] = Support(False, f"a listed provider runs it ({', '.join(runners)}); {resort}, not "
                                     "listed, takes only the nodes none of them runs", "list")
     return answers
 

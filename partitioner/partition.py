@@ -11,13 +11,13 @@ from uhop_onnx.graph import Graph
 
 @dataclass(frozen=True)
 class StageSpec:
-    """Nodes (indices into the graph, in run order) that one provider runs as one subgraph."""
+    """Nodes (indices into the graph, in run order) that one provider (by label) runs as one subgraph."""
 
-    provider: int
+    provider: str
     nodes: tuple[int, ...]
 
 
-def partition(graph: Graph, placement: Sequence[int]) -> list[StageSpec]:
+def partition(graph: Graph, placement: Sequence[str]) -> list[StageSpec]:
     """Split the graph into stages, one provider each, in an order that respects every dependency.
 
     A topological order is built that stays on the current provider while it can (Kahn's algorithm,
@@ -28,7 +28,7 @@ def partition(graph: Graph, placement: Sequence[int]) -> list[StageSpec]:
     if len(placement) != len(graph.nodes):
         raise ValueError(f"placement has {len(placement)} entries for {len(graph.nodes)} nodes")
     waiting = [len(p) for p in graph.predecessors]
-    ready: dict[int, list[int]] = {}
+    ready: dict[str, list[int]] = {}
     for i, count in enumerate(waiting):
         if count == 0:
             heapq.heappush(ready.setdefault(placement[i], []), i)

@@ -30,6 +30,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -40,31 +41,29 @@ import onnx
 from uhop_onnx.cache import JsonTable
 from uhop_onnx.errors import MeasurementError, ProviderError, first_line
 from uhop_onnx.executor import hand_over
-from uhop_onnx.graph import Graph
 from uhop_onnx.inputs import feeds_digest
-from uhop_onnx.providers import Provider, Runner, Support
+from uhop_onnx.providers import Provider, Runner
 from uhop_onnx.samples import shapes_text
 
-from .blocks import blocks, live_tensors
+from .blocks import allowed_providers, blocks, boundary_classes, expand
 from .extract import extract
+from .path import cheapest_path
 from .placement import first_supported
+from .placer import Analysis, Block, Candidate, Choice, Effort, Failure, Placement
 from .profiler import Measurement, Profiler, build
-from .static_cost import nbytes
 
 log = logging.getLogger(__name__)
 
-Placement = list[int]
 CONTENDERS = 0.10  # whole plans within this share of the fastest are timed again before one is chosen
-SMALLEST_CLASS = 1 << 12  # boundary size classes: 4 KiB, 64 KiB, 1 MiB, ... (each 16 times the last)
-PlanTimer = Callable[[Mapping[str, Placement]], dict[str, Measurement]]  # named placements -> their whole figures
-# A placement -> whether its outputs are within the accuracy budget, and its figures (None: nothing to check)
-Gate = Callable[[Placement], tuple[bool, dict[str, Any] | None]]
+PlanTimer = Callable[[Mapping[str, Choice]], dict[str, Measurement]]  # named choices -> their whole figures
+# A choice -> whether its outputs are within the accuracy budget, and its figures (None: nothing to check)
+Gate = Callable[[Choice], tuple[bool, dict[str, Any] | None]]
 
 
-def in_process(run_plan: Callable[[Placement], Callable[[], object]], profiler: Profiler) -> PlanTimer:
-    """Time whole plans in this process with `profiler`; `run_plan` makes a call that runs a placement's plan."""
-    def time_plans(placements: Mapping[str, Placement]) -> dict[str, Measurement]:
-        calls, failed = build({name: (lambda pl=pl: run_plan(pl)) for name, pl in placements.items()})
+def in_process(run_plan: Callable[[Choice], Callable[[], object]], profiler: Profiler) -> PlanTimer:
+    """Time whole plans in this process with `profiler`; `run_plan` makes a call that runs a choice's plan."""
+    def time_plans(choices: Mapping[str, Choice]) -> dict[str, Measurement]:
+        calls, failed = build({name: (lambda c=c: run_plan(c)) for name, c in choices.items()})
         return profiler.measure(calls) | failed
 
     return time_plans
@@ -72,47 +71,56 @@ def in_process(run_plan: Callable[[Placement], Callable[[], object]], profiler: 
 
 @dataclass
 class Search:
-    """What the measured placement needs, and what it found."""
+    """The measured `Placer`: how whole plans are timed (`time_plans`) and gated, and where figures are kept."""
 
-    model: onnx.ModelProto
-    graph: Graph
-    providers: list[Provider]
-    support: list[dict[str, Support]]
-    pinned: dict[str, int]
     time_plans: PlanTimer
-    feeds: Mapping[str, np.ndarray]  # the model's inputs every measurement runs on
     profiler: Profiler = field(default_factory=Profiler)
     store: JsonTable | None = None
     budget_s: float = 60.0
     threads: int | None = None
     gate: Gate | None = None
-    report: dict[str, Any] = field(default_factory=dict)
-    _known: dict[str, Any] = field(default_factory=dict, repr=False)  # the cache as read
-    _fresh: dict[str, Any] = field(default_factory=dict, repr=False)  # measured in this search
-    _hits: set[str] = field(default_factory=set, repr=False)  # keys whose cached figure this search used
-    _failed: dict[str, str] = field(default_factory=dict, repr=False)  # block, entry, pair key -> its error
-    _gated: dict[str, tuple[bool, dict[str, Any] | None]] = field(default_factory=dict, repr=False)  # by candidate
+
+    def place(self, analysis: Analysis) -> Placement:
+        """The fastest placement found within the budget; every runner it compiled is closed when it returns."""
+        with ExitStack() as runners:
+            return _Searching(self, analysis, runners).run()
+
+
+class _Searching:
+    """One search: the analysis it places, the figures it read and measured, and the runners it compiled."""
+
+    def __init__(self, config: Search, a: Analysis, runners: ExitStack):
+        self.config, self.runners = config, runners
+        self.model, self.graph, self.support, self.pinned = a.simplified, a.graph, a.support, a.pinned
+        self.feeds: Mapping[str, np.ndarray] = a.feeds  # the model's inputs every measurement runs on
+        self.providers = {p.label: p for p in a.providers}
+        self.known: dict[str, Any] = {}  # the cache as read
+        self.fresh: dict[str, Any] = {}  # measured in this search
+        self.hits: set[str] = set()  # keys whose cached figure this search used
+        self.subjects: dict[str, tuple[str, tuple[str, ...]]] = {}  # figure key -> (kind, the providers it is on)
+        self.failed: dict[str, str] = {}  # block, entry, pair key -> its error
+        self.gated: dict[str, tuple[bool, dict[str, Any] | None]] = {}  # by candidate
 
     def run(self) -> Placement:
         started = time.monotonic()
-        self._known = self.store.read() if self.store else {}
-        labels = [p.label for p in self.providers]
-        greedy = self._prefer(range(len(self.providers)))  # raises, naming it, when a node runs nowhere
+        store = self.config.store
+        self.known = store.read() if store else {}
+        labels = list(self.providers)
+        greedy = self._prefer(labels)  # raises, naming it, when a node runs nowhere
         units = blocks(self.graph, self.support, self.pinned)
         allowed = [allowed_providers(self.graph, self.support, self.pinned, b) for b in units]
         block_costs = self._block_costs(units, allowed)
         measured = [[p for p in ps if block_costs[k][p].ok] for k, ps in enumerate(allowed)]
         classes = boundary_classes(self.graph, units)
         entry, boundary = self._entry_costs(classes, allowed)
-        entries = [{p: entry[p, c] for p in ps if entry[p, c].ok} for ps, c in zip(measured, classes)]
-        crossings = [{(q, p): m for (q, p, size), m in boundary.items() if size == c and m.ok} for c in classes]
-        candidates = {}
+        entries = [{p: entry[p][c] for p in ps if entry[p][c].ok} for ps, c in zip(measured, classes)]
+        crossings = [{pair: by_size[c] for pair, by_size in boundary.items() if by_size[c].ok} for c in classes]
+        candidates: dict[str, Choice] = {}
         if all(measured):
-            candidates["searched"] = expand(len(self.graph.nodes), units,
-                                            cheapest_path(measured, block_costs, entries, crossings))
+            candidates["searched"] = tuple(expand(units, cheapest_path(measured, block_costs, entries, crossings)))
         candidates["first-supported"] = greedy
-        for p, label in enumerate(labels):
-            candidates[f"{label} first"] = self._prefer([p, *(q for q in range(len(labels)) if q != p)])
+        for label in labels:
+            candidates[f"{label} first"] = self._prefer([label, *(q for q in labels if q != label)])
         whole = self._measure_plans(_unique(candidates))
         timed = [name for name, m in whole.items() if m.ok]
         if not timed:
@@ -123,76 +131,59 @@ class Search:
             raise MeasurementError("every candidate plan was outside the accuracy tolerance: "
                                    + ", ".join(sorted(timed)))
         best = self._improve(candidates, whole, accepted[0], units, measured, started)
-        self.report = {
-            "placement": "measured",
-            "chosen": best,
-            "candidates": {name: {**m.to_json(), "ms": _finite(m.ms), "stages": _stage_labels(candidates[name], labels),
-                                  **self._accuracy(name)}
-                           for name, m in whole.items()},
-            "blocks": [{"first": self.graph.nodes[b[0]].name, "last": self.graph.nodes[b[-1]].name, "nodes": len(b),
-                        "boundary_bytes": size, "ms": {labels[p]: c.ms for p, c in costs.items() if c.rounds}}
-                       for b, size, costs in zip(units, classes, block_costs)],
-            "entry_ms": _by_class({(labels[p], size): m for (p, size), m in entry.items()}),
-            "boundary_ms": _by_class({(f"{labels[q]}>{labels[p]}", size): m for (q, p, size), m in boundary.items()}),
-            "failures": [{"kind": key.split("|")[0], "on": _measured_on(key), "error": error}
-                         for key, error in self._failed.items()],
-            "measured": len(self._fresh),
-            "cached": len(self._hits),
-            "seconds": round(time.monotonic() - started, 3),
-            "budget_s": self.budget_s,
-            "threads": self.threads,
-        }
-        if self.store:
-            self.store.update(self._fresh)
-        return candidates[best]
+        placement = Placement(
+            "measured", candidates[best], best,
+            plans={name: self._candidate(name, candidates[name], m) for name, m in whole.items()},
+            blocks=[Block(b, self.graph.nodes[b[0]].name, self.graph.nodes[b[-1]].name, size, costs)
+                    for b, size, costs in zip(units, classes, block_costs)],
+            entries=entry, boundaries=boundary,
+            failures=[Failure(*self.subjects[key], error) for key, error in self.failed.items()],
+            effort=Effort(len(self.fresh), len(self.hits), round(time.monotonic() - started, 3),
+                          self.config.budget_s, self.config.threads))
+        if store:
+            store.update(self.fresh)
+        return placement
 
-    def _accepts(self, name: str, placement: Placement) -> bool:
-        """Whether the gate (if any) accepts the placement's outputs; remembered by candidate name."""
-        if self.gate is None:
+    def _accepts(self, name: str, choice: Choice) -> bool:
+        """Whether the gate (if any) accepts the choice's outputs; remembered by candidate name."""
+        gate = self.config.gate
+        if gate is None:
             return True
-        if name not in self._gated:
-            self._gated[name] = self.gate(placement)
-            if not self._gated[name][0]:
-                log.info("candidate %s is outside the accuracy tolerance: %s", name, self._gated[name][1])
-        return self._gated[name][0]
+        if name not in self.gated:
+            self.gated[name] = gate(choice)
+            if not self.gated[name][0]:
+                log.info("candidate %s is outside the accuracy tolerance: %s", name, self.gated[name][1])
+        return self.gated[name][0]
 
-    def _accuracy(self, name: str) -> dict[str, Any]:
-        """A candidate's report entries from the gate: its outputs' errors, and whether it was rejected."""
-        if name not in self._gated or self._gated[name][1] is None:
-            return {}
-        ok, figures = self._gated[name]
-        return {"accuracy": figures, "rejected": not ok}
+    def _candidate(self, name: str, choice: Choice, figure: Measurement) -> Candidate:
+        """A whole plan timed, with the gate's figures of its outputs where it checked them."""
+        ok, accuracy = self.gated.get(name, (True, None))
+        return Candidate(choice, figure, _stage_labels(choice), accuracy, accuracy is not None and not ok)
 
-    def _none_timed(self, candidates: Mapping[str, Placement], whole: Mapping[str, Measurement]) -> MeasurementError:
+    def _none_timed(self, candidates: Mapping[str, Choice], whole: Mapping[str, Measurement]) -> MeasurementError:
         """The error when no whole plan could be timed: the sample shapes, and each candidate's error."""
-        labels = [p.label for p in self.providers]
         shapes = shapes_text(self.feeds)
-        listed = "\n".join(f"  {name} ({_stage_labels(candidates[name], labels)}): {m.error}"
-                           for name, m in whole.items())
+        listed = "\n".join(f"  {name} ({_stage_labels(candidates[name])}): {m.error}" for name, m in whole.items())
         return MeasurementError(f"no candidate plan could be timed on sample inputs of shapes {shapes}; "
                                 f"each one's error:\n{listed}")
 
     # -- what may run where
 
-    def _prefer(self, order: Sequence[int]) -> Placement:
-        order = list(order)
-        ranked = first_supported(self.graph, [self.support[p] for p in order],
-                                 {n: order.index(p) for n, p in self.pinned.items()},
-                                 [self.providers[p].label for p in order])
-        return [order[r] for r in ranked]
+    def _prefer(self, order: Sequence[str]) -> Choice:
+        return tuple(first_supported(self.graph, {label: self.support[label] for label in order}, self.pinned))
 
     # -- measuring, through the cache
 
     def _lookup(self, keys: Iterable[str]) -> dict[str, Measurement]:
         """The figures the cache holds for `keys` (a failure an older version cached is not a figure)."""
-        found = {k: Measurement.from_json(self._known[k]) for k in set(keys) if k in self._known}
+        found = {k: Measurement.from_json(self.known[k]) for k in set(keys) if k in self.known}
         found = {k: m for k, m in found.items() if m.ok}
-        self._hits.update(found)
+        self.hits.update(found)
         return found
 
     def _remember(self, fresh: Mapping[str, Measurement]) -> None:
         """Keep the figures for the cache; a failure is never cached."""
-        self._fresh.update({k: m.to_json() for k, m in fresh.items() if m.ok})
+        self.fresh.update({k: m.to_json() for k, m in fresh.items() if m.ok})
 
     def _cached(self, jobs: Mapping[str, Callable[[], Callable[[], object]]], together: bool = False
                 ) -> dict[str, Measurement]:
@@ -201,19 +192,26 @@ class Search:
         lazily. A job that fails to build or run is a failure, so no choice falls on it."""
         found = self._lookup(jobs)
         if together and len(found) < len(jobs):
-            self._hits.difference_update(found)
+            self.hits.difference_update(found)
             found = {}
         calls, failed = build({key: job for key, job in jobs.items() if key not in found})
-        fresh = self.profiler.measure(calls) | failed
+        fresh = self.config.profiler.measure(calls) | failed
         for key, m in fresh.items():
             if not m.ok:
-                log.warning("not measured: %s on %s (%s)", key.split("|")[0], _measured_on(key), m.error)
-                self._failed[key] = m.error or "no figure"
+                kind, on = self.subjects[key]
+                log.warning("not measured: %s on %s (%s)", kind, ">".join(on), m.error)
+                self.failed[key] = m.error or "no figure"
         self._remember(fresh)
         return found | fresh
 
-    def _key(self, kind: str, provider: Provider, content: str) -> str:
-        return f"{kind}|{provider.label}|{_version(provider)}|threads={self.threads}|{content}|{self._at}"
+    def _key(self, kind: str, label: str, content: str, after: str | None = None) -> str:
+        """The cache key of a figure of `kind` on provider `label` (for a pair, right `after` another)."""
+        provider = self.providers[label]
+        if after is not None:
+            content = f"after={after}@{_version(self.providers[after])}|{content}"
+        key = f"{kind}|{label}|{_version(provider)}|threads={self.config.threads}|{content}|{self._at}"
+        self.subjects[key] = (kind, (label,) if after is None else (after, label))
+        return key
 
     @cached_property
     def _at(self) -> str:
@@ -221,97 +219,106 @@ class Search:
         shapes = ",".join(f"{n}={'x'.join(map(str, np.shape(v)))}" for n, v in sorted(self.feeds.items()))
         return f"at={shapes}@{feeds_digest(self.feeds)}"
 
-    def _block_costs(self, units: Sequence[Sequence[int]], allowed: Sequence[Sequence[int]]) -> list[dict[int, Measurement]]:
+    def _compiled(self, label: str, model: onnx.ModelProto, lower: bool = True) -> Runner:
+        """`model` compiled on provider `label` to share the process (a block at the provider's precision,
+        int8 quantized first, unless not `lower`), and closed when the search ends."""
+        provider = self.providers[label]
+        runner = _raised_by(provider, lambda: provider.compile(provider.lower(model) if lower else model,
+                                                               exclusive=False))
+        self.runners.callback(runner.close)
+        return runner
+
+    def _block_costs(self, units: Sequence[Sequence[int]], allowed: Sequence[Sequence[str]]
+                     ) -> list[dict[str, Measurement]]:
         models = [extract(self.model, self.graph, b, name=f"block_{k}") for k, b in enumerate(units)]
         digests = [hashlib.sha256(m.SerializeToString(deterministic=True)).hexdigest() for m in models]
-        keys = {(k, p): self._key("block", self.providers[p], digests[k]) for k, ps in enumerate(allowed) for p in ps}
-        feeds = _Feeds(self)
-        runners: dict[tuple[int, int], Runner] = {}
+        keys = {(k, p): self._key("block", p, digests[k]) for k, ps in enumerate(allowed) for p in ps}
+        feeds = _Feeds(self, models, allowed)
 
-        def job(k: int, p: int) -> Callable[[], object]:
-            block_feeds = feeds.for_block(k, models, allowed, runners)
-            if (k, p) not in runners:
-                runners[k, p] = _compiled(self.providers[p], models[k])
-            runner = runners[k, p]
+        def job(k: int, p: str) -> Callable[[], object]:
+            block_feeds = feeds.for_block(k)
+            runner = feeds.runner(k, p)
             return lambda: _raised_by(self.providers[p], runner.run, block_feeds)
 
         measured = self._cached({key: (lambda k=k, p=p: job(k, p)) for (k, p), key in keys.items()})
         return [{p: measured[keys[k, p]] for p in ps} for k, ps in enumerate(allowed)]
 
-    def _entry_costs(self, classes: Sequence[int], allowed: Sequence[Sequence[int]]
-                     ) -> tuple[dict[tuple[int, int], Measurement], dict[tuple[int, int, int], Measurement]]:
+    def _entry_costs(self, classes: Sequence[int], allowed: Sequence[Sequence[str]]
+                     ) -> tuple[dict[str, dict[int, Measurement]], dict[tuple[str, str], dict[int, Measurement]]]:
         """Per boundary size class c: each provider's cost of a stage that does almost nothing (one Relu
-        over c bytes) fed from the host, keyed (p, c); and for each ordered pair (q, p), the cost of such a
-        stage on p right after one on q, less q's own, keyed (q, p, c)."""
-        used = sorted({p for ps in allowed for p in ps})
-        runners: dict[tuple[int, int], Runner] = {}
+        over c bytes) fed from the host, as entry[p][c]; and for each ordered pair (q, p), the cost of such
+        a stage on p right after one on q, less q's own, as boundary[q, p][c]."""
+        used = [p for p in self.providers if any(p in ps for ps in allowed)]
+        runners: dict[tuple[str, int], Runner] = {}
 
-        def runner(p: int, size: int) -> Runner:
+        def runner(p: str, size: int) -> Runner:
             if (p, size) not in runners:
-                runners[p, size] = _raised_by(self.providers[p], self.providers[p].compile,
-                                             _entry_model(size // 4, self.model), exclusive=False)
+                runners[p, size] = self._compiled(p, _entry_model(size // 4, self.model), lower=False)
             return runners[p, size]
 
-        def alone(p: int, size: int) -> Callable[[], object]:
+        def alone(p: str, size: int) -> Callable[[], object]:
             data = {"x": np.zeros(size // 4, np.float32)}
             return lambda: _raised_by(self.providers[p], runner(p, size).run, data)
 
-        def pair(q: int, p: int, size: int) -> Callable[[], object]:
+        def pair(q: str, p: str, size: int) -> Callable[[], object]:
             first, second, data = runner(q, size), runner(p, size), {"x": np.zeros(size // 4, np.float32)}
             return lambda: _raised_by(self.providers[p], second.run, {
                 "x": hand_over(_raised_by(self.providers[q], first.run, data)["y"], first, second)})
 
         sizes = sorted(set(classes))
-        keys = {(p, c): self._key("entry", self.providers[p], f"bytes={c}") for p in used for c in sizes}
-        pairs = {(q, p, c): self._key("pair", self.providers[p], f"after={self.providers[q].label}@"
-                                      f"{_version(self.providers[q])}|bytes={c}")
+        keys = {(p, c): self._key("entry", p, f"bytes={c}") for p in used for c in sizes}
+        pairs = {(q, p, c): self._key("pair", p, f"bytes={c}", after=q)
                  for q in used for p in used if q != p for c in sizes}
         measured = self._cached({key: (lambda p=p, c=c: alone(p, c)) for (p, c), key in keys.items()}
                                 | {key: (lambda q=q, p=p, c=c: pair(q, p, c)) for (q, p, c), key in pairs.items()},
                                 together=True)
-        entry = {pc: measured[key] for pc, key in keys.items()}
-        boundary = {(q, p, c): _less(measured[key], entry[q, c]) for (q, p, c), key in pairs.items()}
+        entry: dict[str, dict[int, Measurement]] = {}
+        for (p, c), key in keys.items():
+            entry.setdefault(p, {})[c] = measured[key]
+        boundary: dict[tuple[str, str], dict[int, Measurement]] = {}
+        for (q, p, c), key in pairs.items():
+            boundary.setdefault((q, p), {})[c] = _less(measured[key], entry[q][c])
         return entry, boundary
 
-    def _measure_plans(self, placements: Mapping[str, Placement]) -> dict[str, Measurement]:
+    def _measure_plans(self, choices: Mapping[str, Choice]) -> dict[str, Measurement]:
         digest = hashlib.sha256(self.model.SerializeToString(deterministic=True)).hexdigest()
-        versions = ",".join(f"{p.label}@{_version(p)}" for p in self.providers)
-        keys = {name: f"plan|{digest}|{versions}|threads={self.threads}|{self._at}|"
-                      f"{_stage_labels(pl, [p.label for p in self.providers])}"
-                f"|{','.join(map(str, pl))}" for name, pl in placements.items()}
+        versions = ",".join(f"{label}@{_version(p)}" for label, p in self.providers.items())
+        keys = {name: f"plan|{digest}|{versions}|threads={self.config.threads}|{self._at}|{_stage_labels(c)}"
+                      f"|{','.join(c)}" for name, c in choices.items()}
         found = self._lookup(keys.values())
-        missing = {name: pl for name, pl in placements.items() if keys[name] not in found}
+        missing = {name: c for name, c in choices.items() if keys[name] not in found}
         measured = self._confirmed(missing) if missing else {}
         fresh = {keys[name]: m for name, m in measured.items()}
         self._remember(fresh)
-        return {name: (found | fresh)[keys[name]] for name in placements}
+        return {name: (found | fresh)[keys[name]] for name in choices}
 
-    def _confirmed(self, placements: Mapping[str, Placement]) -> dict[str, Measurement]:
+    def _confirmed(self, choices: Mapping[str, Choice]) -> dict[str, Measurement]:
         """Whole figures, the close contenders timed a second time (a fresh process each, when the timer
         makes processes) and kept at the faster: one process may run a plan 10-20% slower than the next."""
-        first = self.time_plans(placements)
+        first = self.config.time_plans(choices)
         fastest = min(m.ms for m in first.values())
-        close = {name: placements[name] for name, m in first.items() if m.ok and m.ms <= fastest * (1 + CONTENDERS)}
+        close = {name: choices[name] for name, m in first.items() if m.ok and m.ms <= fastest * (1 + CONTENDERS)}
         if len(close) < 2:
             return first
-        again = self.time_plans(close)
+        again = self.config.time_plans(close)
         return {name: _again(m, again[name]) if name in again else m for name, m in first.items()}
 
-    def _improve(self, candidates: dict[str, Placement], whole: dict[str, Measurement], best: str,
-                 units: Sequence[Sequence[int]], allowed: Sequence[Sequence[int]], started: float) -> str:
+    def _improve(self, candidates: dict[str, Choice], whole: dict[str, Measurement], best: str,
+                 units: Sequence[Sequence[int]], allowed: Sequence[Sequence[str]], started: float) -> str:
         """Move runs of blocks to another provider (a neighbouring run's first: a merge) while that beats the
         noise and time remains."""
-        tried = {tuple(pl) for pl in candidates.values()}
+        budget = self.config.budget_s
+        tried = set(candidates.values())
         improved = True
-        while improved and time.monotonic() - started < self.budget_s:
+        while improved and time.monotonic() - started < budget:
             improved = False
             current = candidates[best]
             choice = [current[b[0]] for b in units]
             for alternative in _moves(choice, allowed):
-                placement = expand(len(self.graph.nodes), units, alternative)
-                if tuple(placement) in tried or time.monotonic() - started >= self.budget_s:
+                placement = tuple(expand(units, alternative))
+                if placement in tried or time.monotonic() - started >= budget:
                     continue
-                tried.add(tuple(placement))
+                tried.add(placement)
                 name = f"moved {len(tried)}"
                 candidates[name] = placement
                 result = self._measure_plans({name: placement, best: current})
@@ -324,30 +331,34 @@ class Search:
 
 
 class _Feeds:
-    """Sample values of every tensor, made by running the blocks once in order on a provider each."""
+    """Sample values of every tensor, made by running the blocks once in order on a provider each; and the
+    block runners, compiled once for both this and the measurement."""
 
-    def __init__(self, search: Search):
-        self.search = search
+    def __init__(self, search: _Searching, models: Sequence[onnx.ModelProto], allowed: Sequence[Sequence[str]]):
+        self.search, self.models, self.allowed = search, models, allowed
         self.values: dict[str, np.ndarray] = dict(search.feeds)
+        self.runners: dict[tuple[int, str], Runner] = {}
         self.done = 0
 
-    def for_block(self, k: int, models, allowed, runners: dict[tuple[int, int], Runner]) -> dict[str, np.ndarray]:
-        while self.done < k:
-            self._run(self.done, models, allowed, runners)
-            self.done += 1
-        return {i.name: self.values[i.name] for i in models[k].graph.input if i.name in self.values}
+    def runner(self, k: int, label: str) -> Runner:
+        if (k, label) not in self.runners:
+            self.runners[k, label] = self.search._compiled(label, self.models[k])
+        return self.runners[k, label]
 
-    def _run(self, k: int, models, allowed, runners) -> None:
+    def for_block(self, k: int) -> dict[str, np.ndarray]:
+        while self.done < k:
+            self._run(self.done)
+            self.done += 1
+        return {i.name: self.values[i.name] for i in self.models[k].graph.input if i.name in self.values}
+
+    def _run(self, k: int) -> None:
         """Block k's results, from the first provider that runs it; a `ProviderError` naming each
         provider's error when none does (the blocks after it cannot be fed)."""
-        feeds = {i.name: self.values[i.name] for i in models[k].graph.input if i.name in self.values}
+        feeds = {i.name: self.values[i.name] for i in self.models[k].graph.input if i.name in self.values}
         errors = []
-        for p in allowed[k]:
-            provider = self.search.providers[p]
+        for label in self.allowed[k]:
             try:
-                if (k, p) not in runners:
-                    runners[k, p] = _compiled(provider, models[k])
-                results = _raised_by(provider, runners[k, p].run, feeds)
+                results = _raised_by(self.search.providers[label], self.runner(k, label).run, feeds)
             except ProviderError as error:
                 errors.append(str(error))
                 continue
@@ -365,11 +376,6 @@ def _raised_by(provider: Provider, call: Callable[..., Any], *args: Any, **kwarg
         raise ProviderError(text if text.startswith(f"{provider.label}:") else f"{provider.label}: {text}") from error
 
 
-def _compiled(provider: Provider, model: onnx.ModelProto) -> Runner:
-    """A block at the provider's precision (int8 quantized first), compiled to share the process."""
-    return _raised_by(provider, lambda: provider.compile(provider.lower(model), exclusive=False))
-
-
 def _version(provider: Provider) -> str:
     """What a provider's figures depend on besides its label: its runtime's version, and for an int8
     variant the calibration its stages were quantized on."""
@@ -377,75 +383,7 @@ def _version(provider: Provider) -> str:
     return f"{provider.availability.version}" + (f"+calibration={calibration.digest}" if calibration else "")
 
 
-def allowed_providers(graph: Graph, support: Sequence[Mapping[str, Support]], pinned: Mapping[str, int],
-                      block: Sequence[int]) -> list[int]:
-    """The providers that run every node of `block`, and to which none of them is pinned elsewhere."""
-    names = [graph.nodes[i].name for i in block]
-    pins = {pinned[x] for x in names if x in pinned}
-    return [p for p, table in enumerate(support) if all(table[x].ok for x in names) and pins <= {p}]
-
-
-def expand(size: int, units: Sequence[Sequence[int]], choice: Sequence[int]) -> Placement:
-    """A provider per block -> a provider per node."""
-    placement = [0] * size
-    for block, p in zip(units, choice):
-        for i in block:
-            placement[i] = p
-    return placement
-
-
-def cheapest_path(allowed: Sequence[Sequence[int]], costs: Sequence[Mapping[int, Measurement]],
-                  entry: Sequence[Mapping[int, Measurement]],
-                  boundary: Sequence[Mapping[tuple[int, int], Measurement]] | None = None) -> list[int]:
-    """For each block, a provider, minimising block costs plus the boundary paid wherever the provider
-    changes. `entry[k]` and `boundary[k]` are the figures at the size of what enters block k.
-
-    A block's own figure includes one stage entry fed from the host, so consecutive blocks on one provider
-    are charged the block figure less that entry, and a block after another provider q the block figure
-    with the entry replaced by the boundary from q (when measured). For the same reason an entry is worth
-    no more than the provider's cheapest block: a larger entry figure is work the probe stage did, not the
-    boundary's price. `allowed` holds only measured providers; a missing entry or boundary is not subtracted."""
-    used = {p for ps in allowed for p in ps}
-    cheapest = {p: min(costs[k][p].ms for k, ps in enumerate(allowed) if p in ps) for p in used}
-    best: dict[int, tuple[float, list[int]]] = {}
-    for k, ps in enumerate(allowed):
-        step: dict[int, tuple[float, list[int]]] = {}
-        for p in ps:
-            own = costs[k][p].ms
-            probe = entry[k].get(p)  # absent where the entry was not measured: nothing is taken off
-            inside = own if probe is None else max(own - min(probe.ms, cheapest[p]), 0.0)  # without its entry
-            options = [(own, [p])] if not best else []
-            for q, (total, path) in best.items():
-                measured = boundary[k].get((q, p)) if boundary else None
-                extra = inside if q == p else own if measured is None else inside + measured.ms
-                options.append((total + extra, [*path, p]))
-            step[p] = min(options, key=lambda o: o[0])
-        best = step
-    return min(best.values(), key=lambda o: o[0])[1]
-
-
-def boundary_classes(graph: Graph, units: Sequence[Sequence[int]]) -> list[int]:
-    """Per block, the size class of the tensors live where it starts (the graph's inputs, for the first)."""
-    live = live_tensors(graph)
-    classes = []
-    for block in units:
-        size, c = sum(nbytes(graph, t) for t in live[block[0]] or graph.inputs), SMALLEST_CLASS
-        while c < size:
-            c *= 16
-        classes.append(c)
-    return classes
-
-
-def _by_class(figures: Mapping[tuple[str, int], Measurement]) -> dict[str, dict[str, float]]:
-    """`{"openvino>litert": {"65536": 0.012}}` from figures keyed (..., size class); measured ones only."""
-    out: dict[str, dict[str, float]] = {}
-    for (name, size), m in figures.items():
-        if m.rounds:
-            out.setdefault(name, {})[str(size)] = m.ms
-    return out
-
-
-def _moves(choice: Sequence[int], allowed: Sequence[Sequence[int]]) -> list[list[int]]:
+def _moves(choice: Sequence[str], allowed: Sequence[Sequence[str]]) -> list[list[str]]:
     """Alternatives where one run of same-provider blocks goes to another provider that runs all of it: first
     every merge into a neighbouring run's provider (a stage boundary fewer), then the other providers."""
     runs: list[list[int]] = []
@@ -457,7 +395,8 @@ def _moves(choice: Sequence[int], allowed: Sequence[Sequence[int]]) -> list[list
     merges, others = [], []
     for r, run in enumerate(runs):
         neighbours = {choice[runs[n][0]] for n in (r - 1, r + 1) if 0 <= n < len(runs)}
-        for target in sorted(set.intersection(*(set(allowed[k]) for k in run)) - {choice[run[0]]}):
+        targets = set.intersection(*(set(allowed[k]) for k in run)) - {choice[run[0]]}
+        for target in [p for p in allowed[run[0]] if p in targets]:
             moved = [target if k in run else p for k, p in enumerate(choice)]
             (merges if target in neighbours else others).append(moved)
     return merges + others
@@ -475,33 +414,22 @@ def _again(first: Measurement, second: Measurement) -> Measurement:
     return second if not second.ok else min(first, second, key=lambda m: m.ms)
 
 
-def _measured_on(key: str) -> str:
-    """The provider a figure's key measured (`openvino`), or for a boundary the pair (`openvino>ort-cpu`)."""
-    kind, label, *_, content = key.split("|", 4)
-    return f"{content.removeprefix('after=').split('@')[0]}>{label}" if kind == "pair" else label
+def _unique(candidates: Mapping[str, Choice]) -> dict[str, Choice]:
+    seen: dict[Choice, str] = {}
+    for name, choice in candidates.items():
+        seen.setdefault(choice, name)
+    return {name: choice for choice, name in seen.items()}
 
 
-def _finite(ms: float) -> float | None:
-    """A figure for JSON: None for a candidate that failed (infinitely slow)."""
-    return ms if ms != float("inf") else None
-
-
-def _unique(candidates: Mapping[str, Placement]) -> dict[str, Placement]:
-    seen: dict[tuple[int, ...], str] = {}
-    for name, placement in candidates.items():
-        seen.setdefault(tuple(placement), name)
-    return {name: list(p) for p, name in seen.items()}
-
-
-def _stage_labels(placement: Sequence[int], labels: Sequence[str]) -> str:
+def _stage_labels(choice: Sequence[str]) -> str:
     """`openvino x12 > ort-cpu x3`: the providers along the topological order and how many nodes each runs."""
     runs: list[list[Any]] = []
-    for p in placement:
+    for p in choice:
         if runs and runs[-1][0] == p:
             runs[-1][1] += 1
         else:
             runs.append([p, 1])
-    return " > ".join(f"{labels[p]} x{n}" for p, n in runs)
+    return " > ".join(f"{p} x{n}" for p, n in runs)
 
 
 def _entry_model(elements: int, like: onnx.ModelProto) -> onnx.ModelProto:

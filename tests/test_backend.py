@@ -121,8 +121,8 @@ class SpreadBackend(Backend):
         a = analyze(model)
         placement = []
         for node in a.graph.nodes:
-            able = [p for p, support in enumerate(a.support) if support[node.name].ok]
-            placement.append(able[node.index % len(able)] if able else 0)
+            able = [label for label, support in a.support.items() if support[node.name].ok]
+            placement.append(able[node.index % len(able)] if able else a.providers[0].label)
         return BackendRep(InferenceSession(build_plan(a, placement, None), profile=False))
 
 

@@ -50,7 +50,8 @@ def _reachable(graph: Graph, start: int) -> set[int]:
 @given(data=st.data(), model=dags())
 def test_stages_are_convex_acyclic_and_cover_every_node_once(data, model):
     graph = Graph.from_model(model)
-    placement = data.draw(st.lists(st.integers(0, 2), min_size=len(graph.nodes), max_size=len(graph.nodes)))
+    placement = data.draw(st.lists(st.sampled_from(["ort-cpu", "openvino", "litert"]), min_size=len(graph.nodes),
+                                   max_size=len(graph.nodes)))
     stages = partition(graph, placement)
     stage_of = {node: k for k, s in enumerate(stages) for node in s.nodes}
     assert sorted(stage_of) == list(range(len(graph.nodes)))
@@ -69,14 +70,15 @@ def test_stages_are_convex_acyclic_and_cover_every_node_once(data, model):
 @given(data=st.data(), model=dags())
 def test_extracted_stages_are_valid_and_the_plan_round_trips(data, model, tmp_path_factory):
     graph = Graph.from_model(model)
-    placement = data.draw(st.lists(st.integers(0, 1), min_size=len(graph.nodes), max_size=len(graph.nodes)))
+    placement = data.draw(st.lists(st.sampled_from(["ort-cpu", "openvino"]), min_size=len(graph.nodes),
+                                   max_size=len(graph.nodes)))
     stages = []
     for k, spec in enumerate(partition(graph, placement)):
         stage_model = extract(model, graph, spec.nodes, name=f"stage_{k}")
         onnx.checker.check_model(stage_model, full_check=True)
         assert stage_model.ir_version == model.ir_version
         assert list(stage_model.opset_import) == list(model.opset_import)
-        stages.append(Stage(provider=["ort-cpu", "openvino"][spec.provider], options={},
+        stages.append(Stage(provider=spec.provider, options={},
                             nodes=[graph.nodes[i].name for i in spec.nodes],
                             inputs=[i.name for i in stage_model.graph.input],
                             outputs=[o.name for o in stage_model.graph.output],

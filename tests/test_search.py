@@ -15,7 +15,8 @@ import uhop_onnx
 from uhop_onnx.models import cnn, mlp, resnet
 from uhop_onnx.partitioner.profiler import Measurement, Profiler
 from uhop_onnx.errors import CheckError, MeasurementError
-from uhop_onnx.partitioner.search import _moves, cheapest_path
+from uhop_onnx.partitioner.path import cheapest_path
+from uhop_onnx.partitioner.search import _moves
 from uhop_onnx.providers import REGISTRY, Support
 from uhop_onnx.providers.ort import OrtCpu
 
@@ -45,6 +46,10 @@ class Charging:
 
     def to_host(self, value):
         return value
+
+    def close(self):
+        self.closed = True
+        self.inner.close()
 
 
 def fake_provider(ident: str, op_ms: dict[str, float], call_ms: float, clock: FakeClock, version: str = "1",
@@ -363,10 +368,10 @@ def test_inspect_says_why_the_unlisted_last_resort_does_not_take_a_node():
     from uhop_onnx.optimizer import analyze
 
     a = analyze(cnn(), ["kernels"])
-    last = dict(zip([p.label for p in a.providers], a.support))["ort-cpu"]
+    last = a.support["ort-cpu"]
     conv = next(n.name for n in a.graph.nodes if n.op_type == "Conv")
     assert not last[conv].ok and last[conv].source == "list" and "(kernels)" in last[conv].reason
-    assert all(s.ok for s in analyze(cnn(), ["kernels", "ort-cpu"]).support[1].values())
+    assert all(s.ok for s in analyze(cnn(), ["kernels", "ort-cpu"]).support["ort-cpu"].values())
 
 
 @pytest.mark.parametrize("provider, model", [("litert", resnet), ("kernels", lambda: matmul(1024))])

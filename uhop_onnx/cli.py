@@ -187,7 +187,7 @@ def inspect(model: Path, providers: ProvidersOption = None, threads: ThreadsOpti
             "op": node.op_type if not node.domain else f"{node.domain}.{node.op_type}",
             "support": {label: ({"ok": s[node.name].ok, "reason": s[node.name].reason, "source": s[node.name].source}
                                 if kept else {"ok": None, "reason": "removed by simplification", "source": "simplify"})
-                        for label, s in zip(labels, a.support)},
+                        for label, s in a.support.items()},
         })
     report = {
         "model": str(model),

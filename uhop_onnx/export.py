@@ -35,12 +35,10 @@ from .errors import InputError, ProviderError, UhopError
 from .files import check_writable, new_folder, read_npz, write_archive, writing
 from .graph import Graph, declared_outputs
 from .inputs import Inputs, Shapes, at_shapes, free_inputs, read_inputs
-from .optimizer import Analysis, analyze, build_plan, place_measured
+from .optimizer import analyze, build_plan, place_measured
 from .precision import check_choice
-from .partitioner.blocks import blocks
-from .partitioner.profiler import Measurement
-from .partitioner.search import allowed_providers, cheapest_path, expand
-from .partitioner.static_cost import flops, moved
+from .partitioner.placer import Analysis
+from .partitioner.static import StaticCost
 from .providers import Provider, create
 from .samples import reference_outputs
 from .simplify import simplify
@@ -80,7 +78,8 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
         plan.placement = f"measured on this host for target {profile.name}"
     else:
         progress("placing for the target with its static cost model")
-        plan = build_plan(a, _static_placement(a, entries), threads)
+        placer = StaticCost({p.label: e for p, e in zip(a.providers, entries)})
+        plan = build_plan(a, placer.place(a).choice, threads)
         plan.placement = f"static cost model of target {profile.name}"
     with writing(out), (tempfile.TemporaryDirectory() if archive else new_folder(out)) as staging:
         staging = Path(staging)
@@ -156,21 +155,6 @@ def _providers(profile: Target, only: Sequence[str] | None, threads: int | None,
         raise ProviderError(f"this host can build stages for none of {profile.name}'s providers "
                             f"({', '.join(e.id for e in entries)})")
     return kept, providers
-
-
-def _static_placement(a: Analysis, entries: list[TargetProvider]) -> list[int]:
-    units = blocks(a.graph, a.support, a.pinned)
-    allowed = [allowed_providers(a.graph, a.support, a.pinned, b) for b in units]
-    for block, options in zip(units, allowed):
-        if not options:
-            node = a.graph.nodes[block[0]]
-            raise ProviderError(f"no provider of the target can run node {node.name!r} ({node.op_type})")
-    costs = [{p: Measurement(entries[p].stage_ms + sum(entries[p].cost_ms(flops(a.graph, a.graph.nodes[i]),
-                                                                         moved(a.graph, a.graph.nodes[i]))
-                                                       for i in block), 0.0, 0) for p in options}
-             for block, options in zip(units, allowed)]
-    entry = {p: Measurement(e.stage_ms, 0.0, 0) for p, e in enumerate(entries)}
-    return expand(len(a.graph.nodes), units, cheapest_path(allowed, costs, [entry] * len(units)))
 
 
 def _write(folder: Path, a: Analysis, plan, profile: Target, entries: list[TargetProvider],

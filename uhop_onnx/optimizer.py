@@ -8,7 +8,6 @@ import logging
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,8 @@ from .loader import load
 from .partitioner.capabilities import capabilities, only_the_rest
 from .partitioner.extract import extract
 from .partitioner.partition import partition
-from .partitioner.placement import first_supported
+from .partitioner.placement import FirstSupported
+from .partitioner.placer import Analysis, Choice, Placement, Precision
 from .partitioner.profiler import Measurement, Profiler
 from .partitioner.search import Search, in_process
 from .plan import PLAN_FILE, ModelMetadata, Plan, Stage
@@ -45,21 +45,6 @@ from .session import InferenceSession
 from .simplify import simplify
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Analysis:
-    """A model as placement sees it: loaded, simplified, and what each provider can run of it."""
-
-    source: Any
-    loaded: onnx.ModelProto
-    simplified: onnx.ModelProto
-    graph: Graph
-    providers: list[Provider]  # in preference order
-    support: list[dict[str, Support]]  # per provider: node name -> Support
-    pinned: dict[str, int]  # node name -> index into providers
-    feeds: dict[str, Any] | None = None  # the inputs measurements run on (None: free dimensions without a default)
-    precision: Precision | None = None  # the reduced precisions competing, and what they are gated on
 
 
 def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[ProviderSpec] | None = None,
@@ -94,6 +79,7 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
         chosen = list(chosen)
     else:
         chosen = list(resolved) if resolved is not None else resolve(providers, threads, strict)
+    chosen = list({p.label: p for p in reversed(chosen)}.values())[::-1]  # a provider listed twice counts once
     pinned = _pins(assign or {}, loaded, graph, chosen, threads, extend)
     fixed = None
     if feeds is not None and free_inputs(simplified):
@@ -102,16 +88,16 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
         except Exception as error:  # noqa: BLE001 - inference may refuse the shapes; such runtimes then refuse too
             log.warning("the model at %s could not be prepared for fixed-shape runtimes: %s",
                         shapes_text(measured_shapes(feeds)), first_line(error))
-    support = []
+    support = {}
     for provider in chosen:
         progress(f"asking {provider.label} what it can run")
         if fixed and provider.static_shapes:
-            support.append(fixed.capabilities(graph, provider))
+            support[provider.label] = fixed.capabilities(graph, provider)
         else:
-            support.append(capabilities(simplified, graph, provider, query=provider.present))
+            support[provider.label] = capabilities(simplified, graph, provider, query=provider.present)
+    last = chosen[-1].label
     if chosen[-1].appended:
-        support[-1] = only_the_rest(support, [p.label for p in chosen],
-                                    keep={node for node, p in pinned.items() if p == len(chosen) - 1})
+        support[last] = only_the_rest(support, keep={node for node, p in pinned.items() if p == last})
     return Analysis(model, loaded, simplified, graph, chosen, support, pinned, feeds)
 
 
@@ -129,18 +115,6 @@ class FixedShapes:
         verdicts = capabilities(self.model, self.graph, provider, query=provider.present)
         folded = Support(True, "a constant at the measured shapes", "simplify")
         return {n.name: verdicts.get(n.name, folded) for n in graph.nodes}
-
-
-@dataclass
-class Precision:
-    """What a reduced-precision search is gated on: the tolerance, the samples each candidate plan runs on
-    and ONNX Runtime fp32's outputs of the original model on them."""
-
-    choice: str
-    tolerance: float
-    samples: list[dict[str, Any]]
-    references: list[dict[str, Any]]
-    calibration: Calibration | None  # None: no calibration data was given (int8 is not tried)
 
 
 def with_precisions(a: Analysis, choice: str, tolerance: float, samples: list[dict[str, Any]] | None) -> Analysis:
@@ -163,21 +137,19 @@ def with_precisions(a: Analysis, choice: str, tolerance: float, samples: list[di
         check_samples(samples, names)
         gate_samples = [profile_feeds([a.graph.signature(n) for n in names], inputs=s) for s in samples]
         calibration = Calibration(a.simplified, gate_samples)
-    providers, support, index = [], [], {}
-    for i, (provider, table) in enumerate(zip(a.providers, a.support)):
-        index[i] = len(providers)
-        for p in wanted(choice, provider.precisions()):
+    providers, support = [], {}
+    for provider in a.providers:
+        for p in wanted(choice, provider.precisions()):  # fp32 first: a pin stays on the provider's fp32 stages
             if p == "int8" and calibration is None:
                 continue
             variants = [provider] if p == "fp32" else provider.variants(p, calibration)
             providers += variants
-            support += [table] * len(variants)
+            support |= {variant.label: a.support[provider.label] for variant in variants}
     if len(providers) == len(a.providers):
         warnings.warn(f"precision={choice!r}: no provider here offers it; the plan is fp32", UserWarning, stacklevel=4)
     original = a.loaded.SerializeToString()
     references = [reference_outputs(original, s) for s in gate_samples]
-    return Analysis(a.source, a.loaded, a.simplified, a.graph, providers, support,
-                    {node: index[p] for node, p in a.pinned.items()}, a.feeds,
+    return Analysis(a.source, a.loaded, a.simplified, a.graph, providers, support, a.pinned, a.feeds,
                     Precision(choice, tolerance, gate_samples, references, calibration))
 
 
@@ -235,7 +207,7 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     if not profile:
         a = analysis()
         progress("placing nodes and cutting stages")
-        return build_plan(a, first_supported(a.graph, a.support, a.pinned, [p.label for p in a.providers]), threads)
+        return build_plan(a, FirstSupported().place(a).choice, threads)
     if profiler is not None:
         return place_measured(analysis(), threads, budget=budget, profiler=profiler, progress=progress)
     measured_at = {"shapes": {k: list(v) for k, v in (shapes or {}).items()},
@@ -302,42 +274,41 @@ def _seen_digest(entry: Any) -> None:
 def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, profiler: Profiler | None = None,
                    progress: Callable[[str], None] = lambda step: None) -> Plan:
     """The plan of `a` that measures fastest on this machine (see `optimize`)."""
-    labels = [p.label for p in a.providers]
     progress("measuring candidate placements")
     if profiler is None:
-        def time_plans(placements):
-            return time_plans_in_processes({name: build_plan(a, pl, threads) for name, pl in placements.items()},
+        def time_plans(choices: Mapping[str, Choice]) -> dict[str, Measurement]:
+            return time_plans_in_processes({name: build_plan(a, c, threads) for name, c in choices.items()},
                                            a.feeds, threads)
     else:
-        def run_plan(placement: list[int]):
-            session = InferenceSession(build_plan(a, placement, threads), threads=threads)
+        def run_plan(choice: Choice):
+            session = InferenceSession(build_plan(a, choice, threads), threads=threads)
             return lambda: session.run(None, a.feeds)
 
         time_plans = in_process(run_plan, profiler)
+    labels = [p.label for p in a.providers]
     store = JsonTable(cache_dir() / "profiles" / f"{device_fingerprint(threads, *labels)}.json",
                       check=Measurement.from_json)
-    search = Search(a.simplified, a.graph, a.providers, a.support, a.pinned, time_plans, a.feeds,
-                    profiler=profiler or Profiler(), store=store, budget_s=budget, threads=threads,
-                    gate=None if a.precision is None else lambda placement: _gate(a, placement, threads))
-    placement = search.run()
-    plan = build_plan(a, placement, threads)
-    plan.placement, plan.profile = "measured", search.report
+    placer = Search(time_plans, profiler=profiler or Profiler(), store=store, budget_s=budget, threads=threads,
+                    gate=None if a.precision is None else lambda choice: _gate(a, choice, threads))
+    placement = placer.place(a)
+    plan = build_plan(a, placement.choice, threads)
+    plan.placement, plan.profile = placement.method, placement.to_json()
     if a.precision is not None:
         plan.tolerance = a.precision.tolerance
-        plan.accuracy = search.report["candidates"][search.report["chosen"]].get("accuracy")
-    _attribute_costs(plan, a, search)
-    _log_measured(plan.model_name, search.report)
+        plan.accuracy = placement.plans[placement.chosen].accuracy
+    _attribute_costs(plan, placement)
+    _log_measured(plan.model_name, placement)
     return plan
 
 
-def _gate(a: Analysis, placement: Sequence[int], threads: int | None) -> tuple[bool, dict[str, Any] | None]:
-    """Whether the plan of `placement` is within the tolerance on every gate sample, and its worst errors per
+def _gate(a: Analysis, choice: Choice, threads: int | None) -> tuple[bool, dict[str, Any] | None]:
+    """Whether the plan of `choice` is within the tolerance on every gate sample, and its worst errors per
     output; a plan whose stages are all fp32 is not checked (None)."""
-    if all(a.providers[p].precision == "fp32" for p in set(placement)):
+    if all(a.provider(label).precision == "fp32" for label in set(choice)):
         return True, None
     g = a.precision
     try:
-        session = InferenceSession(build_plan(a, placement, threads), threads=threads)
+        session = InferenceSession(build_plan(a, choice, threads), threads=threads)
         names = [o.name for o in session.get_outputs()]
         per_sample = [errors(dict(zip(names, session.run(None, s), strict=True)), ref)
                       for s, ref in zip(g.samples, g.references)]
@@ -346,36 +317,32 @@ def _gate(a: Analysis, placement: Sequence[int], threads: int | None) -> tuple[b
     return gate(per_sample, g.tolerance)
 
 
-def _log_measured(model_name: str, report: dict[str, Any]) -> None:
-    for name, candidate in report["candidates"].items():
+def _log_measured(model_name: str, placement: Placement) -> None:
+    for name, candidate in placement.plans.items():
+        figure = candidate.figure
         log.info("%s: candidate %s measured %s ms (spread %.1f%%)", model_name, name,
-                 ms_text(candidate["ms"]) or "no figure", 100 * candidate["spread"])
-    log.info("%s: chose %s; %d figures measured, %d from the cache, in %s s", model_name, report["chosen"],
-             report["measured"], report["cached"], report["seconds"])
+                 ms_text(figure.ms if figure.ok else None) or "no figure", 100 * figure.spread)
+    effort = placement.effort
+    log.info("%s: chose %s; %d figures measured, %d from the cache, in %s s", model_name, placement.chosen,
+             effort.measured, effort.cached, effort.seconds)
 
 
-def _attribute_costs(plan: Plan, a: Analysis, search: Search) -> None:
+def _attribute_costs(plan: Plan, placement: Placement) -> None:
     """Give each stage the measured cost of its blocks on its provider, on every provider that could run
     them all, and the boundary paid where it follows another stage, at the size of what enters it."""
-    labels = [p.label for p in a.providers]
-    blocks = search.report["blocks"]
-    stage_of = {node: k for k, stage in enumerate(plan.stages) for node in stage.nodes}
-    for k, stage in enumerate(plan.stages):
-        mine = [b for b in blocks if stage_of.get(b["first"]) == k]
-        options = set.intersection(*(set(b["ms"]) for b in mine)) if mine else set()
-        stage.alternatives = {label: round(sum(b["ms"][label] for b in mine), 4) for label in labels if label in options}
-        stage.cost_ms = stage.alternatives.get(stage.label)
-        if k > 0 and mine:
-            pair = search.report["boundary_ms"].get(f"{plan.stages[k - 1].label}>{stage.label}", {})
-            stage.boundary_ms = pair.get(str(mine[0]["boundary_bytes"]))
+    costs = placement.stage_costs([(stage.label, stage.nodes) for stage in plan.stages])
+    for stage, cost in zip(plan.stages, costs):
+        stage.alternatives = cost.alternatives
+        stage.cost_ms = cost.alternatives.get(stage.label)
+        stage.boundary_ms = cost.boundary_ms
 
 
-def build_plan(a: Analysis, placement: Sequence[int], threads: int | None) -> Plan:
-    """The plan of a placement: convex stages, each extracted as its own model."""
+def build_plan(a: Analysis, choice: Sequence[str], threads: int | None) -> Plan:
+    """The plan of a choice (a provider label per node): convex stages, each extracted as its own model."""
     graph = a.graph
     stages = []
-    for k, spec in enumerate(partition(graph, placement)):
-        provider = a.providers[spec.provider]
+    for k, spec in enumerate(partition(graph, choice)):
+        provider = a.provider(spec.provider)
         stage_model = provider.lower(extract(a.simplified, graph, spec.nodes, name=f"stage_{k}"))
         stages.append(Stage(
             provider=provider.id,
@@ -399,16 +366,16 @@ def build_plan(a: Analysis, placement: Sequence[int], threads: int | None) -> Pl
         threads=threads,
         metadata=ModelMetadata.of(a.loaded),
         replaced=[{"node": node, "provider": provider.label, "reason": verdict.reason}
-                  for provider, table in zip(a.providers, a.support) for node, verdict in table.items()
+                  for provider in a.providers for node, verdict in a.support[provider.label].items()
                   if verdict.source == "check"],
         shapes=None if a.feeds is None else measured_shapes(a.feeds),
     )
 
 
 def _pins(assign: Mapping[str, str], loaded: onnx.ModelProto, graph: Graph, chosen: list[Provider],
-          threads: int | None, extend: bool) -> dict[str, int]:
-    """Node name -> index into `chosen`. An assigned provider missing from `chosen` joins it, before the
-    last resort, when `extend`; names of nodes that simplification removed are ignored."""
+          threads: int | None, extend: bool) -> dict[str, str]:
+    """Node name -> the label of its provider in `chosen`. An assigned provider missing from `chosen` joins
+    it, before the last resort, when `extend`; names of nodes that simplification removed are ignored."""
     known = {n.name for n in loaded.graph.node}
     for node, spec in assign.items():
         if node not in known:
@@ -420,12 +387,12 @@ def _pins(assign: Mapping[str, str], loaded: onnx.ModelProto, graph: Graph, chos
             provider = create(spec, threads)
             provider.require()
             chosen.insert(len(chosen) - (chosen[-1].id == LAST_RESORT), provider)
-    return {node: _find(chosen, spec) for node, spec in assign.items() if node in graph.index_of}
+    return {node: _find(chosen, spec).label for node, spec in assign.items() if node in graph.index_of}
 
 
-def _find(chosen: list[Provider], spec: ProviderSpec) -> int | None:
+def _find(chosen: list[Provider], spec: ProviderSpec) -> Provider | None:
     ident, options = parse_spec(spec)
-    return next((i for i, p in enumerate(chosen) if p.id == ident and (not options or p.options == options)), None)
+    return next((p for p in chosen if p.id == ident and (not options or p.options == options)), None)
 
 
 def _model_name(source, loaded: onnx.ModelProto) -> str:
