@@ -167,3 +167,35 @@ def test_capabilities_combine_the_table_remarks_and_the_converter():
     support = capabilities(model, Graph.from_model(model), Rknn({"simulate": True}))
     refused = {name for name, s in support.items() if not s.ok}
     assert refused == {"/softmax/Softmax"}
+
+
+def test_precision_variants_are_the_dtype_option():
+    base = Rknn({"simulate": True})
+    assert base.precisions() == ["fp16", "int8"]
+    int8 = base.at_precision("int8")
+    assert (int8.label, int8.dtype, int8.options) == ("rknn[int8]", "int8", {"simulate": True, "dtype": "int8"})
+    assert base.at_precision("fp32").options == {"simulate": True} and base.dtype == "fp16"  # a plan of before
+    assert Rknn({"dtype": "int8"}).at_precision("fp32").dtype == "int8"
+
+
+@needs_toolkit
+def test_int8_variant_is_quantized_on_the_calibration_values_in_the_simulator():
+    from uhop_onnx.providers.quantize import Calibration
+
+    model = BUILDERS["cnn"]()
+    rng = np.random.default_rng(5)
+    calibration = Calibration(model, [{"input": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)}
+                                      for _ in range(6)])
+    feeds = random_feeds(model, seed=4)
+    (expected,) = reference(model, feeds)
+    errors = {}
+    for dtype in ("fp16", "int8"):
+        runner = Rknn({"simulate": True}).at_precision(dtype, calibration).compile(model)
+        try:
+            actual = runner.run(feeds)["output"]
+        finally:
+            runner.close()
+        errors[dtype] = np.abs(actual - expected).max()
+        cosine = float(np.dot(actual.ravel(), expected.ravel()) / np.linalg.norm(actual) / np.linalg.norm(expected))
+        assert cosine > 0.999, (dtype, cosine)
+    assert errors["int8"] > errors["fp16"]  # quantized on those samples, not built at fp16

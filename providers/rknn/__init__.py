@@ -144,11 +144,24 @@ class Rknn(Provider):
 
         return Toolkit()
 
-    def samples(self) -> list[dict[str, np.ndarray]]:
-        """Calibration feeds from the `calibration` option's `.npz` (samples on the first axis)."""
+    def precisions(self) -> list[str]:
+        """fp16 and int8, the NPU's own (it has no fp32): the `dtype` option of each variant."""
+        return ["fp16", "int8"]
+
+    def at_precision(self, precision: str, calibration: Any = None) -> Provider:
+        """The `dtype` option at `precision` (int8 quantized on the values `calibration` gives a stage's
+        inputs, unless the `calibration` option names a file); fp32 leaves the options as they are."""
+        variant = super().at_precision(precision, calibration)
+        if precision in DTYPES:
+            variant.options, variant.dtype = {**self.options, "dtype": precision}, precision
+        return variant
+
+    def samples(self, model: onnx.ModelProto | None = None) -> list[dict[str, np.ndarray]]:
+        """Calibration feeds from the `calibration` option's `.npz` (samples on the first axis), else the
+        values the variant's calibration gives `model`'s inputs."""
         path = self.options.get("calibration")
         if not path:
-            return []
+            return self.calibration.of(model) if self.calibration is not None and model is not None else []
         from uhop_onnx.files import read_npz
 
         arrays = read_npz(Path(path).expanduser())
@@ -169,13 +182,13 @@ class Rknn(Provider):
         from .converter import SimulatorRunner, convert, model_inputs
 
         if self.simulate:
-            return SimulatorRunner(model, self.target, self.dtype, self.samples())
+            return SimulatorRunner(model, self.target, self.dtype, self.samples(model))
         import tempfile
 
         from .runner import RknnLiteRunner
 
         path = Path(tempfile.mkdtemp(prefix="uhop-rknn-")) / "stage.rknn"
-        convert(model, path, self.target, self.dtype, self.samples())
+        convert(model, path, self.target, self.dtype, self.samples(model))
         return RknnLiteRunner(path, model_inputs(model), [o.name for o in model.graph.output],
                               output_dtypes(model), self.core_mask)
 
