@@ -39,8 +39,8 @@ import numpy as np
 import onnx
 
 from uhop_onnx.cache import JsonTable
-from uhop_onnx.errors import MeasurementError, ProviderError, first_line
-from uhop_onnx.executor import hand_over
+from uhop_onnx.errors import MeasurementError, ProviderError, StageError, first_line
+from uhop_onnx.executor import Executor, StageIO, hand_over
 from uhop_onnx.inputs import feeds_digest
 from uhop_onnx.providers import Provider, Runner
 from uhop_onnx.samples import shapes_text
@@ -331,40 +331,71 @@ class _Searching:
 
 
 class _Feeds:
-    """Sample values of every tensor, made by running the blocks once in order on a provider each; and the
-    block runners, compiled once for both this and the measurement."""
+    """Sample values of every tensor: the blocks run once, in order, through the `Executor`, each on the
+    first of its providers that runs it; and the block runners, compiled once for this and the measurement.
+    A block that fails on every provider leaves without values only the blocks that need its outputs."""
 
     def __init__(self, search: _Searching, models: Sequence[onnx.ModelProto], allowed: Sequence[Sequence[str]]):
         self.search, self.models, self.allowed = search, models, allowed
-        self.values: dict[str, np.ndarray] = dict(search.feeds)
         self.runners: dict[tuple[int, str], Runner] = {}
-        self.done = 0
+        self.failed: dict[int, str] = {}  # block -> its error on every provider, where none ran it
+        self._values: dict[str, Any] | None = None
 
     def runner(self, k: int, label: str) -> Runner:
         if (k, label) not in self.runners:
             self.runners[k, label] = self.search._compiled(label, self.models[k])
         return self.runners[k, label]
 
-    def for_block(self, k: int) -> dict[str, np.ndarray]:
-        while self.done < k:
-            self._run(self.done)
-            self.done += 1
-        return {i.name: self.values[i.name] for i in self.models[k].graph.input if i.name in self.values}
+    def for_block(self, k: int) -> dict[str, Any]:
+        """Block k's inputs; a `ProviderError` naming the earlier blocks that failed when one is missing."""
+        values = self._computed() if self._values is None else self._values
+        names = [i.name for i in self.models[k].graph.input]
+        missing = {name for name in names if name not in values}
+        if missing:
+            causes = [f"block {j} failed on every provider: {error}" for j, error in self.failed.items()
+                      if missing & {o.name for o in self.models[j].graph.output}]
+            raise ProviderError(f"no sample values for block {k}; {'; '.join(causes)}")
+        return {name: values[name] for name in names}
 
-    def _run(self, k: int) -> None:
-        """Block k's results, from the first provider that runs it; a `ProviderError` naming each
-        provider's error when none does (the blocks after it cannot be fed)."""
-        feeds = {i.name: self.values[i.name] for i in self.models[k].graph.input if i.name in self.values}
-        errors = []
-        for label in self.allowed[k]:
+    def _computed(self) -> dict[str, Any]:
+        """Every tensor's value; where a block fails everywhere, the blocks downstream of it are left out
+        and the rest run again."""
+        stages = [StageIO(f"block {k}", [i.name for i in m.graph.input], [o.name for o in m.graph.output], [])
+                  for k, m in enumerate(self.models)]
+        graph, feeds = self.search.graph, self.search.feeds
+        wanted = [name for stage in stages for name in stage.outputs]
+        executor = Executor(stages, [_FirstThatRuns(self, k) for k in range(len(stages))],
+                            [graph.signature(name) for name in graph.inputs], wanted, {})
+        while True:
             try:
-                results = _raised_by(self.search.providers[label], self.runner(k, label).run, feeds)
+                self._values = {**feeds, **dict(zip(wanted, executor.run(wanted, feeds), strict=True))}
+                return self._values
+            except StageError as error:
+                self.failed[error.stage] = str(error.__cause__ or error)
+                lost = set(stages[error.stage].outputs)
+                for stage in stages[error.stage + 1:]:
+                    if lost.intersection(stage.inputs):
+                        lost.update(stage.outputs)
+                wanted = [name for name in wanted if name not in lost]
+
+
+class _FirstThatRuns(Runner):
+    """Block k on the first of its providers that runs it; its results are host arrays."""
+
+    def __init__(self, feeds: _Feeds, k: int):
+        self.feeds, self.k = feeds, k
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        errors = []
+        for label in self.feeds.allowed[self.k]:
+            try:
+                runner = self.feeds.runner(self.k, label)
+                results = _raised_by(self.feeds.search.providers[label], runner.run, feeds)
             except ProviderError as error:
                 errors.append(str(error))
                 continue
-            self.values.update({name: np.asarray(v) for name, v in results.items()})
-            return
-        raise ProviderError(f"no sample values after block {k}, which failed on every provider: {'; '.join(errors)}")
+            return {name: runner.to_host(value) for name, value in results.items()}
+        raise ProviderError("; ".join(errors))
 
 
 def _raised_by(provider: Provider, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

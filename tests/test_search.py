@@ -266,6 +266,37 @@ def test_a_block_that_cannot_be_fed_blames_the_provider_that_failed(monkeypatch,
     assert {s.provider for s in plan.stages} == {"fake-gemm"}
 
 
+def _branches() -> onnx.ModelProto:
+    """Two branches from one input, joined at the end: blocks a1, a2, b1, b2, sum, in that order."""
+    from onnx import TensorProto, helper
+
+    v = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [4])  # noqa: E731
+    nodes = [helper.make_node("Abs", ["x"], ["a1"], name="a1"), helper.make_node("Neg", ["a1"], ["a2"], name="a2"),
+             helper.make_node("Exp", ["x"], ["b1"], name="b1"), helper.make_node("Neg", ["b1"], ["b2"], name="b2"),
+             helper.make_node("Sum", ["a2", "b2"], ["y"], name="sum")]
+    return helper.make_model(helper.make_graph(nodes, "branches", [v("x")], [v("y")]),
+                             opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_block_that_fails_everywhere_leaves_only_its_dependents_unmeasured(monkeypatch, clock, tmp_path):
+    """Block a1 fails on every provider: a2 and sum, which need its outputs, are not measured (the error says
+    why), while the other branch's blocks after it are measured on both providers; the plan is still made."""
+    install(monkeypatch, clock, conv={}, gemm={})
+    for ident in ("fake-conv", "fake-gemm"):
+        monkeypatch.setitem(REGISTRY, ident, fake_provider(ident, {}, 0.05, clock,
+                                                           fails=lambda m: m.graph.name == "block_0"))
+    model = _branches()
+    plan = optimize(model, clock, tmp_path)
+    blocks = {b["first"]: b for b in plan.profile["blocks"]}
+    assert set(blocks) == {"a1", "a2", "b1", "b2", "sum"}
+    assert {first for first, b in blocks.items() if set(b["ms"]) == {"fake-conv", "fake-gemm"}} == {"b1", "b2"}
+    assert not blocks["a1"]["ms"] and not blocks["a2"]["ms"] and not blocks["sum"]["ms"]
+    errors = [f["error"] for f in plan.profile["failures"] if f["kind"] == "block"]
+    assert sum("no sample values for block 1; block 0 failed on every provider: " in e for e in errors) == 2
+    feeds = {"x": np.linspace(-2, 2, 4, dtype=np.float32)}
+    assert_matches(uhop_onnx.InferenceSession(plan).run(None, feeds), reference(model, feeds))
+
+
 def test_failed_entries_and_boundaries_are_failures_not_free(monkeypatch, clock, tmp_path):
     """fake-gemm cannot run the probe stage (the one-Relu entry model): its entry and every pair it is in
     are recorded as failures, and no boundary figure (least of all a zero one) is made of them."""
