@@ -130,7 +130,7 @@ class Placement:
     # (label before, label after) -> size class -> the cost of a stage on `after` right after one on `before`
     boundaries: Mapping[tuple[str, str], Mapping[int, Measurement]] = field(default_factory=dict)
     failures: Sequence[Failure] = ()
-    effort: Effort | None = None
+    effort: Effort | None = None  # None: nothing was timed
 
     def stage_costs(self, stages: Sequence[tuple[str, Sequence[str]]]) -> list[StageCosts]:
         """For stages given as (provider label, node names) in run order: the summed figures of the blocks
@@ -152,9 +152,9 @@ class Placement:
 
     def to_json(self) -> dict[str, Any] | None:
         """The measured placement's report (a plan's `profile`); None for a placement that timed nothing."""
-        if self.method != "measured":
+        effort = self.effort
+        if effort is None:
             return None
-        effort = self.effort or Effort(0, 0, 0.0, 0.0, None)
         return {
             "placement": self.method,
             "chosen": self.chosen,
