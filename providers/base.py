@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from functools import cached_property
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
-from uhop_onnx.errors import ProviderError, first_line
+from uhop_onnx.errors import BundleError, ProviderError, first_line
 from uhop_onnx.inputs import at_shapes, free_inputs, shape_values
 
 from .capability import CapabilityTable, Support
@@ -48,7 +49,7 @@ class Availability:
 @dataclass(frozen=True)
 class Artifact:
     """A stage written in its runtime's own format, as a bundle records it. `files` are relative to the
-    bundle; `options` is what the format's `load_stage` needs besides them (EP, delegate, core mask...)."""
+    bundle; `options` is what the provider's `load_artifact` needs besides them (EP, delegate, core mask...)."""
 
     format: str  # "onnx", "openvino-ir", "tflite", "rknn", "kernels"
     files: list[str]
@@ -154,6 +155,9 @@ class Provider(ABC):
     id: ClassVar[str]
     install: ClassVar[str]  # the command that makes this provider present
     table: ClassVar[CapabilityTable]
+    # The format its stages take in a bundle (`Artifact.format`: "onnx", "openvino-ir"...); None: it writes none.
+    artifact_format: ClassVar[str | None] = None
+    simulator_name: ClassVar[str] = ""  # what `simulator()` runs its stages in, as reports name it
     # option -> the type its value must have (as pydantic reads a type), checked when a plan file is read
     option_types: ClassVar[dict[str, Any]] = {}
     option_names: ClassVar[frozenset[str]] = frozenset()  # the keys of `option_types`
@@ -266,6 +270,32 @@ class Provider(ABC):
     def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
         """Write a stage in this runtime's own format into `folder` (files named `stem.*`), for a bundle."""
         raise ProviderError(f"{self.id} cannot write its stages into a bundle yet")
+
+    @classmethod
+    def load_artifact(cls, folder: str | os.PathLike, artifact: Mapping[str, Any], threads: int | None = None,
+                      exclusive: bool = True, *, trusted: bool = False,
+                      allowed_delegates: Iterable[str | os.PathLike] = ()) -> Runner:
+        """The runner of a bundle's stage from what `export` wrote (`Artifact.to_json()`, files relative to
+        `folder`). `trusted`: a signature the loader checked covers the files, so native code they name (a
+        library, a delegate, an EP plugin) may be loaded; `allowed_delegates`: delegate paths the caller
+        allowed. A missing runtime raises `ImportError`; an artifact missing what it needs, a `BundleError`."""
+        try:
+            return cls._load_artifact(Path(folder), artifact, threads, exclusive, trusted, allowed_delegates)
+        except (KeyError, IndexError, TypeError, AttributeError) as error:
+            files = ", ".join(map(str, artifact.get("files") or [])) or "no files"
+            raise BundleError(f"{cls.id} stage ({files}): its {artifact.get('format')} artifact options are "
+                              f"malformed ({type(error).__name__}: {error})") from None
+
+    @classmethod
+    def _load_artifact(cls, folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool,
+                       trusted: bool, allowed_delegates: Iterable[str | os.PathLike]) -> Runner:
+        """`load_artifact` for this provider's format; the default has none."""
+        raise BundleError(f"{cls.id} has no bundle format, so a bundle cannot carry its stages")
+
+    def simulator(self) -> Provider | None:
+        """The provider that runs this provider's stages on this host when its runtime is absent (compiled
+        from the stage's ONNX, for checks rather than timing), named `simulator_name`; None when there is none."""
+        return None
 
     @abstractmethod
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:

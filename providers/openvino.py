@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -128,6 +129,7 @@ class OpenVino(Provider):
     id = "openvino"
     install = "pip install openvino"
     table = OPENVINO_TABLE
+    artifact_format = "openvino-ir"
     option_types = {"device": str}
 
     @property
@@ -188,8 +190,7 @@ class OpenVino(Provider):
         import openvino as ov
 
         self.require()
-        compiled = ov.Core().compile_model(read_model(model.SerializeToString()), self.device,
-                                           compile_config(self.device, self.threads, self.precision))
+        compiled = ov.Core().compile_model(read_model(model.SerializeToString()), self.device, self.compile_config())
         return OpenVinoRunner(compiled, output_dtypes(model))
 
     def export_blocker(self) -> str | None:
@@ -204,28 +205,31 @@ class OpenVino(Provider):
         return Artifact("openvino-ir", [f"{stem}.xml", f"{stem}.bin"], {"device": self.device, "outputs": dtypes})
 
 
+    def compile_config(self) -> dict[str, Any]:
+        """The properties this instance compiles a stage with (`Core.compile_model`'s config)."""
+        config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
+        if self.device == "CPU" or self.precision != "fp32":
+            config["INFERENCE_PRECISION_HINT"] = HINTS[self.precision]  # fp32: exact, as ONNX Runtime computes
+        if self.device == "CPU":
+            if self.threads:
+                config["INFERENCE_NUM_THREADS"] = self.threads
+        return config
+
+    @classmethod
+    def _load_artifact(cls, folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool,
+                       trusted: bool, allowed_delegates: Iterable[str | os.PathLike]) -> Runner:
+        """A bundle's OpenVINO IR stage on the device it was placed on."""
+        import openvino as ov
+
+        options = artifact["options"]
+        core = ov.Core()
+        compiled = core.compile_model(core.read_model(folder / artifact["files"][0]), options["device"],
+                                      cls({"device": options["device"]}, threads).compile_config())
+        return OpenVinoRunner(compiled, {name: np.dtype(dtype) for name, dtype in options["outputs"].items()})
+
+
 # A stage's precision -> the device capability that offers it, and the inference precision it compiles at (an
 # int8 stage is a QDQ model: its quantized ops run in int8, the rest in f32).
 CAPABILITIES = {"bf16": "BF16", "fp16": "FP16", "int8": "INT8"}
 HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16", "int8": "f32"}
 
-
-def compile_config(device: str, threads: int | None, precision: str = "fp32") -> dict[str, Any]:
-    config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
-    if device == "CPU" or precision != "fp32":
-        config["INFERENCE_PRECISION_HINT"] = HINTS[precision]  # fp32: exact, as ONNX Runtime computes
-    if device == "CPU":
-        if threads:
-            config["INFERENCE_NUM_THREADS"] = threads
-    return config
-
-
-def load_stage(folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool) -> Runner:
-    """A bundle's OpenVINO IR stage on the device it was placed on."""
-    import openvino as ov
-
-    options = artifact["options"]
-    core = ov.Core()
-    compiled = core.compile_model(core.read_model(folder / artifact["files"][0]), options["device"],
-                                  compile_config(options["device"], threads))
-    return OpenVinoRunner(compiled, {name: np.dtype(dtype) for name, dtype in options["outputs"].items()})

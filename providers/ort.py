@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -94,6 +95,7 @@ class OrtProvider(Provider):
 
     ep: ClassVar[str]
     table = ORT_TABLE
+    artifact_format = "onnx"
 
     def probe(self) -> tuple[str, str]:
         try:
@@ -137,22 +139,23 @@ class OrtProvider(Provider):
         portable = {k: v for k, v in options.items() if not k.endswith("_path")}
         return Artifact("onnx", [f"{stem}.onnx"], {"ep": ep, "ep_options": portable})
 
+    @classmethod
+    def _load_artifact(cls, folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool,
+                       trusted: bool, allowed_delegates: Iterable[str | os.PathLike]) -> Runner:
+        """A bundle's `.onnx` stage on the EP it was placed on. EP options that name files or libraries (a
+        TensorRT plugin library, say: native code) are taken only when `trusted`, from a signed bundle."""
+        import onnxruntime as ort
 
-def load_stage(folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool,
-               trusted: bool = False) -> Runner:
-    """A bundle's `.onnx` stage on the EP it was placed on. EP options that name files or libraries (a
-    TensorRT plugin library, say: native code) are taken only when `trusted`, from a signed bundle."""
-    import onnxruntime as ort
-
-    options = artifact["options"]
-    native = sorted(k for k in options.get("ep_options") or {} if "path" in k or "lib" in k)
-    if native and not trusted:
-        raise ProviderError(f"the unsigned bundle's {options['ep']} options {', '.join(native)} name files on this "
-                            "host; such options are taken only from a signed bundle (load_bundle(path, key=...))")
-    if options["ep"] not in ort.get_available_providers():
-        raise ImportError(f"this onnxruntime ({ort.__version__}) has no {options['ep']}")
-    entry = (options["ep"], options["ep_options"]) if options.get("ep_options") else options["ep"]
-    return OrtRunner((folder / artifact["files"][0]).read_bytes(), [entry], threads, exclusive)
+        options = artifact["options"]
+        native = sorted(k for k in options.get("ep_options") or {} if "path" in k or "lib" in k)
+        if native and not trusted:
+            raise ProviderError(f"the unsigned bundle's {options['ep']} options {', '.join(native)} name files on "
+                                "this host; such options are taken only from a signed bundle "
+                                "(load_bundle(path, key=...))")
+        if options["ep"] not in ort.get_available_providers():
+            raise ImportError(f"this onnxruntime ({ort.__version__}) has no {options['ep']}")
+        entry = (options["ep"], options["ep_options"]) if options.get("ep_options") else options["ep"]
+        return OrtRunner((folder / artifact["files"][0]).read_bytes(), [entry], threads, exclusive)
 
 
 def _refusals(entry: Any) -> None:

@@ -17,6 +17,9 @@ import uhop_onnx
 from uhop_onnx.bundle.manifest import BundleError
 from uhop_onnx.errors import ProviderError
 from uhop_onnx.models import cnn, mlp, resnet
+from uhop_onnx.providers import REGISTRY, create
+from uhop_onnx.providers.kernels import KernelsProvider, host_arch
+from uhop_onnx.providers.rknn import Rknn
 from uhop_onnx.targets import builtin_targets
 
 from .conftest import assert_matches, random_feeds, reference
@@ -59,6 +62,64 @@ def test_openvino_ir_stages(tmp_path):
     assert [s["artifact"]["format"] for s in manifest["stages"]] == ["openvino-ir"]
     feeds = random_feeds(model)
     assert_matches(uhop_onnx.load_bundle(bundle).run(None, feeds), reference(model, feeds))
+
+
+@pytest.mark.parametrize("ident", ["ort-cpu", "openvino"])
+def test_a_provider_loads_the_stage_it_exported(ident, tmp_path):
+    """`load_artifact` runs what the same provider's `export` wrote, as ONNX Runtime runs the model."""
+    model = mlp()
+    feeds = random_feeds(model, seed=4)
+    provider = create(ident)
+    artifact = provider.export(model, tmp_path, "stage").to_json()
+    assert artifact["format"] == type(provider).artifact_format
+    runner = type(provider).load_artifact(tmp_path, artifact, threads=1)
+    try:
+        got = runner.run(feeds)
+    finally:
+        runner.close()
+    assert_matches([got[o.name] for o in model.graph.output], reference(model, feeds))
+
+
+@pytest.mark.parametrize("ident, artifact, error", [
+    ("ort-cpu", {"files": ["stages/s.onnx"], "options": {}}, "KeyError: 'ep'"),
+    ("openvino", {"files": [], "options": {"device": "CPU"}}, "IndexError"),
+    ("litert", {"files": [], "options": {}}, "IndexError"),
+    ("rknn", {"files": ["stages/s.rknn"], "options": {"inputs": ["x"]}}, "KeyError: 'outputs'"),
+    ("kernels", {"files": ["stages/s.json"], "options": {}}, "KeyError: 'target'"),
+])
+def test_a_malformed_artifact_is_a_bundle_error_naming_it(ident, artifact, error, tmp_path):
+    fmt = REGISTRY[ident].artifact_format
+    files = ", ".join(artifact["files"]) or "no files"
+    with pytest.raises(BundleError, match=rf"^{ident} stage \({files}\): its {fmt} artifact options are malformed "
+                                          rf"\({error}"):
+        REGISTRY[ident].load_artifact(tmp_path, {"format": fmt, **artifact})
+
+
+def test_a_stage_of_another_provider_s_format_is_refused(x86_bundle, tmp_path):
+    folder = _unpack(x86_bundle, tmp_path)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["stages"][0]["artifact"]["format"] = "rknn" if manifest["stages"][0]["provider"] != "rknn" else "onnx"
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match=r"stages\[0\]\.artifact\.format '\w+' is unknown for [\w-]+, whose stages"):
+        uhop_onnx.load_bundle(folder)
+    manifest["stages"][0]["provider"] = "tpu"
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match=r"stages\[0\]\.provider 'tpu' is unknown; known: ort-tensorrt, "):
+        uhop_onnx.load_bundle(folder)
+
+
+def test_simulators_are_the_providers_own():
+    """RKNN's stages run in Rockchip's simulator; an aarch64 board's kernels under qemu; the rest have none."""
+    rknn = Rknn({"target": "rk3576", "dtype": "fp16"}, threads=2)
+    simulator = rknn.simulator()
+    assert isinstance(simulator, Rknn) and simulator.simulate and simulator.threads == 2
+    assert simulator.options == {"target": "rk3576", "dtype": "fp16", "simulate": True}
+    assert simulator.simulator() is None and simulator.simulator_name == "the RKNN simulator"
+    if host_arch() != "aarch64":
+        emulated = KernelsProvider({"arch": "aarch64"}).simulator()
+        assert emulated.options == {"arch": "aarch64", "emulate": True} and emulated.simulator_name == "qemu"
+    assert KernelsProvider({"arch": host_arch()}).simulator() is None
+    assert all(REGISTRY[ident]().simulator() is None for ident in ("ort-cpu", "openvino", "litert"))
 
 
 def test_gpu_stages_are_said_not_to_run_here(tmp_path):

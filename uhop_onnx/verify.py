@@ -21,12 +21,6 @@ from .errors import BundleError, UhopError, first_line
 from .files import read_npz
 from .samples import reference_outputs
 
-# Providers with a simulator on the host: the provider spec that runs a stage's ONNX there, and its name.
-SIMULATORS = {
-    "rknn": (lambda options: ("rknn", {**options, "simulate": True}), "the RKNN simulator"),
-    "kernels": (lambda options: ("kernels", {**options, "emulate": True}), "qemu"),
-}
-
 
 def verify_bundle(path: str | os.PathLike, key: KeySource | None = None, allow_unrun: bool = False) -> dict[str, Any]:
     """A report: `ok` is True only when the signature (with `key`, a public key's PEM path or bytes) and every
@@ -90,26 +84,31 @@ def _check_stage(folder, stage: dict, feeds: dict[str, np.ndarray],
 
 
 def _host_runner(folder, stage: dict, trusted: bool):
-    """A runner for the stage on this host and how it runs, or (None, why not)."""
+    """A runner for the stage on this host and how it runs, or (None, why not): its own runtime, else the
+    provider's simulator (`Provider.simulator`) rebuilding it from the stage's ONNX."""
     try:
         return (load_stage(folder, stage, threads=None, exclusive=False, trusted=trusted),
                 f"{stage['artifact']['format']} natively")
     except (UhopError, OSError) as native:
-        if stage["provider"] not in SIMULATORS:
-            return None, f"cannot run here: {first_line(native)}"
-        simulate, simulator = SIMULATORS[stage["provider"]]
-        import onnx
+        why = f"cannot run here: {first_line(native)}"
+    import onnx
 
-        from .providers import create
+    from .providers import create
 
-        options = dict(stage["options"])
-        carried = [f for f in stage["artifact"]["files"] if f.endswith(".calibration.npz")]
-        if carried:  # an int8 stage rebuilds with the calibration samples the bundle carries
-            options["calibration"] = str(folder / carried[0])
-        provider = create(simulate(options))
-        if not provider.present:
-            return None, f"cannot run here: {first_line(native)}; no simulator: {provider.availability.reason}"
-        try:
-            return provider.compile(onnx.load(folder / stage["reference"])), f"{simulator}, rebuilt from the stage's ONNX"
-        except UhopError as error:
-            return None, f"cannot run here: {first_line(native)}; {simulator} failed: {first_line(error)}"
+    options = dict(stage["options"])
+    carried = [f for f in stage["artifact"]["files"] if f.endswith(".calibration.npz")]
+    if carried:  # an int8 stage rebuilds with the calibration samples the bundle carries
+        options["calibration"] = str(folder / carried[0])
+    try:
+        simulator = create((stage["provider"], options)).simulator()
+    except UhopError as error:
+        return None, f"{why}; its options do not make a provider here: {first_line(error)}"
+    if simulator is None:
+        return None, why
+    if not simulator.present:
+        return None, f"{why}; no simulator: {simulator.availability.reason}"
+    name = simulator.simulator_name
+    try:
+        return simulator.compile(onnx.load(folder / stage["reference"])), f"{name}, rebuilt from the stage's ONNX"
+    except UhopError as error:
+        return None, f"{why}; {name} failed: {first_line(error)}"

@@ -13,7 +13,7 @@ import json
 import os
 import platform
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,8 @@ class KernelsProvider(Provider):
     id = "kernels"
     install = "apt-get install -y gcc  (any C11 compiler reachable as `cc`)"
     table = KERNELS_TABLE
+    artifact_format = "kernels"
+    simulator_name = "qemu"
     # arch: the board's, for bundles; emulate: run the board's build under qemu (to verify its stages here)
     option_types = {"tune": bool, "arch": str, "emulate": bool}
 
@@ -136,6 +138,40 @@ class KernelsProvider(Provider):
         return Artifact("kernels", [f"{stem}.json", f"{stem}.npz", library, source],
                         {"target": target, "tune": bool(self.options.get("tune", False))})
 
+    @classmethod
+    def _load_artifact(cls, folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool,
+                       trusted: bool, allowed_delegates: Iterable[str | os.PathLike]) -> Runner:
+        """A bundle's kernels stage: its steps and constants over a library that passed its self-test.
+
+        The library the bundle carries is loaded only when `trusted` (a signature the loader checked covers it);
+        otherwise this host builds its own from the C source the bundle ships, which must be the source this
+        version generates for the target, so that no code from the bundle runs."""
+        from uhop_onnx.custom_ops.spec import LibrarySpec, host_targets
+        from uhop_onnx.custom_ops.verify import VerificationError, load, tested
+
+        files = {Path(name).suffix: folder / name for name in artifact["files"]}
+        options = artifact["options"]
+        if options["target"] not in host_targets():
+            raise ProviderError(f"the stage's kernels are built for {options['target']}; this host runs "
+                                f"{', '.join(host_targets())}")
+        program = json.loads(files[".json"].read_text())
+        with np.load(files[".npz"], allow_pickle=False) as stored:
+            constants = {name: stored[f"arr_{i}"] for i, name in enumerate(program["constants"])}
+        spec = LibrarySpec(options["target"])
+        try:
+            lib = tested(files[".so"], spec) if trusted else load(spec, _own_source(files.get(".c"), spec))
+        except VerificationError as error:
+            raise ProviderError(f"kernels: the stage's library failed its self-test: {error}") from None
+        return KernelsRunner(program, constants, lib, threads or len(os.sched_getaffinity(0)),
+                             bool(options.get("tune")), exclusive)
+
+    def simulator(self) -> Provider | None:
+        """The aarch64 build under qemu (`emulate`), for a stage built for an aarch64 board on another host."""
+        arch = self.options.get("arch", host_arch())
+        if self.options.get("emulate") or arch != "aarch64" or arch == host_arch():
+            return None
+        return KernelsProvider({**self.options, "emulate": True}, self.threads)
+
 
 def _library(target: str) -> Path:
     """The built library for `target`: loaded and verified when this host runs that ISA, else built only."""
@@ -148,33 +184,6 @@ def _library(target: str) -> Path:
         return load(spec).path if target in host_targets() else build.build(codegen.generate(spec), target)
     except (VerificationError, build.BuildError) as error:
         raise ProviderError(f"kernels: the {target} library for the bundle failed: {error}") from None
-
-
-def load_stage(folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool,
-               trusted: bool = False) -> KernelsRunner:
-    """A bundle's kernels stage: its steps and constants over a library that passed its self-test.
-
-    The library the bundle carries is loaded only when `trusted` (a signature the loader checked covers it);
-    otherwise this host builds its own from the C source the bundle ships, which must be the source this
-    version generates for the target, so that no code from the bundle runs."""
-    from uhop_onnx.custom_ops.spec import LibrarySpec, host_targets
-    from uhop_onnx.custom_ops.verify import VerificationError, load, tested
-
-    files = {Path(name).suffix: Path(folder) / name for name in artifact["files"]}
-    options = artifact["options"]
-    if options["target"] not in host_targets():
-        raise ProviderError(f"the stage's kernels are built for {options['target']}; this host runs "
-                            f"{', '.join(host_targets())}")
-    program = json.loads(files[".json"].read_text())
-    with np.load(files[".npz"], allow_pickle=False) as stored:
-        constants = {name: stored[f"arr_{i}"] for i, name in enumerate(program["constants"])}
-    spec = LibrarySpec(options["target"])
-    try:
-        lib = tested(files[".so"], spec) if trusted else load(spec, _own_source(files.get(".c"), spec))
-    except VerificationError as error:
-        raise ProviderError(f"kernels: the stage's library failed its self-test: {error}") from None
-    return KernelsRunner(program, constants, lib, threads or len(os.sched_getaffinity(0)), bool(options.get("tune")),
-                         exclusive)
 
 
 def _own_source(shipped: Path | None, spec) -> str:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
+from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,12 +17,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from uhop_onnx.cache import JsonTable, cache_dir
-from uhop_onnx.errors import CheckError
+from uhop_onnx.errors import CheckError, ProviderError
 from uhop_onnx.files import atomic_file
 from uhop_onnx.inputs import free_inputs
 
 from ..base import Absent, Artifact, PerShapeRunner, Provider, Runner, missing_module
 from ..capability import Support
+from . import delegates
 from .runner import LiteRtRunner, interpreter_module
 from .table import LITERT_TABLE
 
@@ -47,6 +50,7 @@ class LiteRt(Provider):
     id = "litert"
     install = "pip install 'uhop-onnx[litert]'  (ai-edge-litert and tflite)"
     table = LITERT_TABLE
+    artifact_format = "tflite"
     option_types = {"delegate": str, "delegate_options": dict[str, str | int | float | bool], "allow_fallback": bool,
                     "fp16": bool}
     static_shapes = True
@@ -155,6 +159,19 @@ class LiteRt(Provider):
         (folder / f"{stem}.tflite").write_bytes(blob)
         options = {k: v for k, v in self.delegate_options().items() if v}
         return Artifact("tflite", [f"{stem}.tflite"], options, FP16_TOLERANCE if fp16 else None)
+
+    @classmethod
+    def _load_artifact(cls, folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool,
+                       trusted: bool, allowed_delegates: Iterable[str | os.PathLike]) -> Runner:
+        """A bundle's `.tflite` stage, with the delegate it was exported with: any when `trusted`, else only a
+        known one or one in `allowed_delegates` or the environment (see `delegates`)."""
+        options = artifact.get("options", {})
+        delegate = options.get("delegate")
+        why = delegates.refusal(delegate, allowed_delegates) if delegate and not trusted else ""
+        if why:
+            raise ProviderError(f"the unsigned bundle's LiteRT delegate {why}")
+        return LiteRtRunner((folder / artifact["files"][0]).read_bytes(), threads, delegate,
+                            options.get("delegate_options"), bool(options.get("allow_fallback")))
 
 
 def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], seed: int = 0) -> float:

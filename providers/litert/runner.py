@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -66,19 +65,6 @@ class LiteRtRunner(Runner):
                                        experimental_delegates=[loaded] if loaded is not None else None)
         interpreter.allocate_tensors()
         return interpreter
-
-
-def load_stage(folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool,
-               trusted: bool = False, allowed_delegates: Iterable[str | os.PathLike] = ()) -> LiteRtRunner:
-    """A bundle's `.tflite` stage, with the delegate it was exported with: any when `trusted` (a signature
-    the loader checked covers the manifest), else only a known one or one in `allowed_delegates` or the
-    environment (see `delegates`)."""
-    options = artifact.get("options", {})
-    why = "" if trusted or not options.get("delegate") else delegates.refusal(options["delegate"], allowed_delegates)
-    if why:
-        raise ProviderError(f"the unsigned bundle's LiteRT delegate {why}")
-    return LiteRtRunner((Path(folder) / artifact["files"][0]).read_bytes(), threads, options.get("delegate"),
-                        options.get("delegate_options"), bool(options.get("allow_fallback")))
 
 
 def load_delegate(lite, library: str, options: Mapping[str, Any] | None, allow_fallback: bool):

@@ -13,8 +13,8 @@ Options: `target` (rk3588 default, rk3576, rk3568, rk3566, rk3562), `dtype` (fp1
 `calibration` (int8: an `.npz` of the stage's inputs, samples stacked on a new first axis),
 `core_mask` (board: auto, 0, 1, 2, 0_1, 0_1_2, all), `simulate` (bool).
 
-Bundles: `export` writes the stage's `.rknn` (needs the toolkit environment, on any host) with what the
-board's `runner.load_stage` needs. Its tolerance against ONNX Runtime is `FP16_TOLERANCE` for fp16. int8
+Bundles: `export` writes the stage's `.rknn` (needs the toolkit environment, on any host) with what
+`load_artifact` needs on the board. Its tolerance against ONNX Runtime is `FP16_TOLERANCE` for fp16. int8
 has no bound that holds for every input, so the bundle carries a measured one: the stage is run in the
 simulator on its calibration samples right after it is built, and the atol is `INT8_MARGIN` times the
 largest error seen there (rtol as fp16). It holds for inputs like the calibration data, and `verify`
@@ -23,12 +23,15 @@ fails, rightly, on inputs unlike them.
 
 from __future__ import annotations
 
+import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import cached_property
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from uhop_onnx.errors import ProviderError
 
@@ -38,7 +41,6 @@ from .setup import TOOLKIT, is_ready, venv_path
 from .table import DTYPES, FP16_TOLERANCE, RKNN_TABLE, TARGETS, remarks
 
 if TYPE_CHECKING:
-    import numpy as np
     import onnx
 
     from ..capability import Support
@@ -57,6 +59,8 @@ class Rknn(Provider):
     id = "rknn"
     install = "pip install rknn-toolkit-lite2"  # on the board; a host's absences name `uhop-onnx setup rknn`
     table = RKNN_TABLE
+    artifact_format = "rknn"
+    simulator_name = "the RKNN simulator"
     option_types = {"target": str, "dtype": str, "calibration": str, "core_mask": str, "simulate": bool}
     static_shapes = True
 
@@ -127,6 +131,22 @@ class Rknn(Provider):
                    "outputs": [o.name for o in model.graph.output], "data_formats": data_formats(len(inputs)),
                    "dtypes": {name: dtype.name for name, dtype in output_dtypes(model).items()}}
         return Artifact("rknn", files, options, dict(tolerance))
+
+    @classmethod
+    def _load_artifact(cls, folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool,
+                       trusted: bool, allowed_delegates: Iterable[str | os.PathLike]) -> Runner:
+        """A bundle's `.rknn` stage on this board's NPU, on the cores its `core_mask` names (the NPU has no
+        thread count, so `threads` and `exclusive` do not apply)."""
+        from .runner import RknnLiteRunner
+
+        options = artifact["options"]
+        return RknnLiteRunner(folder / artifact["files"][0], options["inputs"], options["outputs"],
+                              {name: np.dtype(dtype) for name, dtype in options["dtypes"].items()},
+                              options["core_mask"], options["data_formats"])
+
+    def simulator(self) -> Provider | None:
+        """Rockchip's simulator of the NPU (`simulate`), where `uhop-onnx setup rknn` made the toolkit."""
+        return None if self.simulate else Rknn({**self.options, "simulate": True}, self.threads)
 
     def query(self, model: onnx.ModelProto) -> dict[str, Support]:
         """The list's shape remarks, then the converter's word: a model the toolkit cannot build raises,

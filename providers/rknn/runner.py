@@ -66,15 +66,6 @@ class RknnLiteRunner(Runner):
         self.lite.release()
 
 
-def load_stage(folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool) -> Runner:
-    """A bundle's `.rknn` stage on this board's NPU, on the cores its `core_mask` names (the NPU has no
-    thread count, so `threads` and `exclusive` do not apply)."""
-    options = artifact["options"]
-    return RknnLiteRunner(folder / artifact["files"][0], options["inputs"], options["outputs"],
-                          {name: np.dtype(dtype) for name, dtype in options["dtypes"].items()},
-                          options["core_mask"], options["data_formats"])
-
-
 def _check(code: int, step: str) -> None:
     if code != 0:
         raise RuntimeError(f"RKNNLite.{step} returned {code}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +20,10 @@ from uhop_onnx.dtypes import TensorSig
 from uhop_onnx.errors import BundleError, InputError
 from uhop_onnx.executor import Executor, StageIO
 from uhop_onnx.files import read_npz
+from uhop_onnx.providers import REGISTRY
 
-from .manifest import FORMATS, open_bundle, read_checked, read_manifest
+from .manifest import open_bundle, read_checked, read_manifest
 from .signature import KeySource, check
-
-# Formats whose stages may carry native code (a library, a delegate path, an EP plugin path); their `load_stage`
-# takes `trusted`, true only when a signature the loader checked covers the stage's files.
-NATIVE = {"kernels", "tflite", "onnx"}
-DELEGATES = {"tflite"}  # formats whose `load_stage` also takes the delegate paths the user allowed in the call
 
 
 class Bundle:
@@ -90,23 +85,17 @@ def check_signature(folder: Path, path: str | os.PathLike, key: KeySource) -> No
 
 def load_stage(folder: Path, stage: Mapping[str, Any], threads: int | None, exclusive: bool, trusted: bool = False,
                allowed_delegates: Iterable[str | os.PathLike] = ()):
-    """A stage's runner, from its runtime's own format; a missing runtime is named with its install."""
-    artifact = stage["artifact"]
-    fmt = artifact["format"]
-    trust = {"trusted": trusted} if fmt in NATIVE else {}
-    if fmt in DELEGATES:
-        trust["allowed_delegates"] = allowed_delegates
+    """A stage's runner, loaded by its provider from the artifact (`Provider.load_artifact`); `trusted` only
+    when a signature the loader checked covers the stage's files. A missing runtime is named with its install."""
     try:
-        module = import_module(FORMATS[fmt])
-        return module.load_stage(folder, artifact, threads, exclusive, **trust)
+        return REGISTRY[stage["provider"]].load_artifact(folder, stage["artifact"], threads, exclusive,
+                                                         trusted=trusted, allowed_delegates=allowed_delegates)
     except ImportError as error:
         runtime = stage.get("runtime") or {}
-        raise BundleError(f"stage on {stage['provider']} needs {runtime.get('name', fmt)} "
+        needs = runtime.get("name", stage["artifact"]["format"])
+        raise BundleError(f"stage on {stage['provider']} needs {needs} "
                           f"{runtime.get('version', '')}, which is not installed here ({error}); "
                           f"install: {runtime.get('install', 'see the manifest')}") from None
-    except (KeyError, IndexError, TypeError, AttributeError) as error:
-        raise BundleError(f"stage on {stage['provider']}: its {fmt} artifact options are malformed "
-                          f"({type(error).__name__}: {error})") from None
 
 
 def load_bundle(path: str | os.PathLike, threads: int | None = None, key: KeySource | None = None,

@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from uhop_onnx.errors import BundleError, BundleNotFound
+from uhop_onnx.providers import REGISTRY
 
 SCHEMA = "uhop-onnx.bundle/2"
 MANIFEST = "manifest.json"
@@ -26,16 +27,8 @@ SIGNATURE = "manifest.sig"  # Ed25519 over the manifest's bytes (see `signature`
 MANIFEST_LIMIT = 16 << 20  # bytes: a manifest is JSON of names, hashes and small tables
 SIGNATURE_LIMIT = 4096
 FP32_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
-# Stage format -> the module whose `load_stage(folder, artifact, threads, exclusive)` runs it.
-FORMATS = {
-    "onnx": "uhop_onnx.providers.ort",
-    "openvino-ir": "uhop_onnx.providers.openvino",
-    "tflite": "uhop_onnx.providers.litert.runner",
-    "rknn": "uhop_onnx.providers.rknn.runner",
-    "kernels": "uhop_onnx.providers.kernels",
-}
 
-__all__ = ["BundleError", "FORMATS", "MANIFEST", "SCHEMA", "SIGNATURE", "check_files", "hash_files", "open_bundle",
+__all__ = ["BundleError", "MANIFEST", "SCHEMA", "SIGNATURE", "check_files", "hash_files", "open_bundle",
            "read_checked", "read_manifest", "unpacked", "validate"]
 
 
@@ -203,7 +196,9 @@ def validate(manifest: Mapping[str, Any], where: object) -> None:
         at = f"{top}.stages[{k}]"
         if not isinstance(stage, dict):
             raise BundleError(f"{at} must be an object")
-        _field(stage, "provider", str, at)
+        provider = _field(stage, "provider", str, at)
+        if provider not in REGISTRY:
+            raise BundleError(f"{at}.provider {provider!r} is unknown; known: {', '.join(REGISTRY)}")
         _field(stage, "options", dict, at)
         for key in ("nodes", "inputs", "outputs"):
             _strings(stage, key, at)
@@ -213,8 +208,9 @@ def validate(manifest: Mapping[str, Any], where: object) -> None:
                 raise BundleError(f"{at}.declared[{d}] must be [name, dims or null]")
         artifact = _field(stage, "artifact", dict, at)
         fmt = _field(artifact, "format", str, f"{at}.artifact")
-        if fmt not in FORMATS:
-            raise BundleError(f"{at}.artifact.format {fmt!r} is unknown; known: {', '.join(FORMATS)}")
+        if fmt != REGISTRY[provider].artifact_format:
+            raise BundleError(f"{at}.artifact.format {fmt!r} is unknown for {provider}, whose stages are "
+                              f"{REGISTRY[provider].artifact_format!r}")
         names = _strings(artifact, "files", f"{at}.artifact")
         if not names:
             raise BundleError(f"{at}.artifact.files is empty")
