@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache
@@ -52,25 +53,48 @@ class Calibration:
         self.samples = [dict(s) for s in samples]
         self.digest = feeds_digest({f"{k}/{name}": v for k, s in enumerate(self.samples) for name, v in s.items()})
         self._values: list[dict[str, np.ndarray]] = [dict(s) for s in self.samples]
+        self._ranges: dict[str, tuple[float, float] | None] = {}
 
     def at(self, names: Sequence[str]) -> list[dict[str, np.ndarray]]:
         """Per sample, the values of the tensors `names`."""
         missing_names = [n for n in dict.fromkeys(names) if n not in self._values[0]]
         if missing_names:
-            import onnx
-            import onnxruntime as ort
+            for values, got in zip(self._values, self._run(missing_names)):
+                values.update(got)
+        return [{n: values[n] for n in names} for values in self._values]
 
+    def ranges(self, names: Sequence[str]) -> dict[str, tuple[float, float]]:
+        """Per float tensor of `names`, the least and greatest value it takes over the samples (ONNX Runtime
+        fp32), as int8 scales are chosen from; only the extremes are kept, not the values."""
+        missing_names = [n for n in dict.fromkeys(names) if n not in self._ranges]
+        if missing_names:
+            seen: dict[str, tuple[float, float]] = {}
+            for got in self._run(missing_names):
+                for name, value in got.items():
+                    if value.dtype.kind == "f" and value.size:
+                        lo, hi = seen.get(name, (math.inf, -math.inf))
+                        seen[name] = (min(lo, float(value.min())), max(hi, float(value.max())))
+            self._ranges.update({name: seen.get(name) for name in missing_names})
+        return {n: self._ranges[n] for n in names if self._ranges.get(n) is not None}
+
+    def _run(self, names: list[str]):
+        """Per sample, the values of the model's tensors `names` (ONNX Runtime CPU; its inputs as given)."""
+        import onnx
+        import onnxruntime as ort
+
+        given = [n for n in names if n in self.samples[0]]
+        computed = [n for n in names if n not in self.samples[0]]
+        if computed:
             model = onnx.ModelProto()
             model.CopyFrom(self.model)
             known = {v.name: v for v in (*model.graph.value_info, *model.graph.output)}
-            model.graph.output.extend(known.get(n) or onnx.ValueInfoProto(name=n) for n in missing_names
+            model.graph.output.extend(known.get(n) or onnx.ValueInfoProto(name=n) for n in computed
                                       if n not in {o.name for o in model.graph.output})
             session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
             inputs = {i.name for i in session.get_inputs()}
-            for values, sample in zip(self._values, self.samples):
-                got = session.run(missing_names, {k: v for k, v in sample.items() if k in inputs})
-                values.update(zip(missing_names, got))
-        return [{n: values[n] for n in names} for values in self._values]
+        for sample in self.samples:
+            got = session.run(computed, {k: v for k, v in sample.items() if k in inputs}) if computed else []
+            yield {**{n: sample[n] for n in given}, **dict(zip(computed, got))}
 
     def of(self, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
         """Per sample, the values of a stage's inputs."""
