@@ -249,7 +249,7 @@ def test_litert_fp16_is_its_fp16_weights_option():
 
     base = LiteRt()
     variant = base.at_precision("fp16")
-    assert base.precisions() == ["fp32", "fp16"]
+    assert base.precisions() == ["fp32", "fp16", "int8"]
     assert variant.options == {"fp16": True} and variant.label == "litert[fp16]" and variant.tolerance["rtol"] > 1e-4
     assert base.options == {} and base.label == "litert" and base.precision == "fp32"
 

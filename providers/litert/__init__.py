@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 
 FP32_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 FP16_TOLERANCE = {"rtol": 1e-2, "atol": 1e-3}
+# int8 is checked for gross faults only, within a tenth of 1 + the largest output (the optimizer's accuracy gate
+# holds the plan to the user's tolerance on the calibration samples)
+INT8_TOLERANCE = {"rtol": 0.0, "atol": 0.1, "peak": 0.1}
 # fp32 sums whose terms are as large as the largest output differ by about this fraction of it between
 # kernels that add in different orders (ResNet-18 logits up to 129: XNNPACK and MLAS differ by 1e-4).
 ROUNDING = 1e-6
@@ -45,6 +48,9 @@ class LiteRt(Provider):
     Options: `delegate` (path of a delegate library, loaded with `load_delegate`), `delegate_options`
     (a dict of strings it takes), `allow_fallback` (run on XNNPACK, with a warning, when the delegate does
     not load), `fp16` (weights stored as float16; verified within `FP16_TOLERANCE`).
+
+    At int8 (`at_precision("int8", calibration)`) a stage is full-integer: `lower` gives the stage the ranges
+    its values take over the calibration samples, and the converter quantizes from them (see `int8`).
     """
 
     id = "litert"
@@ -57,16 +63,37 @@ class LiteRt(Provider):
 
     @property
     def tolerance(self) -> dict[str, float]:
+        if self.precision == "int8":
+            return INT8_TOLERANCE
         return FP16_TOLERANCE if self.options.get("fp16") else FP32_TOLERANCE
 
     def precisions(self) -> list[str]:
-        """fp32, and fp16: float16 weights (the `fp16` option)."""
-        return ["fp32", "fp16"]
+        """fp32; fp16: float16 weights (the `fp16` option); int8 where LiteRT runs here: full integer,
+        quantized from calibration ranges by the converter."""
+        return ["fp32", "fp16", *(["int8"] if self.present else [])]
 
     def at_precision(self, precision: str, calibration: Any = None) -> Provider:
         variant = super().at_precision(precision, calibration)
         variant.options = {**self.options, "fp16": True} if precision == "fp16" else dict(self.options)
         return variant
+
+    def lower(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """At int8, the stage carrying the range of each of its values over the calibration samples (and
+        each input's mean and standard deviation there); the stage itself at any other precision."""
+        if self.precision != "int8":
+            return model
+        from .int8 import Calibrated, with_calibration
+
+        if self.calibration is None:
+            raise ProviderError("litert[int8]: a stage is quantized from calibration samples; give calibration=...")
+        samples = self.calibration.of(model)
+        moments = {}
+        for name in samples[0]:
+            stacked = np.stack([np.asarray(s[name]) for s in samples])
+            if stacked.dtype.kind == "f":
+                moments[name] = (float(stacked.mean()), float(stacked.std()))
+        values = [*samples[0], *(o for node in model.graph.node for o in node.output if o)]
+        return with_calibration(model, Calibrated(self.calibration.ranges(values), moments))
 
     def probe(self) -> tuple[str, str]:
         try:
@@ -88,10 +115,11 @@ class LiteRt(Provider):
 
     def check(self, model: onnx.ModelProto) -> None:
         """The check `compile` makes (convert, load, compare with ONNX Runtime), on a stage at fixed shapes, its
-        integer inputs taken as variables; a stage with free dimensions is checked at each shape it runs at."""
+        integer inputs taken as variables; a stage with free dimensions is checked at each shape it runs at.
+        At int8 the stage is lowered (calibrated) first."""
         self.require()
         if not free_inputs(model):
-            self._compile_fixed(model).close()
+            self._compile_fixed(self.lower(model)).close()
 
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
         """Convert, load and check the stage against ONNX Runtime on random inputs (`CheckError` when they
@@ -116,24 +144,39 @@ class LiteRt(Provider):
             log.info("litert: %s as converted and verified earlier on this machine (%.2f s); max abs error %.3g",
                      model.graph.name, time.perf_counter() - start, runner.error)
             return runner
+        calibrated = self._calibrated(model)
         model = prepared(model)  # shape-only inputs pinned: random values for them would not be shapes
-        blob = convert(model, fp16=bool(self.options.get("fp16")))
+        blob = convert(model, fp16=bool(self.options.get("fp16")), ranges=calibrated and calibrated.ranges)
         converted = time.perf_counter()
         runner = LiteRtRunner(blob, self.threads, **self.delegate_options())
-        runner.error = verify(model, runner, self.tolerance)
+        uncalibrated = self.precision == "int8" and not calibrated  # built at fp32
+        runner.error = verify(model, runner, FP32_TOLERANCE if uncalibrated else self.tolerance,
+                              inputs=calibrated and {name: (*moments, *calibrated.ranges[name])
+                                                     for name, moments in calibrated.moments.items()})
         log.info("litert: %s converted in %.2f s (%d bytes), verified in %.2f s; max abs error %.3g",
                  model.graph.name, converted - start, len(blob), time.perf_counter() - converted, runner.error)
         _keep(key, blob, runner.error)
         return runner
 
-    def _conversion_key(self, model: onnx.ModelProto) -> str:
-        """What a checked conversion depends on: the stage, the options and tolerance, LiteRT's version and
-        the converter's own source."""
-        digest = hashlib.sha256(model.SerializeToString(deterministic=True))
-        digest.update(json.dumps([self.options, self.tolerance, _version(), _converter_digest()], sort_keys=True,
-                                 default=repr).encode())
-        return digest.hexdigest()[:32]
+    def _calibrated(self, model: onnx.ModelProto):
+        """At int8, the calibration the stage carries (`lower` put it there); None at other precisions, and
+        for a stage that carries none (the search's probe of a stage's entry cost), which is built as given."""
+        from .int8 import calibration_of
 
+        if self.precision != "int8":
+            return None
+        calibrated = calibration_of(model)
+        if calibrated is None:
+            log.debug("litert[int8]: %s carries no calibration ranges; built at fp32", model.graph.name)
+        return calibrated
+
+    def _conversion_key(self, model: onnx.ModelProto) -> str:
+        """What a checked conversion depends on: the stage (with the calibration ranges an int8 one carries),
+        the precision, options and tolerance, LiteRT's version and the converter's own source."""
+        digest = hashlib.sha256(model.SerializeToString(deterministic=True))
+        digest.update(json.dumps([self.precision, self.options, self.tolerance, _version(), _converter_digest()],
+                                 sort_keys=True, default=repr).encode())
+        return digest.hexdigest()[:32]
 
     def delegate_options(self) -> dict:
         return {"delegate": self.options.get("delegate"), "delegate_options": self.options.get("delegate_options"),
@@ -147,6 +190,8 @@ class LiteRt(Provider):
         Runtime on XNNPACK first where LiteRT runs on this host."""
         from .converter import convert, prepared
 
+        if self.precision == "int8":
+            raise ProviderError("litert: int8 stages are not written to bundles yet; export the stage at fp32 or fp16")
         fp16 = bool(self.options.get("fp16"))
         model = prepared(model)
         blob = convert(model, fp16=fp16)
@@ -174,9 +219,13 @@ class LiteRt(Provider):
                             options.get("delegate_options"), bool(options.get("allow_fallback")))
 
 
-def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], seed: int = 0) -> float:
-    """Run `runner` and ONNX Runtime on the same random inputs; the largest absolute difference, or a
-    `CheckError` naming the first output outside `tolerance` (or ONNX Runtime's failure on the inputs)."""
+def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], seed: int = 0,
+           inputs: dict[str, tuple[float, float, float, float]] | None = None) -> float:
+    """Run `runner` and ONNX Runtime on the same random inputs: floats standard normal, or where `inputs`
+    gives an input's (mean, standard deviation, least, greatest), normal with those moments, clipped to that
+    range. The largest absolute difference, or a `CheckError` naming the first output outside `tolerance`
+    (`atol + rtol |ref| + peak max|ref|`, peak `ROUNDING` unless given), or ONNX Runtime's failure on the
+    inputs."""
     import onnxruntime as ort
     from onnx import helper
 
@@ -188,8 +237,9 @@ def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], 
         dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
         dtype = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
         # integers are indices: 0 and 1 are valid wherever an axis has two entries (and are both booleans)
+        mean, spread, least, greatest = (inputs or {}).get(value.name, (0.0, 1.0, -np.inf, np.inf))
         feeds[value.name] = (rng.integers(0, 2, dims) if np.dtype(dtype).kind in "biu"
-                             else rng.standard_normal(dims)).astype(dtype)
+                             else np.clip(rng.standard_normal(dims) * spread + mean, least, greatest)).astype(dtype)
     try:
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
@@ -209,12 +259,12 @@ def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], 
         error = np.abs(value - reference)
         finite = np.isfinite(reference)
         allowed = (tolerance["atol"] + tolerance["rtol"] * np.abs(reference)
-                   + ROUNDING * np.abs(reference[finite]).max(initial=0.0))
+                   + tolerance.get("peak", ROUNDING) * np.abs(reference[finite]).max(initial=0.0))
         agree = (error <= allowed) | (value == reference) | (np.isnan(value) & np.isnan(reference))
         if not agree.all():
             raise CheckError(f"{where}: max abs error {np.nan_to_num(error[~agree], nan=np.inf).max():.3g} "
                                 f"(tolerance rtol={tolerance['rtol']}, atol={tolerance['atol']} "
-                                f"+ {ROUNDING} x max |output|)")
+                                f"+ {tolerance.get('peak', ROUNDING)} x max |output|)")
         worst = max(worst, float(error[finite].max(initial=0.0)))
     return worst
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -16,19 +17,25 @@ from uhop_onnx.errors import ProviderError
 
 from .lowering import Lowering, Node, Unsupported, identity
 from .ops import LOWERINGS
+from .int8 import full_integer
 
 SHAPE_ONLY = {"Reshape": 1, "Expand": 1, "Tile": 1, "Split": 1, "ConstantOfShape": 0, "Resize": 3}  # op -> input
 RANDOM = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
                     "Multinomial"})
 
 
-def convert(model: onnx.ModelProto, fp16: bool = False) -> bytes:
-    """The stage as a `.tflite` model whose inputs and outputs are the stage's, by name, in ONNX layout."""
+def convert(model: onnx.ModelProto, fp16: bool = False, ranges: Mapping[str, Sequence[float]] | None = None) -> bytes:
+    """The stage as a `.tflite` model whose inputs and outputs are the stage's, by name, in ONNX layout;
+    full-integer int8 inside, from the calibration `ranges` of its values, when they are given."""
     cx, _ = _lower(prepared(model), fp16, strict=True)
     try:
-        return _finish(cx)
+        _declare_outputs(cx)
+        if ranges is not None:
+            full_integer(cx.writer, ranges)
     except Unsupported as why:
-        raise ProviderError(f"litert cannot convert {model.graph.name or 'the stage'}: {why}") from None
+        raise ProviderError(f"litert cannot convert {model.graph.name or 'the stage'}"
+                            f"{' to int8' if ranges is not None else ''}: {why}") from None
+    return cx.writer.serialize()
 
 
 def unconvertible(model: onnx.ModelProto) -> dict[str, str]:
@@ -101,6 +108,7 @@ def _lower(model: onnx.ModelProto, fp16: bool, strict: bool) -> tuple[Lowering, 
         try:
             if proto_domain not in ("", "ai.onnx"):
                 raise Unsupported(f"domain {proto_domain!r}; the converter handles ai.onnx")
+            cx.node = node.name
             _lower_node(cx, node, model.opset_import)
         except Unsupported as why:
             if strict:
@@ -161,8 +169,8 @@ def fold(cx: Lowering, node: Node, opsets) -> None:
     cx.consts.update({name: np.asarray(v) for name, v in zip([o for o in node.outputs if o], values)})
 
 
-def _finish(cx: Lowering) -> bytes:
-    """Declare the graph outputs, in ONNX layout and under their ONNX names, and serialize."""
+def _declare_outputs(cx: Lowering) -> None:
+    """Declare the graph outputs, in ONNX layout and under their ONNX names."""
     for name in cx.outputs:
         shape = cx.shape(name)
         index = cx.read(name, identity(len(shape)), nonfloat=True)
@@ -172,7 +180,6 @@ def _finish(cx: Lowering) -> bytes:
             index = copy
         cx.writer.tensors[index].name = name
         cx.writer.outputs.append(index)
-    return cx.writer.serialize()
 
 
 def fuse_gelu(nodes: list[tuple[Node, str]], cx: Lowering) -> tuple[list[tuple[Node, str]], dict[str, list[str]]]:

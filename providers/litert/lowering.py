@@ -82,6 +82,7 @@ class Lowering:
         self.fusable: dict[str, Operator] = {}  # value -> the op writing it, which can take a fused activation
         self.nonnegative: set[str] = set()  # values known to be >= 0 (after ReLU, say)
         self._layouts: dict[tuple[str, tuple[int, ...] | None], int] = {}
+        self.node = ""  # the ONNX node being lowered
 
     # ---- what is known about ONNX tensors
     def shape(self, name: str) -> tuple[int, ...]:
@@ -208,7 +209,9 @@ class Lowering:
         return out
 
     def op(self, name: str, inputs, outputs, options: str | None = None, **fields) -> Operator:
-        return self.writer.op(name, inputs, outputs, options, **fields)
+        operator = self.writer.op(name, inputs, outputs, options, **fields)
+        operator.node = self.node
+        return operator
 
     def fuse(self, name: str, activation: int) -> bool:
         """Fold an activation into the op writing `name`, when nothing else reads `name`."""

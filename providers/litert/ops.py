@@ -245,6 +245,7 @@ def fold_bias(cx: Lowering, x: str, c: str, y: str) -> bool:
         return False
     op.inputs[2] = cx.constant(bias.reshape(-1).astype(np.float32), c)
     cx.alias(y, x)
+    cx.writer.tensors[op.outputs[0]].name = y  # it holds y now (int8 takes y's calibration range)
     cx.fusable[y] = op
     return True
 

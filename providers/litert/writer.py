@@ -25,12 +25,22 @@ def _builder(table: str, name: str):
     return getattr(importlib.import_module(f"tflite.{table}"), f"{table}{name}")
 
 
+@dataclass(frozen=True)
+class Quantization:
+    """real = (q - zero_point) * scale, per tensor, or per slice along `axis` (one scale and zero point each)."""
+
+    scales: tuple[float, ...]
+    zero_points: tuple[int, ...]
+    axis: int = 0
+
+
 @dataclass
 class Tensor:
     name: str
     shape: tuple[int, ...]
     dtype: np.dtype
     buffer: int = 0  # 0 is the empty buffer: a tensor computed at run time
+    quantization: Quantization | None = None
 
 
 @dataclass
@@ -40,6 +50,7 @@ class Operator:
     outputs: list[int]
     options: str | None = None  # e.g. "Conv2DOptions"
     fields: dict[str, Any] = field(default_factory=dict)  # e.g. {"StrideH": 1}
+    node: str = ""  # the ONNX node it was lowered from
 
 
 class ModelWriter:
@@ -141,7 +152,12 @@ def _buffer(b: flatbuffers.Builder, data: bytes) -> int:
 def _tensor(b: flatbuffers.Builder, tensor: Tensor, buffer: int) -> int:
     name = b.CreateString(tensor.name)
     shape = _vector(b, "Tensor", "Shape", list(tensor.shape))
-    return _table(b, "Tensor", Shape=shape, Type=tflite_type(tensor.dtype), Buffer=buffer, Name=name, HasRank=True)
+    q = tensor.quantization
+    quantization = None if q is None else _table(
+        b, "QuantizationParameters", Scale=b.CreateNumpyVector(np.asarray(q.scales, np.float32)),
+        ZeroPoint=b.CreateNumpyVector(np.asarray(q.zero_points, np.int64)), QuantizedDimension=q.axis)
+    return _table(b, "Tensor", Shape=shape, Type=tflite_type(tensor.dtype), Buffer=buffer, Name=name, HasRank=True,
+                  Quantization=quantization)
 
 
 def _operator(b: flatbuffers.Builder, op: Operator, code: int, renumber: dict[int, int]) -> int:
