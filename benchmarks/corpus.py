@@ -4,7 +4,7 @@
                                 [--threads 2] [--rounds 7] [--budget 10] [--json out.json] [--markdown out.md]
 
 Per model: its nodes, the candidate the measured search chose, the plan's stages, and the plan's latency over
-ONNX Runtime's. The plan and raw ONNX Runtime are timed by `uhop_onnx.bench.time_candidates`, each in its own
+ONNX Runtime's. The plan and raw ONNX Runtime are timed by `uhop_onnx.measure.time_candidates`, each in its own
 process, in alternating rounds, the minimum of the round medians. Models come from
 `benchmarks/corpus_models.py` (cached exports; the first run builds them).
 """
@@ -24,7 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 import uhop_onnx
-from uhop_onnx.bench import Candidate, time_candidates
+from uhop_onnx.bench import raw
+from uhop_onnx.measure import Candidate, time_candidates
 
 sys.path.insert(0, str(Path(__file__).parent))
 import corpus_models as corpus  # noqa: E402 -- beside this script
@@ -57,7 +58,7 @@ def measure(name: str, exporter: str, s, path: Path, threads: int, rounds: int, 
            "stages": " > ".join(f"{st.label} x{len(st.nodes)}" for st in plan.stages), "shapes": shapes}
     with tempfile.TemporaryDirectory(prefix="uhop-corpus-") as work:
         plan.save(Path(work) / "plan")
-        figures = time_candidates([Candidate("ort", "raw", "onnxruntime"), Candidate("plan", "plan", str(Path(work) / "plan"))],
+        figures = time_candidates([raw("ort", "onnxruntime"), Candidate("plan", str(Path(work) / "plan"))],
                                   str(path), s.feeds(0), threads, rounds)
     row["plan_ms"], row["ort_ms"] = figures["plan"]["ms"], figures["ort"]["ms"]
     row["errors"] = {k: f["error"] for k, f in figures.items() if f["error"]}

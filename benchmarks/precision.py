@@ -5,7 +5,7 @@
 For a ResNet-50 and a MobileNetV2 at 224x224 and a BERT-like encoder (4 layers, hidden 256, sequence 128),
 all from `models/builders.py`: 16 calibration samples and 4 checked inputs from the same generator
 (`samples.sample_feeds`) under other seeds. Candidates, each in its own process in alternating rounds
-(`uhop_onnx.bench.time_candidates`): ONNX Runtime fp32 and OpenVINO f32 (the raw runtimes), OpenVINO bf16,
+(`uhop_onnx.measure.time_candidates`): ONNX Runtime fp32 and OpenVINO f32 (the raw runtimes), OpenVINO bf16,
 ONNX Runtime int8 and OpenVINO int8 (the whole model as one stage at that precision; int8 is the QDQ model
 `quantize_static` makes from the calibration samples), and the plan `optimize(precision="auto",
 tolerance=1e-2)` chooses. Each one's error is measured on the checked inputs (not in the calibration set)
@@ -30,7 +30,8 @@ import typer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from uhop_onnx import InferenceSession, optimize  # noqa: E402
-from uhop_onnx.bench import Candidate, time_candidates  # noqa: E402
+from uhop_onnx.bench import raw  # noqa: E402
+from uhop_onnx.measure import Candidate, time_candidates  # noqa: E402
 from uhop_onnx.graph import Graph  # noqa: E402
 from uhop_onnx.models import encoder, mobilenetv2, resnet50  # noqa: E402
 from uhop_onnx.precision import errors, gate  # noqa: E402
@@ -82,8 +83,8 @@ def bench_model(name: str, work: Path, rounds: int, budget: float, threads: int 
     seconds = time.perf_counter() - started
     plan.save(work / f"{name}-auto")
     plans["auto plan"] = work / f"{name}-auto"
-    candidates = [Candidate("ORT fp32", "raw", "onnxruntime"), Candidate("OpenVINO f32", "raw", "openvino"),
-                  *(Candidate(label, "plan", str(folder)) for label, folder in plans.items())]
+    candidates = [raw("ORT fp32", "onnxruntime"), raw("OpenVINO f32", "openvino"),
+                  *(Candidate(label, str(folder)) for label, folder in plans.items())]
     figures = time_candidates(candidates, str(path), checked[0], threads, rounds)
     errors_of = {f"{runtime} f{'p' if p == 'ort-cpu' else ''}32": accuracy(
         InferenceSession(path, providers=[p], profile=False), checked, references)

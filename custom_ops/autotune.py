@@ -10,7 +10,6 @@ the CPU model and flags, the core count and the library build, so a new machine 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 from dataclasses import replace
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from uhop_onnx.cache import JsonTable, cache_dir, device_fingerprint
+from uhop_onnx.timing import calls_per_round, round_median
 
 from .library import Library
 from .spec import ALGORITHMS, OpSpec, Schedule, check_schedule, default_schedule
@@ -100,15 +100,7 @@ def prepare(lib: Library, op: OpSpec, schedule: Schedule, args: tuple[np.ndarray
 
 def median_seconds(call: Callable[[], object], budget: float = 0.05) -> float:
     """Median seconds of `call()`, over enough calls to fill about `budget` seconds (at least 3), after a warm-up."""
-    start = time.perf_counter()
-    call()
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(max(3, min(50, int(budget / max(first, 1e-6))))):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return round_median(call, calls_per_round(call, budget, 3, 50))
 
 
 def measure(lib: Library, op: OpSpec, schedule: Schedule, args: tuple[np.ndarray, ...],

@@ -15,10 +15,10 @@ from typing import Any, Protocol
 import onnx
 
 from uhop_onnx.graph import Graph
+from uhop_onnx.measure import Measurement
 from uhop_onnx.providers import Provider, Support
 from uhop_onnx.providers.quantize import Calibration
 
-from .profiler import Measurement
 
 Choice = tuple[str, ...]  # the provider label of each node, in the graph's order
 

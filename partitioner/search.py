@@ -42,6 +42,7 @@ from uhop_onnx.cache import JsonTable
 from uhop_onnx.errors import MeasurementError, ProviderError, StageError, first_line
 from uhop_onnx.executor import Executor, StageIO, hand_over
 from uhop_onnx.inputs import feeds_digest
+from uhop_onnx.measure import Measurement, Profiler, build
 from uhop_onnx.providers import Provider, Runner
 from uhop_onnx.samples import shapes_text
 
@@ -50,7 +51,6 @@ from .extract import extract
 from .path import cheapest_path
 from .placement import first_supported
 from .placer import Analysis, Block, Candidate, Choice, Effort, Failure, Placement
-from .profiler import Measurement, Profiler, build
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from uhop_onnx.errors import ProviderError
+from uhop_onnx.measure import Measurement
 
 from .blocks import allowed_providers, blocks, boundary_classes, expand
 from .path import cheapest_path
 from .placer import Analysis, Block, Placement
-from .profiler import Measurement
 from .static_cost import flops, moved
 
 

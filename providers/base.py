@@ -88,6 +88,12 @@ class Runner(ABC):
     def close(self) -> None:
         """Release the runtime's resources."""
 
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
 
 T = TypeVar("T")
 

@@ -14,7 +14,7 @@ from uhop_onnx.cache import JsonTable, cache_dir
 from uhop_onnx.custom_ops import autotune
 from uhop_onnx.custom_ops.verify import host_library
 from uhop_onnx.models import cnn, mlp
-from uhop_onnx.partitioner.profiler import Measurement
+from uhop_onnx.measure import Measurement
 from uhop_onnx.providers import create
 
 from .conftest import assert_matches, random_feeds, reference

@@ -185,7 +185,7 @@ def test_fallback_from_many_threads_counts_every_call(monkeypatch):
             list(pool.map(calls, range(8)))
     assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 2
     assert {k: v["count"] for k, v in session.plan.fallbacks.items()} == {0: 200, 2: 200}
-    assert sorted(session._last_resort) == [0, 2]
+    assert sorted(session._executor.on_failure.runners) == [0, 2]
 
 
 def test_fallback_is_off_by_default(faulty):

@@ -10,7 +10,7 @@ from uhop_onnx.optimizer import analyze, build_plan
 from uhop_onnx.partitioner.partition import partition
 from uhop_onnx.partitioner.placement import FirstSupported
 from uhop_onnx.partitioner.placer import Placement
-from uhop_onnx.partitioner.profiler import Profiler
+from uhop_onnx.measure import Profiler
 from uhop_onnx.partitioner.search import Search, in_process
 from uhop_onnx.partitioner.static import StaticCost
 from uhop_onnx.providers import REGISTRY, create

@@ -8,8 +8,8 @@ import pytest
 
 import uhop_onnx
 from uhop_onnx.errors import InputError
+from uhop_onnx.measure import Profiler
 from uhop_onnx.models import cnn, encoder, mlp
-from uhop_onnx.partitioner.profiler import Profiler
 from uhop_onnx.plan import Plan
 from uhop_onnx.precision import errors, gate, read_calibration
 from uhop_onnx.providers import REGISTRY

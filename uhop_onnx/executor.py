@@ -5,10 +5,11 @@ Shared by `InferenceSession` and bundles; imports only numpy, so a board needs n
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -16,6 +17,7 @@ from .dtypes import TensorSig, onnx_type
 from .errors import InputError, ProviderError, StageError, first_line
 from .providers.base import Runner
 
+log = logging.getLogger(__name__)
 Dims = tuple[int | None, ...] | None  # fixed dimensions (None where free); None when the shape is unknown
 Timing = tuple[int, float, float]  # stage index, start and end (`time.perf_counter()` seconds)
 
@@ -31,19 +33,29 @@ class StageIO:
     provider: str = ""  # the provider id, for `StageError.provider`
 
 
-# Called with (stage index, error, feeds) when a stage fails; returns the stage's results or raises.
-OnFailure = Callable[[int, Exception, dict[str, Any]], dict[str, Any]]
+Check = Callable[[int, dict[str, Any]], dict[str, Any]]  # (stage index, its results) -> them, once checked
+
+
+class OnFailure(Protocol):
+    """What re-runs a stage that failed: called with (stage index, error, feeds, `Executor.checked`), it
+    returns the stage's checked results or raises; `close` releases what it compiled."""
+
+    def __call__(self, k: int, error: Exception, feeds: dict[str, Any], check: Check) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
 
 
 class Executor:
-    """Runs `runners[k]` for each stage needed, in order; `on_failure` may re-run a failed stage elsewhere.
-    Nothing in it changes during `run`, so calls from many threads at once are safe when the runners are."""
+    """Runs `runners[k]` for each stage needed, in order; while `fallback` is on, `on_failure` re-runs a
+    failed stage elsewhere. Nothing in it changes during `run`, so calls from many threads at once are safe
+    when the runners are. A context manager: closing it closes its runners and `on_failure`'s."""
 
     def __init__(self, stages: Sequence[StageIO], runners: list[Runner], inputs: Sequence[TensorSig],
-                 outputs: Sequence[str], constants: Mapping[str, np.ndarray], on_failure: OnFailure | None = None):
+                 outputs: Sequence[str], constants: Mapping[str, np.ndarray], on_failure: OnFailure | None = None,
+                 fallback: bool = False):
         self.stages, self.runners = list(stages), runners
         self.inputs, self.outputs, self.constants = list(inputs), list(outputs), dict(constants)
-        self.on_failure = on_failure
+        self.on_failure, self.fallback = on_failure, fallback
         self._signatures = {s.name: s for s in self.inputs}
         self._last_use = {name: k for k, stage in enumerate(self.stages) for name in stage.inputs}
         produced = {name for stage in self.stages for name in stage.outputs}
@@ -76,10 +88,24 @@ class Executor:
         try:
             return self.checked(k, self.runners[k].run(feeds))
         except Exception as error:  # noqa: BLE001 - a runtime may fail in any way; say which stage
-            if self.on_failure is None:
+            if self.on_failure is None or not self.fallback:
                 raise StageError(f"stage {k} ({self.stages[k].label}) failed: {first_line(error)}", k,
                                  self.stages[k].provider or self.stages[k].label) from error
-            return self.on_failure(k, error, feeds)
+            return self.on_failure(k, error, feeds, self.checked)
+
+    def close(self) -> None:
+        """Close every runner (the fallback's too); one that fails to close is logged, the others still close."""
+        for closing in [*self.runners, *([self.on_failure] if self.on_failure is not None else [])]:
+            try:
+                closing.close()
+            except Exception as error:  # noqa: BLE001 - a runtime may fail in any way while releasing
+                log.warning("closing %s failed: %s", type(closing).__name__, first_line(error))
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def checked(self, k: int, results: dict[str, Any]) -> dict[str, Any]:
         """A runner's results, refused when an output is missing or its shape contradicts the declared one."""

@@ -8,24 +8,24 @@ import logging
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import onnx
 from onnx import numpy_helper
 
-from .bench import time_plans_in_processes
 from .cache import JsonTable, cache_dir, code_fingerprint, device_fingerprint
 from .errors import InputError, PlanError, UhopError, first_line
 from .graph import Graph
 from .inputs import Inputs, Shapes, at_shapes, free_inputs, inputs_digest, measured_shapes, profile_feeds
 from .loader import load
+from .measure import Measurement, Profiler, time_plans_in_processes
 from .partitioner.capabilities import capabilities, only_the_rest
 from .partitioner.extract import extract
 from .partitioner.partition import partition
 from .partitioner.placement import FirstSupported
 from .partitioner.placer import Analysis, Choice, Placement, Precision
-from .partitioner.profiler import Measurement, Profiler
 from .partitioner.search import Search, in_process
 from .plan import PLAN_FILE, ModelMetadata, Plan, Stage
 from .precision import check_choice, check_samples, errors, gate, read_calibration, wanted
@@ -40,8 +40,8 @@ from .providers import (
 )
 from .providers.quantize import Calibration
 from .report import ms_text
+from .runtime import compile_plan
 from .samples import reference_outputs, shapes_text
-from .session import InferenceSession
 from .simplify import simplify
 
 log = logging.getLogger(__name__)
@@ -281,8 +281,8 @@ def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, pr
                                            a.feeds, threads)
     else:
         def run_plan(choice: Choice):
-            session = InferenceSession(build_plan(a, choice, threads), threads=threads)
-            return lambda: session.run(None, a.feeds)
+            executor = compiled.enter_context(compile_plan(build_plan(a, choice, threads), threads))
+            return lambda: executor.run(None, a.feeds)
 
         time_plans = in_process(run_plan, profiler)
     labels = [p.label for p in a.providers]
@@ -290,7 +290,8 @@ def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, pr
                       check=Measurement.from_json)
     placer = Search(time_plans, profiler=profiler or Profiler(), store=store, budget_s=budget, threads=threads,
                     gate=None if a.precision is None else lambda choice: _gate(a, choice, threads))
-    placement = placer.place(a)
+    with ExitStack() as compiled:  # the plans timed in this process, closed once the search is done
+        placement = placer.place(a)
     plan = build_plan(a, placement.choice, threads)
     plan.placement, plan.profile = placement.method, placement.to_json()
     if a.precision is not None:
@@ -308,10 +309,9 @@ def _gate(a: Analysis, choice: Choice, threads: int | None) -> tuple[bool, dict[
         return True, None
     g = a.precision
     try:
-        session = InferenceSession(build_plan(a, choice, threads), threads=threads)
-        names = [o.name for o in session.get_outputs()]
-        per_sample = [errors(dict(zip(names, session.run(None, s), strict=True)), ref)
-                      for s, ref in zip(g.samples, g.references)]
+        with compile_plan(build_plan(a, choice, threads), threads) as executor:
+            per_sample = [errors(dict(zip(executor.outputs, executor.run(None, s), strict=True)), ref)
+                          for s, ref in zip(g.samples, g.references)]
     except Exception as error:  # noqa: BLE001 - a plan that cannot run its samples is not accepted
         return False, {"error": first_line(error)}
     return gate(per_sample, g.tolerance)

@@ -186,9 +186,9 @@ class Plan:
         times = "once" if entry["count"] == 1 else f"{entry['count']} times"
         return f" (fell back to {entry['provider']} {times})"
 
-    def save(self, folder: str | os.PathLike) -> Path:
-        """Write `plan.json` (with each file's sha256), the stage models, constants and the report into
-        `folder`, which must be absent or empty; it appears whole or not at all."""
+    def save(self, folder: str | os.PathLike, report: bool = True) -> Path:
+        """Write `plan.json` (with each file's sha256), the stage models, constants and (with `report`) the
+        report into `folder`, which must be absent or empty; it appears whole or not at all."""
         target = Path(folder)
         with new_folder(target, PlanError) as staging:
             for stage in self.stages:
@@ -200,7 +200,8 @@ class Plan:
                 np.savez(staging / CONSTANTS_FILE, **self.constants)
                 self.constants_hash = hashlib.sha256((staging / CONSTANTS_FILE).read_bytes()).hexdigest()
             (staging / PLAN_FILE).write_text(json.dumps(self.to_json(), indent=2) + "\n")
-            write_report(self, staging)
+            if report:
+                write_report(self, staging)
         self.folder = target
         return target
 

@@ -1,5 +1,5 @@
-"""`InferenceSession`: a plan's stages compiled on their providers and run as one model, with
-onnxruntime's interface."""
+"""`InferenceSession`: a thin facade with onnxruntime's interface: a model is optimized into a plan (or a plan
+is loaded), and `compile_plan` runs it as one model."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -17,12 +18,12 @@ from typing import Any
 import numpy as np
 
 from .dtypes import TensorSig
-from .errors import FreeDimensionError, InputError, StageError, UhopError, first_line
-from .executor import Executor, StageIO, Timing
+from .errors import FreeDimensionError, InputError
+from .executor import Timing
 from .files import atomic_file
-from .graph import TensorInfo, declared_outputs
-from .plan import PLAN_FILE, ModelMetadata, Plan, Stage
-from .providers import LAST_RESORT, Runner, create
+from .graph import TensorInfo
+from .plan import PLAN_FILE, ModelMetadata, Plan
+from .runtime import compile_plan
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +72,8 @@ class InferenceSession:
         self.fallback = fallback
         self.threads = threads if threads is not None else self.plan.threads
         self._sess_options = sess_options
-        self._exclusive = len(self.plan.stages) == 1
-        runners = [self._compile(stage, stage.provider) for stage in self.plan.stages]
-        stages = [StageIO(_describe(s), s.inputs, s.outputs, declared_outputs(self.plan.stage_model(s)), s.provider)
-                  for s in self.plan.stages]
-        self._executor = Executor(stages, runners, self.plan.inputs, [o.name for o in self.plan.outputs],
-                                  self.plan.constants, self._fall_back if fallback else None)
-        self._last_resort: dict[int, Runner] = {}  # stage index -> its runner on ort-cpu, compiled on first failure
-        self._warned: set[int] = set()
-        self._falling_back = threading.Lock()
+        self._executor = compile_plan(self.plan, self.threads, fallback)
+        self._close = weakref.finalize(self, self._executor.close)
         self._trace: list[dict[str, Any]] | None = [] if options["profiling"] else None
         self._profile_prefix = options["profile_prefix"]
         self._started = time.perf_counter()
@@ -130,13 +124,16 @@ class InferenceSession:
 
     def enable_fallback(self) -> None:
         """From the next call, a stage that fails is re-run on `ort-cpu` (with one warning)."""
-        self.fallback = True
-        self._executor.on_failure = self._fall_back
+        self.fallback = self._executor.fallback = True
 
     def disable_fallback(self) -> None:
         """From the next call, a stage that fails raises `StageError`."""
-        self.fallback = False
-        self._executor.on_failure = None
+        self.fallback = self._executor.fallback = False
+
+    def close(self) -> None:
+        """Release every stage's runtime now (it happens anyway when the session is garbage-collected); the
+        session cannot run afterwards."""
+        self._close()
 
     # running
 
@@ -215,46 +212,6 @@ class InferenceSession:
         with self._lock:
             if self._trace is not None:
                 self._trace.extend(events)
-
-    def _compile(self, stage: Stage, provider_id: str) -> Runner:
-        options = stage.options if provider_id == stage.provider else {}
-        provider = create((provider_id, options), self.threads)
-        if provider_id == stage.provider:
-            provider = provider.at_precision(stage.precision)
-        provider.require()
-        try:
-            return provider.compile(self.plan.stage_model(stage), exclusive=self._exclusive)
-        except UhopError:
-            raise
-        except Exception as error:  # noqa: BLE001 - a runtime may refuse a stage in any way; say which
-            k = self.plan.stages.index(stage)
-            raise StageError(f"stage {k} ({_describe(stage)}) could not be compiled on {provider_id}: "
-                             f"{first_line(error)}", k, provider_id) from error
-
-    def _fall_back(self, k: int, error: Exception, feeds: dict[str, Any]) -> dict[str, Any]:
-        """Re-run a stage that failed in this call on the last resort (this call only), count it in the plan,
-        and warn the first time the stage fails."""
-        stage = self.plan.stages[k]
-        where = f"stage {k} ({self._executor.stages[k].label})"
-        if stage.provider == LAST_RESORT:
-            raise StageError(f"{where} failed: {first_line(error)}", k, stage.provider) from error
-        with self._falling_back:
-            entry = self.plan.fallbacks.setdefault(k, {"provider": LAST_RESORT, "count": 0, "last_error": ""})
-            entry["count"] += 1
-            entry["last_error"] = first_line(error)
-            first = k not in self._warned
-            self._warned.add(k)
-            if k not in self._last_resort:
-                self._last_resort[k] = self._compile(stage, LAST_RESORT)
-            runner = self._last_resort[k]
-        if first:
-            warnings.warn(f"{where} failed ({first_line(error)}); re-running it on {LAST_RESORT} when it fails "
-                          f"(counted in plan.fallbacks)", RuntimeWarning, stacklevel=6)
-        try:
-            return self._executor.checked(k, runner.run({name: np.asarray(value) for name, value in feeds.items()}))
-        except Exception as again:  # noqa: BLE001 - a runtime may fail in any way; say both failures
-            raise StageError(f"{where} failed ({first_line(error)}), and so did its re-run on {LAST_RESORT}: "
-                             f"{first_line(again)}", k, stage.provider) from again
 
 
 class IOBinding:
@@ -368,7 +325,3 @@ def _host_buffer(name: str, device_type: str, element_type: Any, shape: Sequence
     count = int(np.prod(shape, dtype=np.int64))
     raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(pointer)
     return np.frombuffer(raw, dtype=dtype, count=count).reshape(tuple(shape)).copy()
-
-
-def _describe(stage: Stage) -> str:
-    return f"{stage.label}, {len(stage.nodes)} nodes from {stage.nodes[0]!r}"

@@ -5,11 +5,12 @@ from __future__ import annotations
 from starlette.applications import Starlette
 
 from ..plan import Plan
+from ..runtime import compile_stage
 from .app import create_app
 from .limits import Limits
 from .batching import Batcher
 from .metrics import Metrics
-from .replicas import Replicas, compile_stage, plan_executor
+from .replicas import Replicas, plan_executor
 
 
 def local_app(plan: Plan, name: str, replicas: int = 1, threads: int | None = None,

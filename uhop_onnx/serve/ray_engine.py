@@ -23,11 +23,12 @@ from ray import serve
 from ..errors import UhopError
 from ..plan import Plan, Stage
 from ..providers.base import Runner
+from ..runtime import compile_stage
 from .app import RETRY_AFTER_S, create_app
 from .limits import Limits
 from .batching import Job
 from .metrics import Metrics, configure_tracing
-from .replicas import Replicas, compile_stage, plan_executor
+from .replicas import Replicas, plan_executor
 
 log = logging.getLogger(__name__)
 

@@ -21,21 +21,12 @@ import numpy as np
 from ..dtypes import TensorSig
 from ..executor import Executor, StageIO
 from ..graph import declared_outputs
-from ..plan import Plan, Stage
+from ..plan import Plan
 from ..providers.base import Runner
 from .batching import Job, batchable, run_together
 from .metrics import Metrics, span
 
 log = logging.getLogger(__name__)
-
-
-def compile_stage(plan: Plan, stage: Stage, threads: int | None) -> Runner:
-    """A stage's runner, compiled on its provider to share the process with other stages."""
-    from ..providers import create
-
-    provider = create((stage.provider, dict(stage.options)), threads)
-    provider.require()
-    return provider.compile(plan.stage_model(stage), exclusive=False)
 
 
 class Timed(Runner):

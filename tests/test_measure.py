@@ -1,0 +1,61 @@
+"""The measuring engine: the one calibration rule, workers that build only what `uhop_onnx.` names, plans
+saved for timing without reports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import uhop_onnx
+from uhop_onnx import InputError
+from uhop_onnx.measure import Candidate, time_candidates
+from uhop_onnx.models import mlp
+from uhop_onnx.timing import calls_per_round, round_median
+
+from .conftest import random_feeds
+
+
+class Clock:
+    """A clock that each reading moves on by `step` seconds: every timed call lasts `step`."""
+
+    def __init__(self, step: float):
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_calls_per_round_fill_the_target_within_bounds():
+    clock = Clock(0.002)  # every call takes 2 ms on this clock
+    assert calls_per_round(lambda: None, 0.02, 1, 25, clock=clock) == 10
+    assert calls_per_round(lambda: None, 0.02, 1, 5, clock=clock) == 5
+    assert calls_per_round(lambda: None, 0.001, 3, 50, clock=clock) == 3
+    assert round_median(lambda: None, 4, clock) == pytest.approx(0.002)
+
+
+def test_a_builder_outside_uhop_onnx_is_refused():
+    with pytest.raises(InputError, match="'os:system' must be 'uhop_onnx.<module>:<function>'"):
+        Candidate("shell", "true", build="os:system")
+    request = {"candidate": {"name": "shell", "target": "true", "build": "subprocess:run"}, "model": None,
+               "feeds": "absent.npz", "threads": 1, "calls": 1}
+    said = subprocess.run([sys.executable, "-m", "uhop_onnx.measure", "worker", json.dumps(request)],
+                          capture_output=True, text=True, timeout=120).stdout
+    assert "subprocess:run" in said and "ready" not in said
+
+
+def test_a_saved_plan_is_timed_in_its_own_worker(tmp_path):
+    model = mlp()
+    plan = uhop_onnx.optimize(model, providers=["ort-cpu"], profile=False)
+    plan.save(tmp_path / "plan", report=False)
+    assert not (tmp_path / "plan" / "report.md").exists() and (tmp_path / "plan" / "plan.json").is_file()
+    figures = time_candidates([Candidate("plan", str(tmp_path / "plan")),
+                               Candidate("missing", str(tmp_path / "nowhere"))], None, random_feeds(model), 1, 2, 2)
+    assert figures["plan"]["error"] is None and np.isfinite(figures["plan"]["ms"])
+    assert figures["plan"]["stages"] == [f"ort-cpu x{len(plan.stages[0].nodes)}"]
+    assert len(figures["plan"]["round_medians_ms"]) == 2
+    assert figures["missing"]["ms"] is None and "not a plan folder" in figures["missing"]["error"]

@@ -1,0 +1,297 @@
+"""The measuring engine: callables timed fairly on a shared machine, in this process or each in its own.
+
+`Profiler` times callables in this process: warm up, then alternate candidates in rounds. Each round times
+every candidate once (a few calls, their median), in a fresh (seeded) order each round, so that a slow phase
+of the machine, or the threads a runtime leaves spinning, hit every candidate alike. A candidate's figure is
+the minimum of its round medians; `spread` is how far its round medians scattered, the noise a decision must
+beat. A candidate that raises is a failure (infinitely slow, with its error), never a figure.
+
+`time_candidates` does the same with every candidate in its own worker process
+(`python -m uhop_onnx.measure worker REQUEST`): a saved plan folder, compiled there stage by stage, or what
+an importable `uhop_onnx.` function builds (a raw runtime, for `bench`). The coordinator asks the workers for
+one round each in turn, in a fresh (seeded) order every round and with a pause between them, so that no
+candidate always follows one whose runtime leaves threads spinning. Calls per round follow `timing`'s one
+rule.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import asdict, dataclass
+from importlib import import_module
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .errors import InputError, first_line
+from .timing import Clock, calls_per_round, round_median
+
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Milliseconds per call: the minimum of the round medians, and the relative spread of those medians;
+    for a failure, infinity and the error."""
+
+    ms: float
+    spread: float
+    rounds: int
+    error: str | None = None
+
+    @classmethod
+    def failed(cls, error: BaseException | str) -> Measurement:
+        return cls(math.inf, 0.0, 0, error if isinstance(error, str) else first_line(error))
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and math.isfinite(self.ms)
+
+    def to_json(self) -> dict[str, float | str | None]:
+        return {"ms": self.ms, "spread": self.spread, "rounds": self.rounds, "error": self.error}
+
+    @classmethod
+    def from_json(cls, entry: Any) -> Measurement:
+        """A figure as `to_json` wrote it; `TypeError` naming the field when it is not one (a cache entry)."""
+        m = cls(**entry)
+        for name, kinds in (("ms", (int, float)), ("spread", (int, float)), ("rounds", (int,)),
+                            ("error", (str, type(None)))):
+            value = getattr(m, name)
+            if not isinstance(value, kinds) or isinstance(value, bool):
+                raise TypeError(f"{name} is {value!r}")
+        return m
+
+
+@dataclass
+class Profiler:
+    """Measures callables in alternating rounds. `clock` returns seconds (a fake one makes tests exact)."""
+
+    rounds: int = 5
+    max_rounds: int = 9  # rounds keep coming while the spread is above `noisy`
+    noisy: float = 0.25
+    warmup: int = 2
+    round_seconds: float = 0.02  # calls per round are chosen so a round of one candidate lasts about this long
+    max_calls: int = 25
+    clock: Clock = time.perf_counter
+
+    def measure(self, candidates: Mapping[K, Callable[[], object]]) -> dict[K, Measurement]:
+        """A figure per candidate; one that raises (in any round) is a failure and leaves the rounds."""
+        failed: dict[K, Measurement] = {}
+        calls: dict[K, int] = {}
+        for k, call in candidates.items():
+            try:
+                calls[k] = self._calibrate(call)
+            except Exception as error:  # noqa: BLE001 - a runtime may fail in any way; that is its figure
+                failed[k] = Measurement.failed(error)
+        medians: dict[K, list[float]] = {k: [] for k in calls}
+        order = random.Random(0)
+        for r in range(self.max_rounds if medians else 0):
+            for k in order.sample(list(medians), len(medians)):
+                try:
+                    medians[k].append(self._round(candidates[k], calls[k]))
+                except Exception as error:  # noqa: BLE001
+                    failed[k] = Measurement.failed(error)
+                    del medians[k]
+            if not medians or r + 1 >= self.rounds and max(_spread(m) for m in medians.values()) <= self.noisy:
+                break
+        measured = {k: Measurement(min(m) * 1e3, _spread(m), len(m)) for k, m in medians.items()}
+        return {k: measured.get(k) or failed[k] for k in candidates}
+
+    def _calibrate(self, call: Callable[[], object]) -> int:
+        """Warm up, and pick how many calls make one round."""
+        return calls_per_round(call, self.round_seconds, 1, self.max_calls, self.warmup, self.clock)
+
+    def _round(self, call: Callable[[], object], calls: int) -> float:
+        return round_median(call, calls, self.clock)
+
+
+def _spread(medians: list[float]) -> float:
+    low = min(medians)
+    return (max(medians) - low) / low if low > 0 else 0.0
+
+
+def build(jobs: Mapping[K, Callable[[], Callable[[], object]]]) -> tuple[dict[K, Callable[[], object]],
+                                                                         dict[K, Measurement]]:
+    """The calls that `jobs` make, and a failure for each job that could not make its call."""
+    calls, failed = {}, {}
+    for key, job in jobs.items():
+        try:
+            calls[key] = job()
+        except Exception as error:  # noqa: BLE001 - a runtime may refuse to build in any way
+            failed[key] = Measurement.failed(error)
+    return calls, failed
+
+
+# The subprocess rounds
+
+SETTLE_SECONDS = 0.05  # between candidates: worker threads the previous one left spinning go to sleep
+ROUND_SECONDS = 0.05  # a worker's round lasts about this long (3 to 50 calls)
+# (target, model, feeds, threads) -> a context manager giving (one call, its stages), releasing them on exit
+Build = Callable[..., AbstractContextManager[tuple[Callable[[], object], list[str]]]]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What a worker runs: the plan saved in the folder `target`, or, with `build`
+    (`"uhop_onnx.module:function"`), what that function builds of `target`: called as
+    `build(target, model, feeds, threads)`, it is a context manager giving `(call, stages)` and releasing
+    what it compiled on exit."""
+
+    name: str
+    target: str
+    build: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.build is not None:
+            _module_and_function(self.build)
+
+
+def time_plans_in_processes(plans: Mapping[str, Any], feeds: dict[str, np.ndarray], threads: int | None,
+                            rounds: int = 5) -> dict[str, Measurement]:
+    """Whole plans timed each in its own process on `feeds`, in alternating rounds -> `Measurement` per name
+    (infinite for a plan that failed). The plans are saved for their workers without reports."""
+    with tempfile.TemporaryDirectory(prefix="uhop-plans-") as work:
+        candidates = []
+        for k, (name, plan) in enumerate(plans.items()):
+            plan.save(Path(work) / f"plan{k}", report=False)
+            candidates.append(Candidate(name, str(Path(work) / f"plan{k}")))
+        figures = time_candidates(candidates, None, feeds, threads, rounds)
+    return {name: Measurement(f["ms"], f["spread"], len(f["round_medians_ms"])) if f["ms"] is not None
+            else Measurement.failed(f["error"]) for name, f in figures.items()}
+
+
+def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[str, np.ndarray],
+                    threads: int | None, rounds: int, calls: int | None = None) -> dict[str, dict]:
+    """Each candidate in its own worker process, run on `feeds`; rounds alternate between them, in a
+    rotating order. Per name: `ms` (the minimum of the round medians), `spread`, `round_medians_ms`,
+    `stages` (`openvino x12` per stage) and `error` (one line, or None)."""
+    workers, logs = {}, {}
+    shared = tempfile.NamedTemporaryFile(prefix="uhop-feeds-", suffix=".npz", delete=False)
+    with shared:
+        np.savez(shared, **feeds)
+    for c in candidates:
+        request = json.dumps({"candidate": asdict(c), "model": model, "feeds": shared.name, "threads": threads,
+                              "calls": calls})
+        logs[c.name] = tempfile.TemporaryFile(mode="w+")
+        workers[c.name] = subprocess.Popen([sys.executable, "-m", "uhop_onnx.measure", "worker", request],
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logs[c.name], text=True)
+    medians: dict[str, list[float]] = {c.name: [] for c in candidates}
+    stages: dict[str, list[str]] = {c.name: [] for c in candidates}
+    errors: dict[str, str] = {}
+    try:
+        for name, worker in workers.items():
+            try:
+                stages[name] = json.loads(_reply(worker, "ready", logs[name]))
+            except WorkerFailed as failure:
+                errors[name] = str(failure)
+        names = [c.name for c in candidates if c.name not in errors]
+        order = random.Random(0)
+        for _ in range(rounds if names else 0):
+            for name in order.sample(names, len(names)):
+                if name in errors:
+                    continue
+                time.sleep(SETTLE_SECONDS)
+                try:
+                    workers[name].stdin.write("round\n")
+                    workers[name].stdin.flush()
+                    medians[name].append(float(_reply(workers[name], "median", logs[name])))
+                except (WorkerFailed, BrokenPipeError) as failure:
+                    errors[name] = str(failure) if isinstance(failure, WorkerFailed) else "the worker exited"
+    finally:
+        for name, worker in workers.items():
+            if worker.poll() is None:
+                worker.stdin.close()
+                worker.wait(timeout=60)
+            logs[name].close()
+        os.unlink(shared.name)
+    return {name: {"ms": min(m) if m and name not in errors else None,
+                   "spread": (max(m) - min(m)) / min(m) if m and name not in errors else None,
+                   "round_medians_ms": m, "stages": stages[name], "error": errors.get(name)}
+            for name, m in medians.items()}
+
+
+class WorkerFailed(Exception):
+    """A worker reported a failure, or exited; the message is its one-line reason."""
+
+
+def _reply(worker: subprocess.Popen, word: str, log) -> str:
+    """The rest of the worker's next line that starts with `word` (other lines are runtime chatter)."""
+    for line in worker.stdout:
+        if line.startswith(word):
+            return line[len(word):].strip()
+        if line.startswith("failed "):
+            raise WorkerFailed(json.loads(line[len("failed "):]))
+    log.seek(0)
+    raise WorkerFailed(last_line(log.read()) or f"the worker exited with code {worker.wait()}")
+
+
+def last_line(text: str) -> str:
+    """The last line of a log that says something: a traceback's own `Error: message` line."""
+    return next((line.strip()[:400] for line in reversed(text.splitlines()) if line.strip()), "")
+
+
+def stage_labels(plan: Any) -> list[str]:
+    """`openvino x12` per stage of a plan: its provider and how many nodes it runs."""
+    return [f"{s.label} x{len(s.nodes)}" for s in plan.stages]
+
+
+@contextmanager
+def saved_plan(folder: str, model: str | None, feeds: dict[str, np.ndarray],
+               threads: int | None) -> Iterator[tuple[Callable[[], object], list[str]]]:
+    """The plan saved in `folder`, compiled on its providers: one call of it on `feeds`, and its stages."""
+    from .plan import Plan
+    from .runtime import compile_plan
+
+    plan = Plan.load(folder)
+    with compile_plan(plan, threads) as executor:
+        yield (lambda: executor.run(None, feeds)), stage_labels(plan)
+
+
+def _module_and_function(spec: str) -> tuple[str, str]:
+    """`("uhop_onnx.module", "function")` of a builder's name; `InputError` for one outside `uhop_onnx.`."""
+    module, _, function = spec.partition(":")
+    if not module.startswith("uhop_onnx.") or not function.isidentifier():
+        raise InputError(f"candidate builder {spec!r} must be 'uhop_onnx.<module>:<function>'")
+    return module, function
+
+
+def _builder(spec: str | None) -> Build:
+    if spec is None:
+        return saved_plan
+    module, function = _module_and_function(spec)
+    return getattr(import_module(module), function)
+
+
+def _worker(request: dict) -> None:
+    """Build the candidate, say `ready STAGES`, then answer each `round` line with `median MS`; any failure is
+    one `failed "REASON"` line."""
+    from .inputs import read_inputs
+
+    candidate = request["candidate"]
+    try:
+        build, feeds = _builder(candidate["build"]), read_inputs(request["feeds"])
+        with build(candidate["target"], request["model"], feeds, request["threads"]) as built:
+            call, stages = built
+            calls = request["calls"] or calls_per_round(call, ROUND_SECONDS, 3, 50, warmup=3)
+            print("ready", json.dumps(stages), flush=True)
+            for line in sys.stdin:
+                if line.strip() != "round":
+                    break
+                print("median", round_median(call, calls) * 1e3, flush=True)
+    except Exception as error:  # noqa: BLE001 - any failure is this candidate's result, told in one line
+        print("failed", json.dumps(first_line(error)), flush=True)
+
+
+if __name__ == "__main__":
+    command, payload = sys.argv[1], json.loads(sys.argv[2])
+    {"worker": _worker}[command](payload)

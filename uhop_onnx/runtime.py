@@ -1,0 +1,105 @@
+"""`compile_plan`: a plan's stages compiled on their providers, at their precisions, into one `Executor`;
+with fallback, a stage that fails during a call is re-run on the last resort for that call."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from typing import Any
+
+import numpy as np
+
+from .errors import StageError, UhopError, first_line
+from .executor import Check, Executor, StageIO
+from .graph import declared_outputs
+from .plan import Plan, Stage
+from .providers import LAST_RESORT, Runner, create
+
+log = logging.getLogger(__name__)
+
+
+def compile_plan(plan: Plan, threads: int | None = None, fallback: bool = False,
+                 exclusive: bool | None = None) -> Executor:
+    """An `Executor` over each stage of `plan` compiled on its provider at its precision, with `threads`
+    (default: the plan's). `exclusive` (default: when the plan has one stage) tells a runtime it has the
+    process to itself. The executor can re-run a failed stage on `ort-cpu` (`executor.fallback`, on with
+    `fallback`), counting it in `plan.fallbacks`; closing it closes every runner it compiled."""
+    threads = plan.threads if threads is None else threads
+    exclusive = len(plan.stages) == 1 if exclusive is None else exclusive
+    runners: list[Runner] = []
+    try:
+        for stage in plan.stages:
+            runners.append(compile_stage(plan, stage, threads, exclusive))
+    except BaseException:
+        for runner in closing:
+            runner.close()
+        raise
+    stages = [StageIO(describe(s), s.inputs, s.outputs, declared_outputs(plan.stage_model(s)), s.provider)
+              for s in plan.stages]
+    return Executor(stages, runners, plan.inputs, [o.name for o in plan.outputs], plan.constants,
+                    LastResort(plan, threads), fallback)
+
+
+def compile_stage(plan: Plan, stage: Stage, threads: int | None, exclusive: bool = False, *,
+                  on: str | None = None) -> Runner:
+    """`stage`'s runner, compiled on its provider at its precision (or `on` another provider, with that
+    provider's default options, at fp32); a runtime's refusal is a `StageError` naming the stage."""
+    provider_id = on or stage.provider
+    provider = create((stage.provider, dict(stage.options)) if on is None else provider_id, threads)
+    if on is None:
+        provider = provider.at_precision(stage.precision)
+    provider.require()
+    try:
+        return provider.compile(plan.stage_model(stage), exclusive=exclusive)
+    except UhopError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a runtime may refuse a stage in any way; say which
+        k = plan.stages.index(stage)
+        raise StageError(f"stage {k} ({describe(stage)}) could not be compiled on {provider_id}: "
+                         f"{first_line(error)}", k, provider_id) from error
+
+
+def describe(stage: Stage) -> str:
+    """A stage as messages name it: `openvino, 12 nodes from 'conv_0'`."""
+    return f"{stage.label}, {len(stage.nodes)} nodes from {stage.nodes[0]!r}"
+
+
+class LastResort:
+    """The executor's fallback: a stage that failed is re-run on `ort-cpu` (compiled on its first failure),
+    for that call only; each failure is counted in `plan.fallbacks`, with one warning per stage."""
+
+    def __init__(self, plan: Plan, threads: int | None):
+        self.plan, self.threads = plan, threads
+        self.runners: dict[int, Runner] = {}  # stage index -> its runner on the last resort
+        self._warned: set[int] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, k: int, error: Exception, feeds: dict[str, Any], check: Check) -> dict[str, Any]:
+        stage = self.plan.stages[k]
+        where = f"stage {k} ({describe(stage)})"
+        if stage.provider == LAST_RESORT:
+            raise StageError(f"{where} failed: {first_line(error)}", k, stage.provider) from error
+        with self._lock:
+            entry = self.plan.fallbacks.setdefault(k, {"provider": LAST_RESORT, "count": 0, "last_error": ""})
+            entry["count"] += 1
+            entry["last_error"] = first_line(error)
+            first = k not in self._warned
+            self._warned.add(k)
+            if k not in self.runners:
+                self.runners[k] = compile_stage(self.plan, stage, self.threads, on=LAST_RESORT)
+            runner = self.runners[k]
+        if first:
+            warnings.warn(f"{where} failed ({first_line(error)}); re-running it on {LAST_RESORT} when it fails "
+                          f"(counted in plan.fallbacks)", RuntimeWarning, stacklevel=6)
+        try:
+            return check(k, runner.run({name: np.asarray(value) for name, value in feeds.items()}))
+        except Exception as again:  # noqa: BLE001 - a runtime may fail in any way; say both failures
+            raise StageError(f"{where} failed ({first_line(error)}), and so did its re-run on {LAST_RESORT}: "
+                             f"{first_line(again)}", k, stage.provider) from again
+
+    def close(self) -> None:
+        with self._lock:
+            closing, self.runners = list(self.runners.values()), {}
+        for runner in closing:
+            runner.close()

@@ -1,0 +1,34 @@
+"""Timing one callable: the seconds of a call, how many calls make a round of a given length, a round's median.
+
+The one calibration rule of the project (the profiler, the measuring workers and the kernel tuner use it):
+warm up, take the fastest warm-up call, and fill the round's target length with calls of that length, within
+`low` and `high` calls.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+Clock = Callable[[], float]  # seconds; a fake one makes tests exact
+
+
+def seconds(call: Callable[[], object], clock: Clock = time.perf_counter) -> float:
+    """How long one `call()` took."""
+    start = clock()
+    call()
+    return clock() - start
+
+
+def calls_per_round(call: Callable[[], object], target: float, low: int, high: int, warmup: int = 1,
+                    clock: Clock = time.perf_counter) -> int:
+    """Warm `call` up (`warmup` calls, at least one), then the number of calls that last about `target`
+    seconds at the fastest warm-up call's pace, within [`low`, `high`]."""
+    fastest = min(seconds(call, clock) for _ in range(max(warmup, 1)))
+    return max(low, min(high, int(target / max(fastest, 1e-9))))
+
+
+def round_median(call: Callable[[], object], calls: int, clock: Clock = time.perf_counter) -> float:
+    """The median seconds of `calls` calls of `call()`."""
+    return statistics.median(seconds(call, clock) for _ in range(calls))
