@@ -10,8 +10,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import uhop_onnx
 from uhop_onnx.errors import ProviderError
+from uhop_onnx.measure import Profiler
 from uhop_onnx.models import cnn
-from uhop_onnx.partitioner.profiler import Profiler
 from uhop_onnx.precision import errors
 from uhop_onnx.providers import REGISTRY
 from uhop_onnx.providers.litert import LiteRt
