@@ -19,7 +19,6 @@ from uhop_onnx.measure import Measurement
 from uhop_onnx.providers import Provider, Support
 from uhop_onnx.providers.quantize import Calibration
 
-
 Choice = tuple[str, ...]  # the provider label of each node, in the graph's order
 
 

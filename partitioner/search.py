@@ -223,10 +223,8 @@ class _Searching:
         """`model` compiled on provider `label` to share the process (a block at the provider's precision,
         int8 quantized first, unless not `lower`), and closed when the search ends."""
         provider = self.providers[label]
-        runner = _raised_by(provider, lambda: provider.compile(provider.lower(model) if lower else model,
-                                                               exclusive=False))
-        self.runners.callback(runner.close)
-        return runner
+        return self.runners.enter_context(_raised_by(
+            provider, lambda: provider.compile(provider.lower(model) if lower else model, exclusive=False)))
 
     def _block_costs(self, units: Sequence[Sequence[int]], allowed: Sequence[Sequence[str]]
                      ) -> list[dict[str, Measurement]]:

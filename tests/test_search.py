@@ -17,7 +17,7 @@ from uhop_onnx.measure import Measurement, Profiler
 from uhop_onnx.errors import CheckError, MeasurementError
 from uhop_onnx.partitioner.path import cheapest_path
 from uhop_onnx.partitioner.search import _moves
-from uhop_onnx.providers import REGISTRY, Support
+from uhop_onnx.providers import REGISTRY, Runner, Support
 from uhop_onnx.providers.ort import OrtCpu
 
 from .conftest import assert_matches, random_feeds, reference
@@ -31,7 +31,7 @@ class FakeClock:
         return self.now
 
 
-class Charging:
+class Charging(Runner):
     """A runner that computes for real (ONNX Runtime) and charges the fake clock per op and per call; with
     `fails`, it raises instead, as a runtime that cannot run its stage does."""
 
