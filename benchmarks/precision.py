@@ -5,12 +5,13 @@
 For a ResNet-50 and a MobileNetV2 at 224x224 and a BERT-like encoder (4 layers, hidden 256, sequence 128),
 all from `models/builders.py`: 16 calibration samples and 4 checked inputs from the same generator
 (`samples.sample_feeds`) under other seeds. Candidates, each in its own process in alternating rounds
-(`uhop_onnx.measure.time_candidates`): ONNX Runtime fp32 and OpenVINO f32 (the raw runtimes), OpenVINO bf16,
-ONNX Runtime int8 and OpenVINO int8 (the whole model as one stage at that precision; int8 is the QDQ model
-`quantize_static` makes from the calibration samples), and the plan `optimize(precision="auto",
-tolerance=1e-2)` chooses. Each one's error is measured on the checked inputs (not in the calibration set)
-against ONNX Runtime fp32: the worst max abs error, cosine and top-1 agreement over them, and whether every
-output is within the tolerance (`max|y - ref| <= 1e-2 * (1 + max|ref|)`).
+(`uhop_onnx.measure.time_candidates`): ONNX Runtime fp32 and OpenVINO f32 (the raw runtimes); the whole model
+as one stage at a reduced precision: OpenVINO bf16, ONNX Runtime int8 (the QDQ model `quantize_static` makes
+from the calibration samples) and int8 dynamic (`quantize_dynamic`), OpenVINO int8 compiling that QDQ model
+and OpenVINO int8 from NNCF (`nncf.quantize`, what the openvino provider uses); and the plan
+`optimize(precision="auto", tolerance=1e-2)` chooses. Each one's error is measured on the checked inputs
+(not in the calibration set) against ONNX Runtime fp32: the worst max abs error, cosine and top-1 agreement
+over them, and whether every output is within the tolerance (`max|y - ref| <= 1e-2 * (1 + max|ref|)`).
 """
 
 from __future__ import annotations
@@ -35,23 +36,28 @@ from uhop_onnx.measure import Candidate, time_candidates  # noqa: E402
 from uhop_onnx.graph import Graph  # noqa: E402
 from uhop_onnx.models import encoder, mobilenetv2, resnet50  # noqa: E402
 from uhop_onnx.precision import errors, gate  # noqa: E402
-from uhop_onnx.providers.quantize import Calibration  # noqa: E402
+from uhop_onnx.providers.quantize import Calibration, quantize_int8  # noqa: E402
 from uhop_onnx.samples import reference_outputs, sample_feeds  # noqa: E402
 
 MODELS = {"resnet50": resnet50, "mobilenetv2": mobilenetv2, "encoder": encoder}
 TOLERANCE = 1e-2
-ONE_STAGE = {"OpenVINO bf16": ("openvino", "bf16"), "ORT int8": ("ort-cpu", "int8"),
-             "OpenVINO int8": ("openvino", "int8")}
+# label -> (provider spec, precision, how its int8 model is made: None for the provider's own way)
+ONE_STAGE = {"OpenVINO bf16": ("openvino", "bf16", None), "ORT int8": ("ort-cpu", "int8", None),
+             "ORT int8 dynamic": (("ort-cpu", {"quantization": "dynamic"}), "int8", None),
+             "OpenVINO int8 QDQ": ("openvino", "int8", "static"), "OpenVINO int8 NNCF": ("openvino", "int8", "nncf")}
 
 
-def one_stage(model_path: Path, provider: str, precision: str, calibration: Calibration, out: Path) -> Path:
-    """The whole model as one stage on `provider` at `precision`, saved as a plan folder."""
+def one_stage(model_path: Path, spec, precision: str, method: str | None, calibration: Calibration, out: Path) -> Path:
+    """The whole model as one stage of the provider `spec` at `precision` (int8 made by `method`, or as
+    the provider makes it), saved as a plan folder."""
     from uhop_onnx.providers import create
 
-    plan = optimize(model_path, providers=[provider], profile=False)
-    variant = create(provider).at_precision(precision, calibration)
+    variant = create(spec).at_precision(precision, calibration)
+    plan = optimize(model_path, providers=[variant.id], profile=False)
     for stage in plan.stages:
-        stage.model, stage.precision = variant.lower(plan.stage_model(stage)), precision
+        model = plan.stage_model(stage)
+        stage.model = quantize_int8(model, calibration, method) if method else variant.lower(model)
+        stage.precision, stage.options = precision, dict(variant.options)
     plan.save(out)
     return out
 
@@ -75,8 +81,8 @@ def bench_model(name: str, work: Path, rounds: int, budget: float, threads: int 
     np.savez(work / f"{name}-calibration.npz", **{n: np.concatenate([s[n] for s in samples]) for n in graph.inputs})
     references = [reference_outputs(str(path), x) for x in checked]
     calibration = Calibration(model, samples)
-    plans = {label: one_stage(path, p, precision, calibration, work / f"{name}-{label.replace(' ', '-')}")
-             for label, (p, precision) in ONE_STAGE.items()}
+    plans = {label: one_stage(path, spec, precision, method, calibration, work / f"{name}-{label.replace(' ', '-')}")
+             for label, (spec, precision, method) in ONE_STAGE.items()}
     started = time.perf_counter()
     plan = optimize(path, precision="auto", tolerance=TOLERANCE, calibration=work / f"{name}-calibration.npz",
                     budget=budget, threads=threads)

@@ -153,14 +153,26 @@ class OpenVino(Provider):
         return ov.get_version().split("-")[0], self.device
 
     def precisions(self) -> list[str]:
-        """fp32; bf16, fp16 and int8 (a QDQ stage) where the device reports BF16, FP16 or INT8 in its
-        `OPTIMIZATION_CAPABILITIES`."""
+        """fp32; bf16, fp16 and int8 where the device reports BF16, FP16 or INT8 in its
+        `OPTIMIZATION_CAPABILITIES`; fp16 on GPU and NPU devices, whose native precision it is."""
         if not self.present:
             return ["fp32"]
         import openvino as ov
 
         reported = set(ov.Core().get_property(self.device, "OPTIMIZATION_CAPABILITIES"))
+        if self.device.split(".")[0] in ("GPU", "NPU"):
+            reported.add("FP16")
         return ["fp32", *(p for p, capability in CAPABILITIES.items() if capability in reported)]
+
+    def lower(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """An int8 stage: the QDQ model NNCF's post-training quantization makes of it on the calibration
+        values (the `quantize` extra), else the one ONNX Runtime's `quantize_static` makes; at any other
+        precision the model itself (OpenVINO is told the precision when it compiles)."""
+        if self.precision != "int8":
+            return model
+        from .quantize import offers, quantize_int8
+
+        return quantize_int8(model, self.calibration, "nncf" if offers("nncf", "openvino int8 by NNCF") else "static")
 
     def query(self, model: onnx.ModelProto) -> dict[str, Support]:
         """Nodes OpenVINO's `query_model` does not place on the device, mapped back by output tensor names."""

@@ -172,10 +172,18 @@ def _dynamic(source: Path, target: Path, samples: None) -> None:
 
 
 def _nncf(source: Path, target: Path, samples: list) -> None:
+    """NNCF's lines go where uhop-onnx's own logs go and its progress bars nowhere: neither on stdout,
+    which `--json` output owns."""
+    import contextlib
+    import io
+
     import nncf
     import onnx
 
-    quantized = nncf.quantize(onnx.load(source), nncf.Dataset(samples), subset_size=len(samples))
+    nncf_log = logging.getLogger("nncf")
+    nncf_log.handlers, nncf_log.propagate = [], True
+    with contextlib.redirect_stdout(io.StringIO()):
+        quantized = nncf.quantize(onnx.load(source), nncf.Dataset(samples), subset_size=len(samples))
     onnx.save(quantized, target)
 
 

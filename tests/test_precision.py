@@ -143,6 +143,8 @@ def test_int8_on_a_cnn_keeps_cosine_and_top1(provider):
     assert "int8" in provider().precisions()
     stage = variant.lower(model)
     assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in stage.graph.node}
+    method = "nncf" if provider is OpenVino else "static"  # OpenVINO's int8 is NNCF's (the quantize extra is here)
+    assert stage.SerializeToString() == quantize_int8(model, variant.calibration, method).SerializeToString()
     runner = variant.compile(stage)
     for sample in calibration_of(model, 8, seed=99).samples:  # inputs not in the calibration set
         got, want = runner.run(sample)["output"], reference(model, sample)[0]
@@ -216,8 +218,29 @@ def test_the_same_calibration_gives_the_same_quantized_stage(tmp_path, monkeypat
 
 
 def test_openvino_offers_bf16_where_the_cpu_has_it():
+    import openvino as ov
+
     flags = open("/proc/cpuinfo").read()
-    assert ("bf16" in OpenVino().precisions()) == (" avx512_bf16" in flags or " amx_bf16" in flags)
+    reported = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    assert ("bf16" in OpenVino().precisions()) == (" avx512_bf16" in flags or " amx_bf16" in flags) == ("BF16" in reported)
+    assert ("fp16" in OpenVino().precisions()) == ("FP16" in reported)  # GPU and NPU offer it always
+
+
+def test_without_nncf_openvino_int8_is_the_onnx_runtime_qdq_model(monkeypatch, caplog):
+    import sys
+
+    from uhop_onnx.providers.quantize import offers
+
+    model = cnn()
+    calibration = calibration_of(model, 4, seed=1)
+    monkeypatch.setitem(sys.modules, "nncf", None)  # as where the quantize extra is not installed
+    offers.cache_clear()
+    try:
+        stage = OpenVino().at_precision("int8", calibration).lower(model)
+    finally:
+        offers.cache_clear()
+    assert stage.SerializeToString() == quantize_int8(model, calibration, "static").SerializeToString()
+    assert "openvino int8 by NNCF is not offered" in caplog.text and "pip install 'uhop-onnx[quantize]'" in caplog.text
 
 
 def test_cli_optimize_int8_on_ort_and_explain_shows_the_errors(tmp_path):

@@ -73,3 +73,17 @@ def test_cuda_fp16_is_an_onnxconverter_common_model_close_to_fp32_on_ort_cpu():
     per_sample = [errors(runner.run(x), {"output": reference(model, x)[0]}) for x in samples(4, seed=9)]
     ok, worst = gate(per_sample, 1e-2)
     assert ok and worst["output"]["max_abs_error"] > 0, worst  # within 1e-2, and not the fp32 model itself
+
+
+def test_without_the_quantize_extra_cuda_offers_no_fp16_and_says_why(monkeypatch, caplog):
+    import sys
+
+    from uhop_onnx.providers.quantize import offers
+
+    monkeypatch.setitem(sys.modules, "onnxconverter_common", None)  # as where the extra is not installed
+    offers.cache_clear()
+    try:
+        assert OrtCuda().precisions() == ["fp32"]
+    finally:
+        offers.cache_clear()
+    assert "ort-cuda fp16 is not offered" in caplog.text and "pip install 'uhop-onnx[quantize]'" in caplog.text
