@@ -8,7 +8,8 @@ all from `models/builders.py`: 16 calibration samples and 4 checked inputs from 
 (`uhop_onnx.measure.time_candidates`): ONNX Runtime fp32 and OpenVINO f32 (the raw runtimes); the whole model
 as one stage at a reduced precision: OpenVINO bf16, ONNX Runtime int8 (the QDQ model `quantize_static` makes
 from the calibration samples) and int8 dynamic (`quantize_dynamic`), OpenVINO int8 compiling that QDQ model
-and OpenVINO int8 from NNCF (`nncf.quantize`, what the openvino provider uses); and the plan
+and OpenVINO int8 from NNCF (`nncf.quantize`, what the openvino provider uses), LiteRT fp32 and LiteRT int8 (the
+full-integer `.tflite` our converter writes from the calibration ranges); and the plan
 `optimize(precision="auto", tolerance=1e-2)` chooses. Each one's error is measured on the checked inputs
 (not in the calibration set) against ONNX Runtime fp32: the worst max abs error, cosine and top-1 agreement
 over them, and whether every output is within the tolerance (`max|y - ref| <= 1e-2 * (1 + max|ref|)`).
@@ -44,7 +45,8 @@ TOLERANCE = 1e-2
 # label -> (provider spec, precision, how its int8 model is made: None for the provider's own way)
 ONE_STAGE = {"OpenVINO bf16": ("openvino", "bf16", None), "ORT int8": ("ort-cpu", "int8", None),
              "ORT int8 dynamic": (("ort-cpu", {"quantization": "dynamic"}), "int8", None),
-             "OpenVINO int8 QDQ": ("openvino", "int8", "static"), "OpenVINO int8 NNCF": ("openvino", "int8", "nncf")}
+             "OpenVINO int8 QDQ": ("openvino", "int8", "static"), "OpenVINO int8 NNCF": ("openvino", "int8", "nncf"),
+             "LiteRT fp32": ("litert", "fp32", None), "LiteRT int8": ("litert", "int8", None)}
 
 
 def one_stage(model_path: Path, spec, precision: str, method: str | None, calibration: Calibration, out: Path) -> Path:

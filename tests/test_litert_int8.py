@@ -9,14 +9,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import uhop_onnx
-from uhop_onnx.errors import ProviderError
+from uhop_onnx.errors import CheckError, ProviderError
 from uhop_onnx.measure import Profiler
 from uhop_onnx.models import cnn
 from uhop_onnx.precision import errors
 from uhop_onnx.providers import REGISTRY
 from uhop_onnx.providers.litert import LiteRt
 from uhop_onnx.providers.litert.converter import convert
-from uhop_onnx.providers.litert.int8 import calibration_of
+from uhop_onnx.providers.litert.int8 import Calibrated, calibration_of, with_calibration
 from uhop_onnx.providers.litert.runner import interpreter_module
 from uhop_onnx.providers.quantize import Calibration
 
@@ -163,6 +163,15 @@ def test_the_same_calibration_gives_the_same_bytes_and_another_does_not():
     assert convert(model, ranges=calibration_of(int8(model).lower(model)).ranges) == first
     assert convert(model, ranges=calibration_of(int8(model, range(200, 216)).lower(model)).ranges) != first
     assert convert(model) != first
+
+
+def test_the_build_check_catches_an_int8_stage_that_computes_wrong_values():
+    model = cnn()
+    variant = int8(model)
+    calibrated = calibration_of(variant.lower(model))
+    narrow = Calibrated({name: (lo / 50, hi / 50) for name, (lo, hi) in calibrated.ranges.items()}, calibrated.moments)
+    with pytest.raises(CheckError, match="differs from ONNX Runtime on output 'output': the error's norm"):
+        variant.compile(with_calibration(model, narrow))  # every value saturates
 
 
 def test_an_uncalibrated_variant_says_what_it_needs():

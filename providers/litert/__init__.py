@@ -34,9 +34,10 @@ log = logging.getLogger(__name__)
 
 FP32_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 FP16_TOLERANCE = {"rtol": 1e-2, "atol": 1e-3}
-# int8 is checked for gross faults only, within a tenth of 1 + the largest output (the optimizer's accuracy gate
-# holds the plan to the user's tolerance on the calibration samples)
-INT8_TOLERANCE = {"rtol": 0.0, "atol": 0.1, "peak": 0.1}
+# int8 is checked for gross faults only: the error's norm within a tenth of the output's (on random inputs a few
+# values past their calibrated ranges saturate; MobileNetV2's blocks stay within 0.05). The optimizer's accuracy
+# gate holds the plan to the user's tolerance on the calibration samples.
+INT8_TOLERANCE = {"l2": 0.1, "atol": 1e-3}
 # fp32 sums whose terms are as large as the largest output differ by about this fraction of it between
 # kernels that add in different orders (ResNet-18 logits up to 129: XNNPACK and MLAS differ by 1e-4).
 ROUNDING = 1e-6
@@ -224,8 +225,8 @@ def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], 
     """Run `runner` and ONNX Runtime on the same random inputs: floats standard normal, or where `inputs`
     gives an input's (mean, standard deviation, least, greatest), normal with those moments, clipped to that
     range. The largest absolute difference, or a `CheckError` naming the first output outside `tolerance`
-    (`atol + rtol |ref| + peak max|ref|`, peak `ROUNDING` unless given), or ONNX Runtime's failure on the
-    inputs."""
+    (each element within `atol + rtol |ref| + ROUNDING max|ref|`; with `l2`, the error's norm within
+    `l2 |ref| + atol sqrt(size)`), or ONNX Runtime's failure on the inputs."""
     import onnxruntime as ort
     from onnx import helper
 
@@ -258,13 +259,20 @@ def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], 
             raise CheckError(f"{where}: shape {list(value.shape)}, expected {list(reference.shape)}")
         error = np.abs(value - reference)
         finite = np.isfinite(reference)
-        allowed = (tolerance["atol"] + tolerance["rtol"] * np.abs(reference)
-                   + tolerance.get("peak", ROUNDING) * np.abs(reference[finite]).max(initial=0.0))
-        agree = (error <= allowed) | (value == reference) | (np.isnan(value) & np.isnan(reference))
-        if not agree.all():
-            raise CheckError(f"{where}: max abs error {np.nan_to_num(error[~agree], nan=np.inf).max():.3g} "
-                                f"(tolerance rtol={tolerance['rtol']}, atol={tolerance['atol']} "
-                                f"+ {tolerance.get('peak', ROUNDING)} x max |output|)")
+        if "l2" in tolerance:
+            norm = float(np.linalg.norm(error))
+            allowed = tolerance["l2"] * float(np.linalg.norm(reference)) + tolerance["atol"] * np.sqrt(error.size)
+            if not norm <= allowed:
+                raise CheckError(f"{where}: the error's norm is {norm:.3g}, allowed {allowed:.3g} ({tolerance['l2']} "
+                                 f"of the output's + {tolerance['atol']} per element)")
+        else:
+            allowed = (tolerance["atol"] + tolerance["rtol"] * np.abs(reference)
+                       + ROUNDING * np.abs(reference[finite]).max(initial=0.0))
+            agree = (error <= allowed) | (value == reference) | (np.isnan(value) & np.isnan(reference))
+            if not agree.all():
+                raise CheckError(f"{where}: max abs error {np.nan_to_num(error[~agree], nan=np.inf).max():.3g} "
+                                 f"(tolerance rtol={tolerance['rtol']}, atol={tolerance['atol']} "
+                                 f"+ {ROUNDING} x max |output|)")
         worst = max(worst, float(error[finite].max(initial=0.0)))
     return worst
 
