@@ -216,7 +216,6 @@ class OpenVino(Provider):
         dtypes = {name: dtype.name for name, dtype in output_dtypes(model).items()}
         return Artifact("openvino-ir", [f"{stem}.xml", f"{stem}.bin"], {"device": self.device, "outputs": dtypes})
 
-
     def compile_config(self) -> dict[str, Any]:
         """The properties this instance compiles a stage with (`Core.compile_model`'s config)."""
         config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}

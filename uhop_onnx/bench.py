@@ -128,9 +128,9 @@ def raw_runtime(runtime: str, model: str, feeds: dict[str, np.ndarray],
         return
     import openvino as ov
 
-    config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
-    if threads:
-        config["INFERENCE_NUM_THREADS"] = threads
+    from .providers.openvino import OpenVino
+
+    config = OpenVino({"device": "CPU"}, threads).compile_config()
     request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
     yield (lambda: request.infer(feeds, share_inputs=True)), []
 
