@@ -40,9 +40,10 @@ import onnx
 
 from uhop_onnx.cache import JsonTable
 from uhop_onnx.errors import MeasurementError, ProviderError, StageError, first_line
-from uhop_onnx.executor import Executor, StageIO, hand_over
+from uhop_onnx.executor import Executor, hand_over
 from uhop_onnx.inputs import feeds_digest
 from uhop_onnx.measure import Measurement, Profiler, build
+from uhop_onnx.plan import Stage
 from uhop_onnx.providers import Provider, Runner
 from uhop_onnx.samples import shapes_text
 
@@ -358,8 +359,8 @@ class _Feeds:
     def _computed(self) -> dict[str, Any]:
         """Every tensor's value; where a block fails everywhere, the blocks downstream of it are left out
         and the rest run again."""
-        stages = [StageIO(f"block {k}", [i.name for i in m.graph.input], [o.name for o in m.graph.output], [])
-                  for k, m in enumerate(self.models)]
+        stages = [Stage(f"block {k}", {}, [n.name for n in m.graph.node], [i.name for i in m.graph.input],
+                        [o.name for o in m.graph.output], file="", declared=[]) for k, m in enumerate(self.models)]
         graph, feeds = self.search.graph, self.search.feeds
         wanted = [name for stage in stages for name in stage.outputs]
         executor = Executor(stages, [_FirstThatRuns(self, k) for k in range(len(stages))],

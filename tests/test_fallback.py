@@ -213,3 +213,37 @@ def test_a_stage_that_fails_on_ort_cpu_too_names_both_failures(monkeypatch):
     monkeypatch.setattr(session._executor, "_check_feeds", lambda feeds: dict(feeds))  # let a bad shape through
     with pytest.warns(RuntimeWarning), pytest.raises(StageError, match=r"stage 0 .*device lost.*re-run on ort-cpu"):
         session.run(None, {"x": np.ones((2, 3, 4), np.float32)})
+
+
+def test_closing_a_session_closes_every_runner_it_compiled(monkeypatch):
+    """The stages' runners and the last resort's compiled on failure are closed with the session."""
+    monkeypatch.setitem(REGISTRY, Faulty.id, Faulty)
+    closed: list[Runner] = []
+    monkeypatch.setattr(Runner, "close", lambda runner: closed.append(runner))
+    session = InferenceSession(chain(), providers=["faulty"], profile=False, fallback=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        session.run(None, FEEDS)
+    compiled = [*session._executor.runners, *session._executor.on_failure.runners.values()]
+    assert len(compiled) == 5 and not closed
+    session.close()
+    assert sorted(map(id, closed)) == sorted(map(id, compiled))
+    session.close()  # a second close does nothing
+    assert len(closed) == 5
+
+
+def test_stages_compiled_before_one_that_cannot_be_are_closed(monkeypatch):
+    monkeypatch.setitem(REGISTRY, Faulty.id, Faulty)
+    closed: list[Runner] = []
+    monkeypatch.setattr(Runner, "close", lambda runner: closed.append(runner))
+    refuse = Faulty.compile
+
+    def compile(self, model, *, exclusive=True):
+        if model.graph.node[0].op_type == "Sigmoid":
+            raise RuntimeError("no memory left on the device")
+        return refuse(self, model, exclusive=exclusive)
+
+    monkeypatch.setattr(Faulty, "compile", compile)
+    with pytest.raises(StageError, match=r"stage 2 \(faulty, 1 nodes from 'sigmoid'\) could not be compiled"):
+        InferenceSession(chain(), providers=["faulty"], profile=False)
+    assert len(closed) == 2  # the faulty Relu stage and the ort-cpu Neg stage

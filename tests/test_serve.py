@@ -306,7 +306,8 @@ def test_a_failing_stage_is_a_500_error_and_counted(tmp_path):
         feeds = [httpclient.InferInput(n, [k], "FP32") for n, k in (("a", 3), ("b", 2))]
         for tensor, k in zip(feeds, (3, 2)):
             tensor.set_data_from_numpy(np.ones(k, np.float32))
-        with pytest.raises(InferenceServerException, match=r"stage 0 \(ort-cpu\) failed") as caught:
+        failed = r"stage 0 \(ort-cpu, 1 nodes from 'add'\) failed"
+        with pytest.raises(InferenceServerException, match=failed) as caught:
             client.infer("adder", feeds)
         assert caught.value.status() == "500"
         assert metric(url, "uhop_stage_errors_total", stage=0, provider="ort-cpu") == 1

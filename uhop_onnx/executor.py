@@ -8,8 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -17,22 +16,12 @@ from .dtypes import TensorSig, onnx_type
 from .errors import InputError, ProviderError, StageError, first_line
 from .providers.base import Runner
 
+if TYPE_CHECKING:
+    from .plan import Stage
+
 log = logging.getLogger(__name__)
-Dims = tuple[int | None, ...] | None  # fixed dimensions (None where free); None when the shape is unknown
+
 Timing = tuple[int, float, float]  # stage index, start and end (`time.perf_counter()` seconds)
-
-
-@dataclass(frozen=True)
-class StageIO:
-    """What the executor knows of a stage: a label for messages, tensor names, declared output shapes."""
-
-    label: str
-    inputs: list[str]
-    outputs: list[str]
-    declared: list[tuple[str, Dims]]
-    provider: str = ""  # the provider id, for `StageError.provider`
-
-
 Check = Callable[[int, dict[str, Any]], dict[str, Any]]  # (stage index, its results) -> them, once checked
 
 
@@ -46,11 +35,12 @@ class OnFailure(Protocol):
 
 
 class Executor:
-    """Runs `runners[k]` for each stage needed, in order; while `fallback` is on, `on_failure` re-runs a
+    """Runs `runners[k]` for each of the plan's `stages` needed, in order (a stage's `declared` outputs, when
+    recorded, are what its results are checked against); while `fallback` is on, `on_failure` re-runs a
     failed stage elsewhere. Nothing in it changes during `run`, so calls from many threads at once are safe
     when the runners are. A context manager: closing it closes its runners and `on_failure`'s."""
 
-    def __init__(self, stages: Sequence[StageIO], runners: list[Runner], inputs: Sequence[TensorSig],
+    def __init__(self, stages: Sequence[Stage], runners: list[Runner], inputs: Sequence[TensorSig],
                  outputs: Sequence[str], constants: Mapping[str, np.ndarray], on_failure: OnFailure | None = None,
                  fallback: bool = False):
         self.stages, self.runners = list(stages), runners
@@ -89,8 +79,8 @@ class Executor:
             return self.checked(k, self.runners[k].run(feeds))
         except Exception as error:  # noqa: BLE001 - a runtime may fail in any way; say which stage
             if self.on_failure is None or not self.fallback:
-                raise StageError(f"stage {k} ({self.stages[k].label}) failed: {first_line(error)}", k,
-                                 self.stages[k].provider or self.stages[k].label) from error
+                raise StageError(f"stage {k} ({self.stages[k].described}) failed: {first_line(error)}", k,
+                                 self.stages[k].provider) from error
             return self.on_failure(k, error, feeds, self.checked)
 
     def close(self) -> None:
@@ -109,7 +99,7 @@ class Executor:
 
     def checked(self, k: int, results: dict[str, Any]) -> dict[str, Any]:
         """A runner's results, refused when an output is missing or its shape contradicts the declared one."""
-        for name, dims in self.stages[k].declared:
+        for name, dims in self.stages[k].declared or ():
             if name not in results:
                 raise ProviderError(f"output {name!r} is missing from the provider's results")
             shape = getattr(results[name], "shape", None)

@@ -13,7 +13,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -177,8 +177,7 @@ def _write(folder: Path, a: Analysis, plan, profile: Target, entries: list[Targe
         reference = f"reference/stage_{k:02d}.onnx"
         onnx.save(model, folder / reference)
         stages.append({
-            "provider": provider.id, "options": stage.options, "nodes": stage.nodes,
-            "inputs": stage.inputs, "outputs": stage.outputs, "declared": _declared(model),
+            **replace(stage, file=reference, sha256=None, declared=declared_outputs(model)).to_json(),
             "artifact": {**artifact.to_json(), "files": [f"stages/{f}" for f in artifact.files]},
             "runtime": {"name": entry.id, "version": entry.version, "install": provider.install},
             "reference": reference, "tolerance": artifact.tolerance or FP32_TOLERANCE,
@@ -217,8 +216,3 @@ def _stage_shapes(sized: Graph, names: Sequence[str], k: int) -> dict[str, list[
                             "inferred, and its runtime builds for fixed shapes; place those nodes elsewhere "
                             "(assign=...)")
     return shapes
-
-
-def _declared(model: onnx.ModelProto) -> list[list[Any]]:
-    return [[name, None if dims is None else list(dims)] for name, dims in declared_outputs(model)]
-

@@ -17,7 +17,7 @@ from onnx import numpy_helper
 
 from .cache import JsonTable, cache_dir, code_fingerprint, device_fingerprint
 from .errors import InputError, PlanError, UhopError, first_line
-from .graph import Graph
+from .graph import Graph, declared_outputs
 from .inputs import Inputs, Shapes, at_shapes, free_inputs, inputs_digest, measured_shapes, profile_feeds
 from .loader import load
 from .measure import Measurement, Profiler, time_plans_in_processes
@@ -352,6 +352,7 @@ def build_plan(a: Analysis, choice: Sequence[str], threads: int | None) -> Plan:
             outputs=[o.name for o in stage_model.graph.output],
             file=f"stage_{k:02d}_{provider.id}.onnx",
             precision=provider.precision,
+            declared=declared_outputs(stage_model),
             model=stage_model,
         ))
     return Plan(

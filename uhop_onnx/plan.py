@@ -1,4 +1,8 @@
-"""The plan: stages in run order, each a standalone ONNX model and the provider that runs it."""
+"""The plan: stages in run order, each a standalone ONNX model and the provider that runs it.
+
+Imports only numpy at module level (onnx, pydantic and the report when used): a bundle's stages are `Stage`s
+too, on a board.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,8 @@ import hashlib
 import io
 import json
 import os
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +21,6 @@ from .errors import PlanError
 from .providers.base import label
 from .files import new_folder, read_npz
 from .dtypes import TensorSig
-from .report import ms_text, placement_svg, write_report
 from .samples import shapes_text
 
 SCHEMA = "uhop-onnx.plan/2"
@@ -45,9 +48,13 @@ class ModelMetadata:
                    version, {p.key: p.value for p in model.metadata_props})
 
 
+Dims = list[int | None] | None  # an output's dimensions (None where free); None when its rank is unknown
+
+
 @dataclass
 class Stage:
-    """One subgraph on one provider. `nodes` are node names of the loaded model."""
+    """One subgraph on one provider. `nodes` are node names of the loaded model. A bundle's manifest stage
+    is one too (`from_json`), with its own keys (artifact, runtime, reference, ...) beside `to_json()`'s."""
 
     provider: str
     options: dict[str, Any]
@@ -60,12 +67,36 @@ class Stage:
     boundary_ms: float | None = None  # measured cost of entering this stage from another provider
     precision: str = "fp32"  # "fp32", "bf16", "fp16" or "int8" (an int8 stage's file is its QDQ model)
     sha256: str | None = None  # of `file`, recorded by `Plan.save` and checked when the file is read
+    # Each output's name and declared dimensions, recorded when the plan is built (None in a plan saved before
+    # stages recorded them: read from the stage's model when it is compiled); results are checked against it.
+    declared: list[tuple[str, Dims]] | None = None
     model: Any = field(default=None, repr=False)  # onnx.ModelProto, read from `file` on demand
 
     @property
     def label(self) -> str:
         """As the provider's label: `openvino:GPU`, `openvino[bf16]`."""
         return label(self.provider, self.options, self.precision)
+
+    @property
+    def described(self) -> str:
+        """The stage as messages name it: `openvino, 12 nodes from 'conv_0'`."""
+        return f"{self.label}, {len(self.nodes)} nodes from {self.nodes[0]!r}"
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field but the model in memory, as `plan.json` holds it."""
+        entry = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "model"}
+        if self.declared is not None:
+            entry["declared"] = [[name, None if dims is None else list(dims)] for name, dims in self.declared]
+        return entry
+
+    @classmethod
+    def from_json(cls, entry: Mapping[str, Any]) -> Stage:
+        """A stage from `to_json`'s keys in `entry`; other keys (a bundle manifest's) are left to their reader.
+        A manifest stage written before stages carried a `file` names its ONNX model by `reference`."""
+        known = {f.name for f in fields(cls)} - {"model"}
+        values = {key: value for key, value in entry.items() if key in known}
+        values.setdefault("file", entry.get("reference", ""))
+        return cls(**values)
 
 
 @dataclass
@@ -110,6 +141,8 @@ class Plan:
         if self.shapes is not None:
             lines.append(f"  placed at {shapes_text(self.shapes)}")
         if self.profile and self.profile.get("chosen") in self.profile.get("candidates", {}):
+            from .report import ms_text
+
             chosen = self.profile["candidates"][self.profile["chosen"]]
             lines.append(f"  measured {ms_text(chosen['ms'])} ms end to end ({self.profile['chosen']})")
         lines += [f"  stage {k}{self.fell_back(k)}" for k in sorted(self.fallbacks)]
@@ -123,6 +156,8 @@ class Plan:
     def _repr_html_(self) -> str:
         """The stage table and the placement picture (`placement.svg`), for notebooks."""
         from html import escape
+
+        from .report import ms_text, placement_svg
 
         rows = "".join(f"<tr><td>{k}</td><td>{escape(s.label)}</td><td>{len(s.nodes)}</td><td><code>"
                        f"{escape(s.nodes[0])}</code></td><td>{ms_text(s.cost_ms)}</td></tr>"
@@ -154,9 +189,7 @@ class Plan:
             "fallbacks": {str(k): v for k, v in sorted(self.fallbacks.items())},
             "replaced": self.replaced,
             **({"tolerance": self.tolerance, "accuracy": self.accuracy} if self.tolerance is not None else {}),
-            "stages": [
-                {k: v for k, v in asdict(s).items() if k != "model"} for s in self.stages
-            ],
+            "stages": [s.to_json() for s in self.stages],
         }
 
     def stage_model(self, stage: Stage):
@@ -201,6 +234,8 @@ class Plan:
                 self.constants_hash = hashlib.sha256((staging / CONSTANTS_FILE).read_bytes()).hexdigest()
             (staging / PLAN_FILE).write_text(json.dumps(self.to_json(), indent=2) + "\n")
             if report:
+                from .report import write_report
+
                 write_report(self, staging)
         self.folder = target
         return target
@@ -235,7 +270,7 @@ class Plan:
             inputs=[TensorSig(**t.model_dump()) for t in data.inputs],
             outputs=[TensorSig(**t.model_dump()) for t in data.outputs],
             providers=[p.model_dump() for p in data.providers],
-            stages=[Stage(**s.model_dump()) for s in data.stages],
+            stages=[Stage.from_json(s.model_dump()) for s in data.stages],
             placement=data.placement,
             profile=data.profile.model_dump() if data.profile else None,
             constants=constants,

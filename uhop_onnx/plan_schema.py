@@ -101,6 +101,15 @@ class StageEntry(_Strict):
     alternatives: dict[str, float] = {}
     boundary_ms: float | None = None
     precision: Literal["fp32", "bf16", "fp16", "int8"] = "fp32"
+    declared: list[list[str | list[int | None] | None]] | None = None  # [output name, dims or null] each
+
+    @field_validator("declared")
+    @classmethod
+    def _pairs(cls, declared: list[list[Any]] | None) -> list[list[Any]] | None:
+        for pair in declared or []:
+            if len(pair) != 2 or not isinstance(pair[0], str) or isinstance(pair[1], str):
+                raise ValueError("each entry must be [output name, its dimensions or null]")
+        return declared
 
     @field_validator("file")
     @classmethod

@@ -6,12 +6,13 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
+from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
 
 from .errors import StageError, UhopError, first_line
-from .executor import Check, Executor, StageIO
+from .executor import Check, Executor
 from .graph import declared_outputs
 from .plan import Plan, Stage
 from .providers import LAST_RESORT, Runner, create
@@ -28,41 +29,36 @@ def compile_plan(plan: Plan, threads: int | None = None, fallback: bool = False,
     threads = plan.threads if threads is None else threads
     exclusive = len(plan.stages) == 1 if exclusive is None else exclusive
     runners: list[Runner] = []
-    try:
+    with ExitStack() as compiled:  # the stages compiled so far are closed when a later one fails
         for stage in plan.stages:
             runners.append(compile_stage(plan, stage, threads, exclusive))
-    except BaseException:
-        for runner in closing:
-            runner.close()
-        raise
-    stages = [StageIO(describe(s), s.inputs, s.outputs, declared_outputs(plan.stage_model(s)), s.provider)
-              for s in plan.stages]
-    return Executor(stages, runners, plan.inputs, [o.name for o in plan.outputs], plan.constants,
+            compiled.callback(runners[-1].close)
+        compiled.pop_all()
+    return Executor(plan.stages, runners, plan.inputs, [o.name for o in plan.outputs], plan.constants,
                     LastResort(plan, threads), fallback)
 
 
 def compile_stage(plan: Plan, stage: Stage, threads: int | None, exclusive: bool = False, *,
                   on: str | None = None) -> Runner:
     """`stage`'s runner, compiled on its provider at its precision (or `on` another provider, with that
-    provider's default options, at fp32); a runtime's refusal is a `StageError` naming the stage."""
+    provider's default options, at fp32); a runtime's refusal is a `StageError` naming the stage. A stage of
+    a plan saved before stages recorded their `declared` outputs gets them from its model."""
     provider_id = on or stage.provider
     provider = create((stage.provider, dict(stage.options)) if on is None else provider_id, threads)
     if on is None:
         provider = provider.at_precision(stage.precision)
     provider.require()
+    model = plan.stage_model(stage)
+    if stage.declared is None:
+        stage.declared = declared_outputs(model)
     try:
-        return provider.compile(plan.stage_model(stage), exclusive=exclusive)
+        return provider.compile(model, exclusive=exclusive)
     except UhopError:
         raise
     except Exception as error:  # noqa: BLE001 - a runtime may refuse a stage in any way; say which
         k = plan.stages.index(stage)
-        raise StageError(f"stage {k} ({describe(stage)}) could not be compiled on {provider_id}: "
+        raise StageError(f"stage {k} ({stage.described}) could not be compiled on {provider_id}: "
                          f"{first_line(error)}", k, provider_id) from error
-
-
-def describe(stage: Stage) -> str:
-    """A stage as messages name it: `openvino, 12 nodes from 'conv_0'`."""
-    return f"{stage.label}, {len(stage.nodes)} nodes from {stage.nodes[0]!r}"
 
 
 class LastResort:
@@ -77,7 +73,7 @@ class LastResort:
 
     def __call__(self, k: int, error: Exception, feeds: dict[str, Any], check: Check) -> dict[str, Any]:
         stage = self.plan.stages[k]
-        where = f"stage {k} ({describe(stage)})"
+        where = f"stage {k} ({stage.described})"
         if stage.provider == LAST_RESORT:
             raise StageError(f"{where} failed: {first_line(error)}", k, stage.provider) from error
         with self._lock:

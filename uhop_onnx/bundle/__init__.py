@@ -18,8 +18,9 @@ import numpy as np
 
 from uhop_onnx.dtypes import TensorSig
 from uhop_onnx.errors import BundleError, InputError
-from uhop_onnx.executor import Executor, StageIO
+from uhop_onnx.executor import Executor
 from uhop_onnx.files import read_npz
+from uhop_onnx.plan import Stage
 from uhop_onnx.providers import REGISTRY
 
 from .manifest import open_bundle, read_checked, read_manifest
@@ -37,9 +38,7 @@ class Bundle:
         runners = [load_stage(self.folder, s, threads, exclusive=len(stages) == 1, trusted=self.signed,
                               allowed_delegates=allowed_delegates) for s in stages]
         constants = read_npz(self.folder / self.manifest["constants"]) if self.manifest.get("constants") else {}
-        ios = [StageIO(f"{s['provider']} ({s['artifact']['format']})", s["inputs"], s["outputs"],
-                       [(name, None if dims is None else tuple(dims)) for name, dims in s["declared"]]) for s in stages]
-        self._executor = Executor(ios, runners, self.get_inputs(), [o.name for o in self.get_outputs()], constants)
+        self._executor = Executor([Stage.from_json(s) for s in stages], runners, self.get_inputs(), [o.name for o in self.get_outputs()], constants)
         # Stages whose runtime built them for fixed shapes (`.rknn`, `.tflite` of a model with free dimensions)
         # run only at the shapes the bundle was exported at.
         self._fixed = sorted({s["provider"] for s in stages if s.get("built_for")})

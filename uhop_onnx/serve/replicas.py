@@ -19,8 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import TensorSig
-from ..executor import Executor, StageIO
-from ..graph import declared_outputs
+from ..executor import Executor
 from ..plan import Plan
 from ..providers.base import Runner
 from .batching import Job, batchable, run_together
@@ -56,10 +55,8 @@ class Timed(Runner):
 
 def plan_executor(plan: Plan, runners: Sequence[Runner], metrics: Metrics) -> Executor:
     """The runtime's `Executor` over one runner per stage of `plan`, each timed into `metrics`."""
-    stages = [StageIO(s.label, s.inputs, s.outputs, declared_outputs(plan.stage_model(s)), s.provider)
-              for s in plan.stages]
     timed = [Timed(runner, k, s.label, metrics) for k, (s, runner) in enumerate(zip(plan.stages, runners))]
-    return Executor(stages, timed, plan.inputs, [o.name for o in plan.outputs], plan.constants)
+    return Executor(plan.stages, timed, plan.inputs, [o.name for o in plan.outputs], plan.constants)
 
 
 class Replicas:
