@@ -239,8 +239,9 @@ def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], 
         dtype = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
         # integers are indices: 0 and 1 are valid wherever an axis has two entries (and are both booleans)
         mean, spread, least, greatest = (inputs or {}).get(value.name, (0.0, 1.0, -np.inf, np.inf))
-        feeds[value.name] = (rng.integers(0, 2, dims) if np.dtype(dtype).kind in "biu"
-                             else np.clip(rng.standard_normal(dims) * spread + mean, least, greatest)).astype(dtype)
+        feeds[value.name] = np.asarray(rng.integers(0, 2, dims) if np.dtype(dtype).kind in "biu"
+                                       else np.clip(rng.standard_normal(dims) * spread + mean, least, greatest),
+                                       dtype)  # an array, 0-d ones included (a scalar is not a feed)
     try:
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
