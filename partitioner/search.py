@@ -220,7 +220,7 @@ class _Searching:
         shapes = ",".join(f"{n}={'x'.join(map(str, np.shape(v)))}" for n, v in sorted(self.feeds.items()))
         return f"at={shapes}@{feeds_digest(self.feeds)}"
 
-    def _compiled(self, label: str, model: onnx.ModelProto, lower: bool = True) -> Runner:
+    def compiled(self, label: str, model: onnx.ModelProto, lower: bool = True) -> Runner:
         """`model` compiled on provider `label` to share the process (a block at the provider's precision,
         int8 quantized first, unless not `lower`), and closed when the search ends."""
         provider = self.providers[label]
@@ -252,7 +252,7 @@ class _Searching:
 
         def runner(p: str, size: int) -> Runner:
             if (p, size) not in runners:
-                runners[p, size] = self._compiled(p, _entry_model(size // 4, self.model), lower=False)
+                runners[p, size] = self.compiled(p, _entry_model(size // 4, self.model), lower=False)
             return runners[p, size]
 
         def alone(p: str, size: int) -> Callable[[], object]:
@@ -342,7 +342,7 @@ class _Feeds:
 
     def runner(self, k: int, label: str) -> Runner:
         if (k, label) not in self.runners:
-            self.runners[k, label] = self.search._compiled(label, self.models[k])
+            self.runners[k, label] = self.search.compiled(label, self.models[k])
         return self.runners[k, label]
 
     def for_block(self, k: int) -> dict[str, Any]:
