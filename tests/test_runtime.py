@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import onnx
 
 import uhop_onnx
 from uhop_onnx.models import mlp
@@ -46,3 +47,29 @@ def test_a_bundle_manifest_stage_is_a_stage_with_its_own_keys(tmp_path):
     assert Stage.from_json(older).file == entry["reference"]
     x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
     assert uhop_onnx.load_bundle(bundle).run(None, {"input": x})[0].shape == (4, 10)
+
+
+def test_verify_puts_the_reference_in_place_of_a_stage_that_does_not_match(tmp_path):
+    """A stage whose artifact computes something else fails its check; its reference stands in, so the
+    stages after it (here, the model's outputs) are checked on the right values."""
+    from onnx import numpy_helper
+
+    from uhop_onnx.bundle.manifest import hash_files
+
+    model = mlp()
+    assign = {node.name: "openvino" if k else "ort-cpu" for k, node in enumerate(model.graph.node)}
+    bundle = uhop_onnx.export_bundle(model, "x86-64", tmp_path / "b", providers=["openvino", "ort-cpu"],
+                                     assign=assign)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert len(manifest["stages"]) > 1 and manifest["stages"][0]["provider"] == "ort-cpu"
+    [artifact] = manifest["stages"][0]["artifact"]["files"]
+    stage = onnx.load(bundle / artifact)
+    weight = stage.graph.initializer[0]
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) + 1, weight.name))
+    onnx.save(stage, bundle / artifact)
+    manifest["files"] = hash_files(bundle)
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    report = uhop_onnx.verify_bundle(bundle)
+    assert not report["ok"] and report["stages"][0]["ok"] is False
+    assert not any(c["ok"] for c in report["stages"][0]["outputs"].values())
+    assert all(s["ok"] for s in report["stages"][1:]) and all(o["ok"] for o in report["outputs"].values())

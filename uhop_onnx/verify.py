@@ -2,13 +2,18 @@
 
 Stages run in their own formats where the runtime is here; an `.rknn` stage runs in Rockchip's simulator and
 an aarch64 kernels stage in a static aarch64 driver under qemu, each rebuilt from the stage's ONNX the bundle
-carries; a stage nothing here can run is said so, and ONNX Runtime's result on its ONNX stands in for it so
-that later stages still get checked.
+carries; a stage nothing here can run is said so. The bundle runs through the runtime's `Executor`, each
+stage's runner wrapped (`Checked`) so that its outputs are compared with ONNX Runtime's on the stage's ONNX;
+where the stage cannot run here, fails or does not match, that reference stands in for its outputs, so
+that later stages still get checked on the right inputs.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,8 +22,12 @@ from .bundle import KeySource, check_signature, load_stage
 from .bundle.manifest import check_files, read_manifest, unpacked
 from .bundle.signature import signed
 from .compare import compare_arrays
+from .dtypes import TensorSig
 from .errors import BundleError, UhopError, first_line
+from .executor import Executor
 from .files import read_npz
+from .plan import Stage
+from .providers import Runner
 from .samples import reference_outputs
 
 
@@ -36,17 +45,19 @@ def verify_bundle(path: str | os.PathLike, key: KeySource | None = None, allow_u
         report["files"] = check_files(folder, manifest)
         if report["files"]:  # never load what does not match the manifest
             return report
-        values = read_npz(folder / manifest["samples"]["inputs"])
-        if manifest.get("constants"):
-            values.update(read_npz(folder / manifest["constants"]))
-        for k, stage in enumerate(manifest["stages"]):
-            feeds = {name: values[name] for name in stage["inputs"] if name in values}
-            entry, produced = _check_stage(folder, stage, feeds, key is not None)
-            report["stages"].append({"index": k, "provider": stage["provider"], **entry})
-            values.update(produced)
+        constants = read_npz(folder / manifest["constants"]) if manifest.get("constants") else {}
+        with ExitStack() as compiled:  # every stage's runner is closed once the samples ran
+            checked = [compiled.enter_context(Checked(folder, stage, key is not None)) for stage in manifest["stages"]]
+            executor = Executor([Stage.from_json(s) for s in manifest["stages"]], checked,
+                                [TensorSig(**t) for t in manifest["inputs"]], [t["name"] for t in manifest["outputs"]],
+                                constants)
+            got = dict(zip(executor.outputs, executor.run(None, read_npz(folder / manifest["samples"]["inputs"]))))
+        report["stages"] = [{"index": k, "provider": stage["provider"], **c.entry}
+                            for k, (stage, c) in enumerate(zip(manifest["stages"], checked))]
         expected = read_npz(folder / manifest["samples"]["outputs"])
         tolerance = manifest["tolerance"]
-        report["outputs"] = {name: compare_arrays(values[name], want, tolerance["rtol"], tolerance["atol"]) for name, want in expected.items()}
+        report["outputs"] = {name: compare_arrays(got[name], want, tolerance["rtol"], tolerance["atol"])
+                             for name, want in expected.items()}
         report["unrun"] = not any(s["ran"] for s in report["stages"])
         report["ok"] = (all(s["ok"] is not False for s in report["stages"])
                         and all(o["ok"] for o in report["outputs"].values()) and (allow_unrun or not report["unrun"]))
@@ -64,23 +75,36 @@ def _signature(folder, path, key: KeySource | None) -> dict[str, Any]:
     return {"ok": True, "signed": True, "checked": True}
 
 
-def _check_stage(folder, stage: dict, feeds: dict[str, np.ndarray],
-                 trusted: bool) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """(what happened, the stage's outputs) for one stage; `trusted` as for `load_stage`."""
-    reference = reference_outputs(folder / stage["reference"], feeds)
-    runner, how = _host_runner(folder, stage, trusted)
-    if runner is None:
-        return {"ran": False, "how": how, "ok": None}, reference
-    try:
-        results = {name: np.asarray(v) for name, v in runner.run(feeds).items()}
-    except Exception as error:  # noqa: BLE001 - a failing stage is a failed check, reported
-        return {"ran": True, "how": how, "ok": False, "error": first_line(error)}, reference
-    finally:
-        runner.close()
-    compared = {name: compare_arrays(results[name], reference[name], stage["tolerance"]["rtol"],
-                                     stage["tolerance"]["atol"]) for name in stage["outputs"]}
-    ok = all(c["ok"] for c in compared.values())
-    return {"ran": True, "how": how, "ok": ok, "outputs": compared}, results
+class Checked(Runner):
+    """A bundle stage run here if it can be (`_host_runner`), beside its reference (ONNX Runtime on the
+    stage's ONNX): its outputs when they match the reference, else the reference's. What happened is in
+    `entry` (`ran`, `how`, `ok`, and the per-output comparison or the error); `trusted` as for
+    `load_stage`."""
+
+    def __init__(self, folder: Path, stage: dict[str, Any], trusted: bool):
+        self.reference, self.tolerance, self.outputs = folder / stage["reference"], stage["tolerance"], stage["outputs"]
+        self.runner, self.how = _host_runner(folder, stage, trusted)
+        self.entry: dict[str, Any] = {"ran": False, "how": self.how, "ok": None}
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        reference = reference_outputs(self.reference, dict(feeds))
+        if self.runner is None:
+            return reference
+        try:
+            results = {name: self.runner.to_host(v) for name, v in self.runner.run(feeds).items()}
+        except Exception as error:  # noqa: BLE001 - a failing stage is a failed check, reported
+            self.entry = {"ran": True, "how": self.how, "ok": False, "error": first_line(error)}
+            return reference
+        compared = {name: compare_arrays(results[name], reference[name], self.tolerance["rtol"],
+                                         self.tolerance["atol"]) if name in results else
+                    {"ok": False, "error": "missing from the stage's results"} for name in self.outputs}
+        ok = all(c["ok"] for c in compared.values())
+        self.entry = {"ran": True, "how": self.how, "ok": ok, "outputs": compared}
+        return results if ok else reference
+
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.close()
 
 
 def _host_runner(folder, stage: dict, trusted: bool):
