@@ -147,6 +147,47 @@ def test_the_flatbuffer_holds_int8_weights_per_channel_biases_at_their_scale_and
     assert q["probabilities/int8"]["scales"][0] == pytest.approx(1 / 256) and q["probabilities/int8"]["zero_points"][0] == -128
 
 
+def zeros_and_steps() -> onnx.ModelProto:
+    """What exporters leave in real CNNs: a Conv with all-zero output channels and one of all-zero weights (a
+    residual branch whose last BatchNorm starts at gamma 0, folded), an unfolded BatchNormalization, and a
+    HardSigmoid squeeze-excitation gate; each is lowered through values ONNX does not name."""
+    rng = np.random.default_rng(5)
+    w1 = (rng.standard_normal((8, 3, 3, 3)) / 5).astype(np.float32)
+    w1[:3] = 0.0
+    arrays = {"w1": w1, "b1": np.zeros(8, np.float32), "w2": np.zeros((8, 8, 1, 1), np.float32),
+              "b2": np.zeros(8, np.float32), "gamma": rng.uniform(0.5, 2.0, 8).astype(np.float32),
+              "beta": rng.standard_normal(8).astype(np.float32), "mean": rng.standard_normal(8).astype(np.float32),
+              "var": rng.uniform(0.5, 2.0, 8).astype(np.float32), "wf": (rng.standard_normal((10, 8))).astype(np.float32),
+              "bf": np.zeros(10, np.float32)}
+    n = helper.make_node
+    nodes = [n("Conv", ["input", "w1", "b1"], ["c1"], name="/c1/Conv", pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+             n("Relu", ["c1"], ["r1"], name="/c1/Relu"),
+             n("Conv", ["r1", "w2", "b2"], ["c2"], name="/c2/Conv", kernel_shape=[1, 1]),
+             n("Add", ["c2", "r1"], ["a"], name="/res/Add"),
+             n("BatchNormalization", ["a", "gamma", "beta", "mean", "var"], ["bn"], name="/bn/BatchNormalization"),
+             n("HardSigmoid", ["bn"], ["gate"], name="/se/HardSigmoid", alpha=1 / 6),
+             n("Mul", ["bn", "gate"], ["gated"], name="/se/Mul"),
+             n("GlobalAveragePool", ["gated"], ["gap"], name="/gap/GlobalAveragePool"),
+             n("Flatten", ["gap"], ["f"], name="/flat/Flatten"),
+             n("Gemm", ["f", "wf", "bf"], ["output"], name="/fc/Gemm", transB=1)]
+    graph = helper.make_graph(nodes, "zeros_and_steps",
+                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 10])],
+                              [numpy_helper.from_array(v, k) for k, v in arrays.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def test_zero_weights_an_unfolded_batchnorm_and_hardsigmoid_run_int8():
+    model = zeros_and_steps()
+    variant = int8(model)
+    runner = variant.compile(variant.lower(model))  # XNNPACK refused zero-weight channels at scale 1 once
+    assert_close_to_fp32(model, runner.run)
+    interpreter = interpreter_module().Interpreter(model_content=runner.model)
+    assert {d["dtype"] for d in interpreter.get_tensor_details()
+            if d["name"] not in ("input", "output")} <= {np.int8, np.int32}
+
+
 def test_an_op_without_an_int8_kernel_refuses_the_stage_with_its_reason():
     model = cnn_ops()
     tail = helper.make_node("Sqrt", ["probabilities"], ["roots"], name="/tail/Sqrt")

@@ -31,7 +31,7 @@ CALIBRATION = "uhop-onnx.int8"  # metadata key: the ranges of the stage's values
 LEAST, MOST = -128, 127
 WEIGHT_AXIS = {"CONV_2D": 0, "FULLY_CONNECTED": 0, "DEPTHWISE_CONV_2D": 3}  # the weights' output-channel axis
 CALIBRATED = frozenset({*WEIGHT_AXIS, "ADD", "SUB", "MUL", "MEAN", "SUM", "RELU", "RELU6", "RELU_N1_TO_1",
-                        "LEAKY_RELU", "HARD_SWISH", "PRELU", "BATCH_MATMUL", "CONCATENATION"})
+                        "RELU_0_TO_1", "LEAKY_RELU", "HARD_SWISH", "PRELU", "BATCH_MATMUL", "CONCATENATION"})
 KEEPS_SCALE = frozenset({"RESHAPE", "TRANSPOSE", "SQUEEZE", "MAX_POOL_2D", "AVERAGE_POOL_2D", "PAD", "PADV2",
                          "STRIDED_SLICE", "SLICE", "GATHER", "SPLIT_V", "RESIZE_NEAREST_NEIGHBOR",
                          "RESIZE_BILINEAR", "MAXIMUM", "MINIMUM", "BROADCAST_TO", "TILE"})
@@ -138,9 +138,15 @@ class _Rewrite:
                 *_extent(w.buffers[w.tensors[first].buffer]))
         else:
             name = w.tensors[op.outputs[0]].name
-            least, greatest = self.range(name, f"node {op.node!r}: {code} writes {name!r}, which")
+            least, greatest = self.ranges.get(name) or self.bounds(op) or self.range(
+                name, f"node {op.node!r}: {code} writes {name!r}, which")
             lo, hi = ACTIVATIONS.get(op.fields.get("FusedActivationFunction", 0), (-math.inf, math.inf))
-            out = activation(min(max(least, lo), hi), min(max(greatest, lo), hi))
+            least, greatest = min(max(least, lo), hi), min(max(greatest, lo), hi)
+            variables = [op.inputs[k] for k in floats if op.inputs[k] in self.held]
+            if least == greatest == 0 and variables:  # always zero (a Conv of zero weights): any scale holds it;
+                out = self.of(self.held[variables[0]])  # its input's keeps the kernels' rescaling factors sane
+            else:
+                out = activation(least, greatest)
         inputs = list(op.inputs)
         for k in floats:
             i = inputs[k]
@@ -160,6 +166,24 @@ class _Rewrite:
             self.held[i] = i
         op.inputs = inputs
         self.operators.append(op)
+
+    def bounds(self, op: Operator) -> tuple[float, float] | None:
+        """For a value the ONNX stage does not name (HardSigmoid's and BatchNormalization's steps): the
+        bounds of MUL, ADD or SUB of a quantized variable and a float constant, from the variable's range;
+        None for any other op."""
+        variables = [i for i in op.inputs if i in self.held]
+        constants = [i for i in op.inputs if i in self.floats and self.w.tensors[i].buffer]
+        if op.name not in ("MUL", "ADD", "SUB") or len(variables) != 1 or len(constants) != 1:
+            return None
+        q = self.of(self.held[variables[0]])
+        x = ((LEAST - q.zero_points[0]) * q.scales[0], (MOST - q.zero_points[0]) * q.scales[0])
+        c = _extent(self.w.buffers[self.w.tensors[constants[0]].buffer])
+        if op.name == "MUL":
+            products = [a * b for a in x for b in c]
+            return min(products), max(products)
+        if op.name == "ADD":
+            return x[0] + c[0], x[1] + c[1]
+        return (x[0] - c[1], x[1] - c[0]) if op.inputs[1] == constants[0] else (c[0] - x[1], c[1] - x[0])
 
     def of(self, index: int) -> Quantization:
         return self.w.tensors[index].quantization
@@ -198,9 +222,10 @@ class _Rewrite:
 
 
 def _per_channel(array: np.ndarray, axis: int) -> tuple[np.ndarray, Quantization]:
-    """Symmetric int8 weights in -127..127, one scale per slice along `axis` (zero point 0)."""
+    """Symmetric int8 weights in -127..127, one scale per slice along `axis` (zero point 0); an all-zero
+    slice takes the largest slice's scale (XNNPACK refuses a kernel whose rescaling factor is out of bounds)."""
     peak = np.abs(np.moveaxis(array, axis, 0).reshape(array.shape[axis], -1)).max(axis=1)
-    scales = np.where(peak > 0, peak / MOST, 1.0).astype(np.float32)
+    scales = np.where(peak > 0, peak, peak.max(initial=0.0) or 1.0).astype(np.float32) / np.float32(MOST)
     shape = [1] * array.ndim
     shape[axis] = -1
     values = np.clip(np.round(array / scales.reshape(shape)), -MOST, MOST).astype(np.int8)
