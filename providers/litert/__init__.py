@@ -91,7 +91,7 @@ class LiteRt(Provider):
         moments = {}
         for name in samples[0]:
             stacked = np.stack([np.asarray(s[name]) for s in samples])
-            if stacked.dtype.kind == "f":
+            if stacked.dtype.kind == "f" and stacked.size:
                 moments[name] = (float(stacked.mean()), float(stacked.std()))
         values = [*samples[0], *(o for node in model.graph.node for o in node.output if o)]
         return with_calibration(model, Calibrated(self.calibration.ranges(values), moments))

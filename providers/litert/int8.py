@@ -54,12 +54,10 @@ def with_calibration(model: onnx.ModelProto, calibrated: Calibrated) -> onnx.Mod
     """A copy of `model` carrying `calibrated` in its metadata."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    kept = [p for p in out.metadata_props if p.key != CALIBRATION]
-    del out.metadata_props[:]
-    out.metadata_props.extend(kept)
-    def table(pairs): return {name: [float(a), float(b)] for name, (a, b) in sorted(pairs.items())}
-    out.metadata_props.add(key=CALIBRATION, value=json.dumps({"ranges": table(calibrated.ranges),
-                                                             "moments": table(calibrated.moments)}))
+    entry = next((p for p in out.metadata_props if p.key == CALIBRATION), None) or out.metadata_props.add(
+        key=CALIBRATION)
+    entry.value = json.dumps({part: {name: [float(a), float(b)] for name, (a, b) in sorted(pairs.items())}
+                              for part, pairs in (("ranges", calibrated.ranges), ("moments", calibrated.moments))})
     return out
 
 
@@ -86,6 +84,8 @@ def full_integer(writer: ModelWriter, ranges: Mapping[str, Sequence[float]]) -> 
 
 
 class _Rewrite:
+    """One pass over the operators in run order, each input read at the quantization its producer wrote."""
+
     def __init__(self, writer: ModelWriter, ranges: Mapping[str, Sequence[float]]):
         self.w, self.ranges = writer, ranges
         self.floats = {i for i, t in enumerate(writer.tensors) if t.dtype == np.float32}
