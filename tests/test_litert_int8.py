@@ -188,11 +188,36 @@ def test_zero_weights_an_unfolded_batchnorm_and_hardsigmoid_run_int8():
             if d["name"] not in ("input", "output")} <= {np.int8, np.int32}
 
 
-def test_an_op_without_an_int8_kernel_refuses_the_stage_with_its_reason():
-    model = cnn_ops()
-    tail = helper.make_node("Sqrt", ["probabilities"], ["roots"], name="/tail/Sqrt")
-    model.graph.node.append(tail)
+def test_concat_reads_inputs_of_other_scales_requantized_to_its_own():
+    rng = np.random.default_rng(6)
+    n = helper.make_node
+    nodes = [n("Conv", ["input", "w"], ["c"], name="/conv/Conv", kernel_shape=[1, 1]),
+             n("Relu", ["c"], ["r"], name="/conv/Relu"),
+             n("Mul", ["r", "three"], ["m"], name="/triple/Mul"),
+             n("Concat", ["r", "m"], ["output"], name="/cat/Concat", axis=1)]
+    graph = helper.make_graph(nodes, "cat", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 4, 4])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 8, 4, 4])],
+                              [numpy_helper.from_array(rng.standard_normal((4, 3, 1, 1)).astype(np.float32), "w"),
+                               numpy_helper.from_array(np.float32(3.0), "three")])
+    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                                                 ir_version=8))
+    variant = int8(model)
+    runner = variant.compile(variant.lower(model))
+    assert_close_to_fp32(model, runner.run)
+    interpreter = interpreter_module().Interpreter(model_content=runner.model)
+    ops = [o["op_name"] for o in interpreter._get_ops_details()]
+    assert ops.count("QUANTIZE") == 2  # the input, and r (a third of the range) at the Concat's scale
+
+
+def with_sqrt(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`cnn_ops` with a Sqrt of its probabilities as a third output: LiteRT has no int8 SQRT."""
+    model.graph.node.append(helper.make_node("Sqrt", ["probabilities"], ["roots"], name="/tail/Sqrt"))
     model.graph.output.append(helper.make_tensor_value_info("roots", TensorProto.FLOAT, [1, 10]))
+    return model
+
+
+def test_an_op_without_an_int8_kernel_refuses_the_stage_with_its_reason():
+    model = with_sqrt(cnn_ops())
     LiteRt().check(model)  # fp32 converts it
     with pytest.raises(ProviderError, match=r"int8.*node '/tail/Sqrt' is lowered to SQRT, which has no int8 kernel"):
         int8(model).check(model)
@@ -257,3 +282,16 @@ def test_optimize_places_int8_litert_stages_that_pass_the_accuracy_gate(monkeypa
     assert plan.accuracy["output"]["cosine"] >= 0.999
     session = uhop_onnx.InferenceSession(plan)
     assert_close_to_fp32(model, lambda feeds: dict(zip(["output"], session.run(None, feeds))))
+
+
+def test_what_int8_refuses_stays_fp32_and_the_rest_is_int8(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setitem(REGISTRY, "litert", charged_litert(clock))
+    monkeypatch.setitem(REGISTRY, "ort-cpu", fake_provider("ort-cpu", {}, 100.0, clock))
+    model = with_sqrt(cnn_ops())
+    calibration = {"input": np.concatenate([s["input"] for s in samples(model, range(100, 116))])}
+    plan = uhop_onnx.optimize(model, providers=["litert"], precision="int8", tolerance=0.05, calibration=calibration,
+                              profiler=Profiler(clock=clock, warmup=1))
+    precision = {node: s.precision for s in plan.stages for node in s.nodes}
+    assert precision["/tail/Sqrt"] == "fp32" and precision["/stem/Conv"] == "int8"
+    assert {s.provider for s in plan.stages} == {"litert"}
