@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EXTRA = "pip install 'uhop-onnx[quantize]'"
-METHODS = ("static", "dynamic", "nncf")  # how an int8 stage is made (see `quantize_int8`)
 
 
 @cache
@@ -200,23 +199,21 @@ def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def trt_calibration_table(model: onnx.ModelProto, calibration: Calibration, folder: Path) -> str:
     """The file name, in `folder` (TensorRT's engine cache, where the TensorRT EP reads it), of the int8
-    calibration table of `model`: each tensor's symmetric range over the calibration samples, from ONNX
-    Runtime's calibrator, written by its `write_calibration_table` (the flatbuffers format the EP reads
-    with `trt_int8_use_native_calibration_table` off)."""
-    import onnx
-    from onnxruntime.quantization import CalibrationMethod, create_calibrator, write_calibration_table
+    calibration table of `model`: each float tensor's symmetric range, max |value| over the calibration
+    samples (`Calibration.ranges`), written by ONNX Runtime's `write_calibration_table` (the flatbuffers
+    format the EP reads with `trt_int8_use_native_calibration_table` off)."""
+    from onnxruntime.quantization import write_calibration_table
+    from onnxruntime.quantization.calibrate import TensorData
 
     data = model.SerializeToString(deterministic=True)
     name = f"calibration-{hashlib.sha256(data).hexdigest()[:32]}-{calibration.digest}.flatbuffers"
     if (folder / name).is_file():
         return name
+    tensors = [i.name for i in model.graph.input] + [out for node in model.graph.node for out in node.output if out]
+    table = {tensor: TensorData(lowest=np.float32(-peak), highest=np.float32(peak))
+             for tensor, peak in ((t, max(abs(lo), abs(hi))) for t, (lo, hi) in calibration.ranges(tensors).items())}
     with tempfile.TemporaryDirectory(prefix="uhop-calibrate-") as work:
-        onnx.save(model, Path(work) / "in.onnx")
-        calibrator = create_calibrator(Path(work) / "in.onnx", augmented_model_path=str(Path(work) / "augmented.onnx"),
-                                       calibrate_method=CalibrationMethod.MinMax, providers=["CPUExecutionProvider"],
-                                       extra_options={"symmetric": True})
-        calibrator.collect_data(_Reader(calibration.of(model)))
-        write_calibration_table(calibrator.compute_data().data, Path(work))
+        write_calibration_table(table, work)
         with atomic_file(folder / name, "wb") as handle:
             handle.write((Path(work) / "calibration.flatbuffers").read_bytes())
     return name
