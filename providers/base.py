@@ -207,19 +207,32 @@ class Provider(ABC):
         variant.precision, variant.calibration = precision, calibration
         return variant
 
+    def quantizations(self) -> tuple[str, ...]:
+        """How this provider makes an int8 stage (`providers.quantize.quantize_int8`'s methods), the default
+        first; the others are named by a `quantization` option, which the label shows."""
+        return ("static",)
+
     def variants(self, precision: str, calibration: Any = None) -> list[Provider]:
         """The ways this provider builds stages at `precision`, each a candidate of its own with its own
-        label (ort-cpu's int8 is static or dynamic); one, `at_precision`, for most."""
-        return [self.at_precision(precision, calibration)]
+        label: at int8 one per quantization (`ort-cpu[int8]`, `ort-cpu[int8-dynamic]`) unless a
+        `quantization` option names one; otherwise `at_precision`."""
+        if precision != "int8" or "quantization" in self.options:
+            return [self.at_precision(precision, calibration)]
+        default, *others = self.quantizations()
+        named = [self.at_precision(precision, calibration) for _ in others]
+        for variant, method in zip(named, others):
+            variant.options = {**self.options, "quantization": method}
+        return [self.at_precision(precision, calibration), *named]
 
     def lower(self, model: onnx.ModelProto) -> onnx.ModelProto:
-        """The stage model this instance compiles: int8 as a QDQ model quantized on its calibration; the
-        model itself at any other precision (the runtime is told the precision when it compiles)."""
+        """The stage model this instance compiles: int8 as the model its quantization makes on its
+        calibration; the model itself at any other precision (the runtime is told the precision when it
+        compiles)."""
         if self.precision != "int8":
             return model
         from .quantize import quantize_int8
 
-        return quantize_int8(model, self.calibration)
+        return quantize_int8(model, self.calibration, self.options.get("quantization") or self.quantizations()[0])
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(options={self.options!r}, threads={self.threads!r})"

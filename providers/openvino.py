@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -124,13 +124,14 @@ def _onnx_name(port, dtypes: Mapping[str, np.dtype]) -> str:
 
 
 class OpenVino(Provider):
-    """OpenVINO on one device (`{"device": "CPU"}` by default; `openvino:GPU`, `openvino:NPU`)."""
+    """OpenVINO on one device (`{"device": "CPU"}` by default; `openvino:GPU`, `openvino:NPU`). Option
+    `quantization`: how an int8 stage was made, "nncf" (the default where NNCF is installed) or "static"."""
 
     id = "openvino"
     install = "pip install openvino"
     table = OPENVINO_TABLE
     artifact_format = "openvino-ir"
-    option_types = {"device": str}
+    option_types = {"device": str, "quantization": Literal["nncf", "static"]}
 
     @property
     def device(self) -> str:
@@ -164,15 +165,13 @@ class OpenVino(Provider):
             reported.add("FP16")
         return ["fp32", *(p for p, capability in CAPABILITIES.items() if capability in reported)]
 
-    def lower(self, model: onnx.ModelProto) -> onnx.ModelProto:
-        """An int8 stage: the QDQ model NNCF's post-training quantization makes of it on the calibration
-        values (the `quantize` extra), else the one ONNX Runtime's `quantize_static` makes; at any other
-        precision the model itself (OpenVINO is told the precision when it compiles)."""
-        if self.precision != "int8":
-            return model
-        from .quantize import offers, quantize_int8
+    def quantizations(self) -> tuple[str, ...]:
+        """int8 as the QDQ model NNCF's post-training quantization makes of the stage (the `quantize`
+        extra) and as the one ONNX Runtime's `quantize_static` makes (`openvino[int8-static]`): NNCF's is
+        the closer to fp32, and neither was the faster on every model here, so both compete."""
+        from .quantize import offers
 
-        return quantize_int8(model, self.calibration, "nncf" if offers("nncf", "openvino int8 by NNCF") else "static")
+        return ("nncf", "static") if offers("nncf", "openvino int8 by NNCF") else ("static",)
 
     def query(self, model: onnx.ModelProto) -> dict[str, Support]:
         """Nodes OpenVINO's `query_model` does not place on the device, mapped back by output tensor names."""

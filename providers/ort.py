@@ -178,21 +178,8 @@ class OrtCpu(OrtProvider):
         """fp32, and int8 (static or dynamic)."""
         return ["fp32", "int8"]
 
-    def variants(self, precision: str, calibration: Any = None) -> list[Provider]:
-        """At int8 both quantizations compete (`ort-cpu[int8]`, `ort-cpu[int8-dynamic]`), unless the
-        `quantization` option names one."""
-        if precision != "int8" or "quantization" in self.options:
-            return super().variants(precision, calibration)
-        dynamic = self.at_precision(precision, calibration)
-        dynamic.options = {**self.options, "quantization": "dynamic"}
-        return [self.at_precision(precision, calibration), dynamic]
-
-    def lower(self, model: onnx.ModelProto) -> onnx.ModelProto:
-        if self.precision != "int8":
-            return model
-        from .quantize import quantize_int8
-
-        return quantize_int8(model, self.calibration, self.options.get("quantization", "static"))
+    def quantizations(self) -> tuple[str, ...]:
+        return ("static", "dynamic")
 
 
 class DeviceTensor:

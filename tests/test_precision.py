@@ -226,6 +226,17 @@ def test_openvino_offers_bf16_where_the_cpu_has_it():
     assert ("fp16" in OpenVino().precisions()) == ("FP16" in reported)  # GPU and NPU offer it always
 
 
+def test_openvino_int8_is_nncf_and_onnx_runtime_qdq_as_two_candidates():
+    model = cnn()
+    calibration = calibration_of(model, 4, seed=1)
+    nncf, static = OpenVino().variants("int8", calibration)
+    assert (nncf.label, static.label) == ("openvino[int8]", "openvino[int8-static]")
+    assert static.options == {"quantization": "static"} and nncf.options == {}
+    assert static.lower(model).SerializeToString() == quantize_int8(model, calibration, "static").SerializeToString()
+    assert nncf.lower(model).SerializeToString() != static.lower(model).SerializeToString()
+    assert [v.label for v in OpenVino({"quantization": "static"}).variants("int8")] == ["openvino[int8-static]"]
+
+
 def test_without_nncf_openvino_int8_is_the_onnx_runtime_qdq_model(monkeypatch, caplog):
     import sys
 
@@ -236,9 +247,11 @@ def test_without_nncf_openvino_int8_is_the_onnx_runtime_qdq_model(monkeypatch, c
     monkeypatch.setitem(sys.modules, "nncf", None)  # as where the quantize extra is not installed
     offers.cache_clear()
     try:
-        stage = OpenVino().at_precision("int8", calibration).lower(model)
+        (variant,) = OpenVino().variants("int8", calibration)
+        stage = variant.lower(model)
     finally:
         offers.cache_clear()
+    assert variant.label == "openvino[int8]"
     assert stage.SerializeToString() == quantize_int8(model, calibration, "static").SerializeToString()
     assert "openvino int8 by NNCF is not offered" in caplog.text and "pip install 'uhop-onnx[quantize]'" in caplog.text
 

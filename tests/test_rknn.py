@@ -199,3 +199,4 @@ def test_int8_variant_is_quantized_on_the_calibration_values_in_the_simulator():
         cosine = float(np.dot(actual.ravel(), expected.ravel()) / np.linalg.norm(actual) / np.linalg.norm(expected))
         assert cosine > 0.999, (dtype, cosine)
     assert errors["int8"] > errors["fp16"]  # quantized on those samples, not built at fp16
+    assert Rknn({"simulate": True}).at_precision("int8", calibration).lower(model) is model  # the toolkit quantizes

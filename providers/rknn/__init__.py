@@ -176,6 +176,10 @@ class Rknn(Provider):
             variant.options, variant.dtype = {**self.options, "dtype": precision}, precision
         return variant
 
+    def lower(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """The model itself: rknn-toolkit2 quantizes an int8 stage when it builds it."""
+        return model
+
     def samples(self, model: onnx.ModelProto | None = None) -> list[dict[str, np.ndarray]]:
         """Calibration feeds from the `calibration` option's `.npz` (samples on the first axis), else the
         values the variant's calibration gives `model`'s inputs."""
