@@ -75,7 +75,11 @@ class LiteRt(Provider):
 
     def at_precision(self, precision: str, calibration: Any = None) -> Provider:
         variant = super().at_precision(precision, calibration)
-        variant.options = {**self.options, "fp16": True} if precision == "fp16" else dict(self.options)
+        variant.options = dict(self.options)
+        if precision == "fp16":
+            variant.options["fp16"] = True
+        elif precision == "int8":
+            variant.options.pop("fp16", None)  # int8 weights are quantized from the float32 ones
         return variant
 
     def lower(self, model: onnx.ModelProto) -> onnx.ModelProto:
