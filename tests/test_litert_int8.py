@@ -48,7 +48,8 @@ def cnn_ops() -> onnx.ModelProto:
 
     def weight(name, *shape, scale=None):
         fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-        return numpy_helper.from_array((rng.standard_normal(shape) * (scale or fan_in ** -0.5)).astype(np.float32), name)
+        values = rng.standard_normal(shape) * (scale or fan_in ** -0.5)
+        return numpy_helper.from_array(values.astype(np.float32), name)
 
     def const(name, value):
         return numpy_helper.from_array(np.asarray(value, np.float32), name)
@@ -80,9 +81,11 @@ def cnn_ops() -> onnx.ModelProto:
                                                                  "gamma"),
                     numpy_helper.from_array(np.array([1, 16], np.int64), "flat"), weight("wf", 16, 10, scale=1.0),
                     weight("bf", 10, scale=0.1)]
-    graph = helper.make_graph(nodes, "cnn_ops", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 16, 16])],
+    graph = helper.make_graph(nodes, "cnn_ops",
+                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 16, 16])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10]),
-                               helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [1, 10])], initializers)
+                               helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [1, 10])],
+                              initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model)
     return onnx.shape_inference.infer_shapes(model)
@@ -141,10 +144,12 @@ def test_the_flatbuffer_holds_int8_weights_per_channel_biases_at_their_scale_and
     np.testing.assert_allclose(q[bias]["scales"], conv_input["scales"][0] * q[next(iter(weights))]["scales"], rtol=1e-6)
     lo, hi = calibration_of(variant.lower(model)).ranges["c1"]
     for name in ("c1", "a", "m", "cat", "logits/int8"):  # one scale and zero point per activation tensor
-        assert tensors[name]["dtype"] == np.int8 and len(q[name]["scales"]) == 1 and -128 <= q[name]["zero_points"][0] <= 127
+        assert tensors[name]["dtype"] == np.int8 and len(q[name]["scales"]) == 1
+        assert -128 <= q[name]["zero_points"][0] <= 127
     scale, zero = float(q["c1"]["scales"][0]), int(q["c1"]["zero_points"][0])  # the stem Conv, Clip(0, 6) fused
     assert zero == -128 and (127 - zero) * scale == pytest.approx(min(hi, 6.0), rel=1e-6)  # its range, clipped
-    assert q["probabilities/int8"]["scales"][0] == pytest.approx(1 / 256) and q["probabilities/int8"]["zero_points"][0] == -128
+    softmax = q["probabilities/int8"]  # SOFTMAX writes LiteRT's fixed int8 scale
+    assert softmax["scales"][0] == pytest.approx(1 / 256) and softmax["zero_points"][0] == -128
 
 
 def zeros_and_steps() -> onnx.ModelProto:
@@ -157,7 +162,7 @@ def zeros_and_steps() -> onnx.ModelProto:
     arrays = {"w1": w1, "b1": np.zeros(8, np.float32), "w2": np.zeros((8, 8, 1, 1), np.float32),
               "b2": np.zeros(8, np.float32), "gamma": rng.uniform(0.5, 2.0, 8).astype(np.float32),
               "beta": rng.standard_normal(8).astype(np.float32), "mean": rng.standard_normal(8).astype(np.float32),
-              "var": rng.uniform(0.5, 2.0, 8).astype(np.float32), "wf": (rng.standard_normal((10, 8))).astype(np.float32),
+              "var": rng.uniform(0.5, 2.0, 8).astype(np.float32), "wf": rng.standard_normal((10, 8)).astype(np.float32),
               "bf": np.zeros(10, np.float32)}
     n = helper.make_node
     nodes = [n("Conv", ["input", "w1", "b1"], ["c1"], name="/c1/Conv", pads=[1, 1, 1, 1], kernel_shape=[3, 3]),

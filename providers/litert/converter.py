@@ -1,6 +1,7 @@
 """ONNX stage -> `.tflite` bytes, written directly with the `tflite` flatbuffer builders.
 
-`convert` lowers every node (see `ops`) or raises a `ProviderError` naming the node it cannot express;
+`convert` lowers every node (see `ops`), full-integer int8 when given calibration ranges (see `int8`), or
+raises a `ProviderError` naming the node it cannot express;
 `unconvertible` answers, node by node, which ones it cannot express and why, whatever stage each ends up in.
 """
 
@@ -15,9 +16,9 @@ from onnx import helper, numpy_helper
 
 from uhop_onnx.errors import ProviderError
 
+from .int8 import full_integer
 from .lowering import Lowering, Node, Unsupported, identity
 from .ops import LOWERINGS
-from .int8 import full_integer
 
 SHAPE_ONLY = {"Reshape": 1, "Expand": 1, "Tile": 1, "Split": 1, "ConstantOfShape": 0, "Resize": 3}  # op -> input
 RANDOM = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
