@@ -131,8 +131,8 @@ class InferenceSession:
         self.fallback = self._executor.fallback = False
 
     def close(self) -> None:
-        """Release every stage's runtime now (it happens anyway when the session is garbage-collected); the
-        session cannot run afterwards."""
+        """Release every stage's runtime now (it happens anyway when the session is garbage-collected); do not
+        run the session afterwards."""
         self._close()
 
     # running
