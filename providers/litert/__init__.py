@@ -156,8 +156,7 @@ class LiteRt(Provider):
         runner = LiteRtRunner(blob, self.threads, **self.delegate_options())
         uncalibrated = self.precision == "int8" and not calibrated  # built at fp32
         runner.error = verify(model, runner, FP32_TOLERANCE if uncalibrated else self.tolerance,
-                              inputs=calibrated and {name: (*moments, *calibrated.ranges[name])
-                                                     for name, moments in calibrated.moments.items()})
+                              inputs=_check_inputs(calibrated))
         log.info("litert: %s converted in %.2f s (%d bytes), verified in %.2f s; max abs error %.3g",
                  model.graph.name, converted - start, len(blob), time.perf_counter() - converted, runner.error)
         _keep(key, blob, runner.error)
@@ -192,20 +191,23 @@ class LiteRt(Provider):
 
     def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
         """The stage as a `.tflite` file with its delegate settings (for the board); checked against ONNX
-        Runtime on XNNPACK first where LiteRT runs on this host."""
+        Runtime on XNNPACK first where LiteRT runs on this host. At int8, the full-integer file the converter
+        writes from the calibration ranges the stage carries (`lower` put them there)."""
         from .converter import convert, prepared
 
-        if self.precision == "int8":
-            raise ProviderError("litert: int8 stages are not written to bundles yet; export the stage at fp32 or fp16")
+        calibrated = self._calibrated(model)
+        if self.precision == "int8" and calibrated is None:
+            raise ProviderError("litert[int8]: the stage carries no calibration ranges to quantize from; export "
+                                "with calibration=...")
         fp16 = bool(self.options.get("fp16"))
         model = prepared(model)
-        blob = convert(model, fp16=fp16)
+        blob = convert(model, fp16=fp16, ranges=calibrated and calibrated.ranges)
         try:
             interpreter_module()
         except Exception as error:  # noqa: BLE001 - missing or broken, the runtime cannot check it here
             log.info("litert: %s written unchecked: no LiteRT interpreter on this host (%s)", stem, error)
         else:
-            verify(model, LiteRtRunner(blob, self.threads), self.tolerance)
+            verify(model, LiteRtRunner(blob, self.threads), self.tolerance, inputs=_check_inputs(calibrated))
         (folder / f"{stem}.tflite").write_bytes(blob)
         options = {k: v for k, v in self.delegate_options().items() if v}
         return Artifact("tflite", [f"{stem}.tflite"], options, FP16_TOLERANCE if fp16 else None)
@@ -222,6 +224,12 @@ class LiteRt(Provider):
             raise ProviderError(f"the unsigned bundle's LiteRT delegate {why}")
         return LiteRtRunner((folder / artifact["files"][0]).read_bytes(), threads, delegate,
                             options.get("delegate_options"), bool(options.get("allow_fallback")))
+
+
+def _check_inputs(calibrated) -> dict[str, tuple[float, float, float, float]] | None:
+    """What `verify` draws an int8 stage's inputs from: each one's (mean, standard deviation, least, greatest)
+    over the calibration samples; None (standard normal) for a stage that carries no calibration."""
+    return calibrated and {name: (*moments, *calibrated.ranges[name]) for name, moments in calibrated.moments.items()}
 
 
 def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], seed: int = 0,
