@@ -111,18 +111,21 @@ class Rknn(Provider):
 
     def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
         """The stage as an `.rknn` file for `target` and `dtype`, with the names, dtypes, layouts and cores
-        the board's runner needs, and its tolerance (see the module's docstring). An int8 stage carries its
-        calibration samples too (`stem.calibration.npz`), so that a simulator elsewhere rebuilds the same model."""
-        import shutil
-
+        the board's runner needs, and its tolerance (see the module's docstring). An int8 stage carries the
+        calibration samples it was quantized on too (`stem.calibration.npz`, samples on the first axis), so that
+        a simulator elsewhere rebuilds the same model."""
         from .converter import convert, convert_measured, model_inputs
 
         path, files = folder / f"{stem}.rknn", [f"{stem}.rknn"]
         if self.dtype == "int8":
-            error = convert_measured(model, path, self.target, self.dtype, self.samples())
+            samples = self.samples(model)
+            if not samples:
+                raise ProviderError("rknn int8: the toolkit quantizes on calibration samples; give calibration=... "
+                                    "(or the calibration option, an .npz)")
+            error = convert_measured(model, path, self.target, self.dtype, samples)
             tolerance = {"rtol": FP16_TOLERANCE["rtol"], "atol": max(INT8_MARGIN * error, FP16_TOLERANCE["atol"])}
             files.append(f"{stem}.calibration.npz")
-            shutil.copyfile(Path(self.options["calibration"]).expanduser(), folder / files[-1])
+            np.savez(folder / files[-1], **{name: np.stack([s[name] for s in samples]) for name in samples[0]})
         else:
             convert(model, path, self.target, self.dtype)
             tolerance = FP16_TOLERANCE
