@@ -208,12 +208,15 @@ class OpenVino(Provider):
         return missing_module("openvino", self.install)  # the IR is written by OpenVINO itself
 
     def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
-        """The stage as OpenVINO IR (`.xml` + `.bin`), weights kept in fp32."""
+        """The stage as OpenVINO IR (`.xml` + `.bin`), weights kept in fp32 (in f16 at fp16; an int8 stage's IR
+        is its QDQ model's), with the precision it compiles at (`compile_config`'s inference precision hint)."""
         import openvino as ov
 
-        ov.save_model(read_model(model.SerializeToString()), folder / f"{stem}.xml", compress_to_fp16=False)
+        ov.save_model(read_model(model.SerializeToString()), folder / f"{stem}.xml",
+                      compress_to_fp16=self.precision == "fp16")
         dtypes = {name: dtype.name for name, dtype in output_dtypes(model).items()}
-        return Artifact("openvino-ir", [f"{stem}.xml", f"{stem}.bin"], {"device": self.device, "outputs": dtypes})
+        return Artifact("openvino-ir", [f"{stem}.xml", f"{stem}.bin"],
+                        {"device": self.device, "outputs": dtypes, "precision": self.precision})
 
     def compile_config(self) -> dict[str, Any]:
         """The properties this instance compiles a stage with (`Core.compile_model`'s config)."""
@@ -233,8 +236,9 @@ class OpenVino(Provider):
 
         options = artifact["options"]
         core = ov.Core()
+        provider = cls({"device": options["device"]}, threads).at_precision(options.get("precision", "fp32"))
         compiled = core.compile_model(core.read_model(folder / artifact["files"][0]), options["device"],
-                                      cls({"device": options["device"]}, threads).compile_config())
+                                      provider.compile_config())
         return OpenVinoRunner(compiled, {name: np.dtype(dtype) for name, dtype in options["outputs"].items()})
 
 
