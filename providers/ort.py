@@ -109,6 +109,10 @@ class OrtProvider(Provider):
     def ep_entry(self) -> Any:
         return self.ep
 
+    def stage_entry(self, model: onnx.ModelProto) -> Any:
+        """The EP entry a stage compiles with (its precision's options too, where it has any)."""
+        return self.ep_entry()
+
     def query(self, model: onnx.ModelProto) -> dict[str, Support]:
         """Which nodes ONNX Runtime assigns to this EP, read from the session's assignment record."""
         so = session_options(self.threads, exclusive=False, optimize=False)
@@ -132,9 +136,9 @@ class OrtProvider(Provider):
         return None  # an .onnx file needs nothing but onnx
 
     def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
-        """The stage as an `.onnx` file, with the EP and its options (host paths left out)."""
+        """The stage as an `.onnx` file, with the EP and the options it compiles with (host paths left out)."""
         (folder / f"{stem}.onnx").write_bytes(model.SerializeToString())
-        entry = self.ep_entry()
+        entry = self.stage_entry(model)
         ep, options = entry if isinstance(entry, tuple) else (entry, {})
         portable = {k: v for k, v in options.items() if not k.endswith("_path")}
         return Artifact("onnx", [f"{stem}.onnx"], {"ep": ep, "ep_options": portable})
@@ -331,9 +335,12 @@ class OrtGpuProvider(OrtProvider):
         """The EP options a stage compiles with: `ep_options`, and what its precision adds."""
         return self.ep_options()
 
+    def stage_entry(self, model: onnx.ModelProto) -> Any:
+        return (self.ep, self.stage_options(model))
+
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
         self.require()
-        return OrtGpuRunner(model.SerializeToString(), [(self.ep, self.stage_options(model))], self.threads,
+        return OrtGpuRunner(model.SerializeToString(), [self.stage_entry(model)], self.threads,
                             exclusive, self.device_type, self.device_id, self.short.lower())
 
 
