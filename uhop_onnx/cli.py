@@ -526,7 +526,8 @@ def export(model: Path,
            output: Annotated[Path, typer.Option("--output", "-o", help="A new folder, or a file ending .tar.gz "
                                                 "(bundles); a new folder (Triton repositories).")],
            target: Annotated[str | None, typer.Option("--target", "-t", help="Board profile: rk3588, jetson-orin, "
-                                                      "x86-64, arm64, intel-npu, or a JSON profile's path.")] = None,
+                                                      "x86-64, x86-64-v4, arm64, intel-npu, or a JSON profile's "
+                                                      "path.")] = None,
            fmt: Annotated[ExportFormat, typer.Option("--format", help="bundle: stages in their runtimes' own formats "
                                                      "for a board; triton: a Triton model repository.")]
            = ExportFormat.bundle,
@@ -559,8 +560,8 @@ def export(model: Path,
     if max_batch or max_delay_ms is not None:
         raise typer.BadParameter("--max-batch and --max-delay-ms apply to --format triton", param_hint="--max-batch")
     if target is None:
-        raise typer.BadParameter("--target is required for bundles (rk3588, jetson-orin, x86-64, arm64, intel-npu, "
-                                 "or a JSON profile)", param_hint="--target")
+        raise typer.BadParameter("--target is required for bundles (rk3588, jetson-orin, x86-64, x86-64-v4, arm64, "
+                                 "intel-npu, or a JSON profile)", param_hint="--target")
     from .export import export_bundle
 
     with _steps("exporting", not as_json) as step:

@@ -5,15 +5,24 @@ Without the board, placement uses the target profile's providers (their tables; 
 where the runtime is on this host) and its static cost model, by the same blocks and dynamic programme
 as the measured placement. On the board, `tune_bundle` rebuilds the model from the bundle's stages and
 places it by the measured search over the profile's providers present there.
+
+At a reduced precision, each (provider, precision) pair the profile declares is a provider of its own for
+the static cost model (`openvino[bf16]`, at its declared speed), and the plan it chooses is gated here as
+`optimize` gates one: each stage that runs (or is simulated) here runs, the others stand in as ONNX
+Runtime fp32, and a plan outside the tolerance gives up its lowest precision (int8, then fp16, then bf16)
+and is placed again. A reduced-precision stage's tolerance in the manifest is the gate's, the contract the
+board is held to, not the error measured here.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, replace
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,18 +40,26 @@ from .bundle.manifest import (
 )
 from .bundle import signature
 from .dtypes import TensorSig
-from .errors import InputError, ProviderError, UhopError
+from .errors import ProviderError, UhopError, first_line
+from .executor import Executor
 from .files import check_writable, new_folder, read_npz, write_archive, writing
 from .graph import Graph, declared_outputs
 from .inputs import Inputs, Shapes, at_shapes, free_inputs, read_inputs
-from .optimizer import analyze, build_plan, place_measured
-from .precision import check_choice
+from .optimizer import analyze, build_plan, place_measured, with_precisions
+from .partitioner.extract import extract
 from .partitioner.placer import Analysis
 from .partitioner.static import StaticCost
-from .providers import Provider, create
+from .plan import Plan, Stage
+from .precision import check_choice, errors, gate, read_calibration
+from .providers import Provider, Runner, create
+from .providers.base import Artifact
 from .samples import reference_outputs
 from .simplify import simplify
 from .targets import Target, TargetProvider, load_target, target_from_json
+
+log = logging.getLogger(__name__)
+
+GIVEN_UP = ("int8", "fp16", "bf16")  # the order a plan outside the gate gives up its reduced precisions in
 
 
 def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Target, out: str | os.PathLike,
@@ -57,12 +74,16 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
 
     With `measure`, this host is the board: placement is measured here (as `optimize` does) over the
     profile's providers present here, instead of the profile's static cost model. The bundle's sample
-    inputs (and any measurement) are at `shapes` or the given `inputs`, as `optimize` takes them. Bundles
-    are fp32: another `precision` is refused (`InputError`) until bundles carry reduced-precision stages."""
-    check_choice(precision, tolerance)
-    if precision != "fp32":
-        raise InputError(f"precision={precision!r}: bundles hold fp32 stages only for now; export with "
-                         "precision='fp32' (reduced-precision plans run through optimize and InferenceSession)")
+    inputs (and any measurement) are at `shapes` or the given `inputs`, as `optimize` takes them; without
+    them, at the first calibration sample.
+
+    `precision`, `tolerance` and `calibration` as for `optimize`; under the static cost model the precisions
+    competing are those the profile declares for each provider (int8 only with `calibration`), and the plan
+    is gated here where its stages run here (see the module's docstring). Each manifest stage records its
+    `precision`; a reduced-precision one, whether it was `gated` here and, as its `tolerance`, the gate's
+    (`{"scaled": tolerance}`), which `verify_bundle` checks with the gate's rule."""
+    tolerance = check_choice(precision, tolerance)
+    samples = None if precision == "fp32" or calibration is None else read_calibration(calibration)
     out = Path(out)
     archive = out.name.endswith(".tar.gz")
     if out.exists() and (archive or out.is_file() or any(out.iterdir())):
@@ -71,19 +92,29 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
     signer = None if sign is None else signature.signer(sign)
     profile = target if isinstance(target, Target) else load_target(target)
     entries, chosen = _providers(profile, providers, threads, present=measure)
-    a = analyze(model, assign=assign, threads=threads, progress=progress, chosen=chosen, shapes=shapes, inputs=inputs,
-                sample=True)
+    a = analyze(model, assign=assign, threads=threads, progress=progress, chosen=chosen, shapes=shapes,
+                inputs=samples[0] if samples and shapes is None and inputs is None else inputs, sample=True)
+    gated = None
     if measure:
+        if precision != "fp32":
+            progress("preparing reduced-precision variants and the fp32 reference")
+            a = with_precisions(a, precision, tolerance, samples)
         plan = place_measured(a, threads, budget=budget, progress=progress)
         plan.placement = f"measured on this host for target {profile.name}"
+        if a.precision is not None:
+            gated = Gated(plan.accuracy, [], [])
     else:
+        if precision != "fp32":
+            progress("preparing the target's reduced-precision variants and the fp32 reference")
+            declared = {p.label: ["fp32", *e.precisions] for p, e in zip(a.providers, entries)}
+            a = with_precisions(a, precision, tolerance, samples, offered=lambda p: declared[p.label])
         progress("placing for the target with its static cost model")
-        placer = StaticCost({p.label: e for p, e in zip(a.providers, entries)})
-        plan = build_plan(a, placer.place(a).choice, threads)
+        models = {label: e.at(a.provider(label).precision) for label, e in _entries(a, entries).items()}
+        plan, gated = _place_static(a, models, threads, progress)
         plan.placement = f"static cost model of target {profile.name}"
     with writing(out), (tempfile.TemporaryDirectory() if archive else new_folder(out)) as staging:
         staging = Path(staging)
-        manifest = _write(staging, a, plan, profile, entries, progress)
+        manifest = _write(staging, a, plan, profile, _entries(a, entries), progress, gated)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         if signer is not None:
             signer(staging)
@@ -92,20 +123,109 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
     return out
 
 
+@dataclass(frozen=True)
+class Gated:
+    """What the precision gate found of the plan it passed here: the worst errors per output (None when no
+    reduced-precision stage ran here), the stages that could not run here (accepted on the profile's word),
+    and the plans it rejected before."""
+
+    accuracy: dict[str, Any] | None
+    ungated: list[int]
+    rejected: list[dict[str, Any]]
+
+
+def _entries(a: Analysis, entries: Sequence[TargetProvider]) -> dict[str, TargetProvider]:
+    """The profile entry of each provider of `a` (`entries` are its fp32 providers'), by label: a variant's is
+    that of the provider it varies, which it follows (as `with_precisions` places them)."""
+    out, left = {}, iter(entries)
+    for provider in a.providers:
+        entry = next(left) if provider.precision == "fp32" else entry
+        out[provider.label] = entry
+    return out
+
+
+def _place_static(a: Analysis, models: Mapping[str, TargetProvider], threads: int | None,
+                  progress: Callable[[str], None]) -> tuple[Plan, Gated | None]:
+    """The static cost model's plan; at a reduced precision, the first that passes the gate here, giving up
+    the lowest precision in use (`GIVEN_UP`) after each that fails."""
+    rejected = []
+    while True:
+        plan = build_plan(a, StaticCost(models).place(a).choice, threads)
+        if a.precision is None:
+            return plan, None
+        in_use = {s.precision for s in plan.stages} - {"fp32"}
+        if not in_use:
+            return plan, Gated(None, [], rejected)
+        progress("checking the plan's accuracy on the calibration samples")
+        ok, accuracy, ungated = _gate_here(a, plan, threads)
+        if ok:
+            return plan, Gated(accuracy, ungated, rejected)
+        dropped = next(p for p in GIVEN_UP if p in in_use)
+        stages = " > ".join(f"{s.label} x{len(s.nodes)}" for s in plan.stages)
+        log.warning("precision: the plan %s is outside the tolerance %g here; placing it again without %s",
+                    stages, a.precision.tolerance, dropped)
+        rejected.append({"stages": stages, "accuracy": accuracy, "gave_up": dropped})
+        kept = [p for p in a.providers if p.precision != dropped]
+        a = replace(a, providers=kept, support={p.label: a.support[p.label] for p in kept})
+
+
+def _gate_here(a: Analysis, plan: Plan, threads: int | None) -> tuple[bool, dict[str, Any], list[int]]:
+    """Whether `plan` is within the tolerance on every gate sample, run here: each stage on its provider, or its
+    simulator, or else as ONNX Runtime fp32 on its fp32 model (a reduced-precision stage so run is ungated:
+    its index is in the list returned). A stage that fails to build or run fails the plan."""
+    g = a.precision
+    ungated = []
+    try:
+        with ExitStack() as compiled:
+            runners = []
+            for k, stage in enumerate(plan.stages):
+                runner = _runner_here(a.provider(stage.label), plan.stage_model(stage))
+                if runner is None:
+                    runner = create("ort-cpu", threads).compile(_fp32_model(a, stage, k))
+                    if stage.precision != "fp32":
+                        ungated.append(k)
+                runners.append(compiled.enter_context(runner))
+            executor = Executor(plan.stages, runners, plan.inputs, [o.name for o in plan.outputs], plan.constants)
+            per_sample = [errors(dict(zip(executor.outputs, executor.run(None, s), strict=True)), ref)
+                          for s, ref in zip(g.samples, g.references)]
+    except Exception as error:  # noqa: BLE001 - a plan that cannot run its samples is not accepted
+        return False, {"error": first_line(error)}, ungated
+    ok, accuracy = gate(per_sample, g.tolerance)
+    return ok, accuracy, ungated
+
+
+def _runner_here(provider: Provider, model: onnx.ModelProto) -> Runner | None:
+    """`model` compiled by `provider` on this host, or by its simulator at its precision; None when neither is here."""
+    if not provider.present:
+        simulator = provider.simulator()
+        if simulator is None or not simulator.present:
+            return None
+        provider = simulator.at_precision(provider.precision, provider.calibration)
+    return provider.compile(model, exclusive=False)
+
+
+def _fp32_model(a: Analysis, stage: Stage, k: int) -> onnx.ModelProto:
+    """The stage's nodes as the fp32 model they were cut as, before its provider lowered them to its precision."""
+    return extract(a.simplified, a.graph, [a.graph.index_of[n] for n in stage.nodes], name=f"stage_{k}")
+
+
 def tune_bundle(bundle: str | os.PathLike, out: str | os.PathLike, threads: int | None = None,
                 budget: float = 60.0, progress: Callable[[str], None] = lambda step: None, *,
-                shapes: Shapes | None = None, inputs: Inputs | None = None) -> Path:
+                shapes: Shapes | None = None, inputs: Inputs | None = None, calibration: Any = None) -> Path:
     """Place the model of `bundle` again by measurement on this host (the board), and write the new bundle
     to `out` for the same target profile; measured on the bundle's own sample inputs unless `shapes` or
-    `inputs` are given."""
+    `inputs` are given. A reduced-precision bundle's precision and tolerance compete again (int8 only with
+    `calibration`, which a bundle does not carry)."""
     with unpacked(bundle) as folder:
         manifest = read_checked(folder, bundle)
         model = _bundled_model(folder, manifest)
         if shapes is None and inputs is None:
             inputs = read_inputs(folder / manifest["samples"]["inputs"])
     profile = target_from_json(manifest["target"], f"{bundle}: target")
+    gated = manifest.get("precision") or {}
     return export_bundle(model, profile, out, threads=threads, progress=progress, shapes=shapes, inputs=inputs,
-                         measure=True, budget=budget)
+                         measure=True, budget=budget, precision=gated.get("choice", "fp32"),
+                         tolerance=gated.get("tolerance"), calibration=calibration)
 
 
 def _bundled_model(folder: Path, manifest: Mapping[str, Any]) -> onnx.ModelProto:
@@ -157,39 +277,50 @@ def _providers(profile: Target, only: Sequence[str] | None, threads: int | None,
     return kept, providers
 
 
-def _write(folder: Path, a: Analysis, plan, profile: Target, entries: list[TargetProvider],
-           progress: Callable[[str], None]) -> dict[str, Any]:
+def _write(folder: Path, a: Analysis, plan: Plan, profile: Target, entries: Mapping[str, TargetProvider],
+           progress: Callable[[str], None], gated: Gated | None) -> dict[str, Any]:
     for sub in ("stages", "reference", "samples"):
         (folder / sub).mkdir()
-    by_label = {p.label: (p, e) for p, e in zip(a.providers, entries)}
     stages = []
     sized = None  # the model at the samples' shapes, for stages whose runtime builds for fixed shapes
     for k, stage in enumerate(plan.stages):
-        provider, entry = by_label[stage.label]
+        provider, entry = a.provider(stage.label), entries[stage.label]
         progress(f"writing stage {k} for {stage.label}")
-        model = plan.stage_model(stage)
+        model = plan.stage_model(stage)  # as its provider lowered it to its precision
         built_for = None
         if provider.static_shapes and free_inputs(model):
             sized = sized or Graph.from_model(at_shapes(a.simplified, plan.shapes))
             built_for = _stage_shapes(sized, free_inputs(model), k)
         built = simplify(at_shapes(model, built_for)) if built_for else model
-        artifact = provider.export(built, folder / "stages", f"stage_{k:02d}_{provider.id}")
+        stem = f"stage_{k:02d}_{provider.id}"
+        artifact = provider.export(built, folder / "stages", stem)
         reference = f"reference/stage_{k:02d}.onnx"
-        onnx.save(model, folder / reference)
-        stages.append({
+        fp32 = model if stage.precision == "fp32" else _fp32_model(a, stage, k)
+        onnx.save(fp32, folder / reference)
+        entry_json = {
             **replace(stage, file=reference, sha256=None, declared=declared_outputs(model)).to_json(),
             "artifact": {**artifact.to_json(), "files": [f"stages/{f}" for f in artifact.files]},
             "runtime": {"name": entry.id, "version": entry.version, "install": provider.install},
             "reference": reference, "tolerance": artifact.tolerance or FP32_TOLERANCE,
             **({"built_for": built_for} if built_for else {}),
-        })
+        }
+        if stage.precision != "fp32":
+            entry_json["tolerance"] = {"scaled": a.precision.tolerance}
+            entry_json["gated"] = k not in gated.ungated
+            built_from = _built_from(folder, stem, artifact, built, fp32)
+            if built_from:
+                entry_json["built_from"] = built_from
+        stages.append(entry_json)
     progress("computing reference outputs with ONNX Runtime")
     feeds = a.feeds
     np.savez(folder / "samples" / "inputs.npz", **feeds)
     np.savez(folder / "samples" / "outputs.npz", **reference_outputs(a.loaded.SerializeToString(), feeds))
     if plan.constants:
         np.savez(folder / "constants.npz", **plan.constants)
-    loosest = {key: max(s["tolerance"][key] for s in stages) for key in ("rtol", "atol")}
+    if all(s.precision == "fp32" for s in plan.stages):
+        loosest = {key: max(s["tolerance"][key] for s in stages) for key in ("rtol", "atol")}
+    else:  # the plan's outputs are held to the tolerance it was gated with
+        loosest = {"scaled": a.precision.tolerance}
     return {
         "schema": SCHEMA,
         "model": {"name": plan.model_name, "sha256": plan.model_hash},
@@ -203,8 +334,26 @@ def _write(folder: Path, a: Analysis, plan, profile: Target, entries: list[Targe
         "constants": "constants.npz" if plan.constants else None,
         "samples": {"inputs": "samples/inputs.npz", "outputs": "samples/outputs.npz"},
         "tolerance": loosest,
+        **({} if gated is None else {"precision": {
+            "choice": a.precision.choice, "tolerance": a.precision.tolerance,
+            "calibrated": a.precision.calibration is not None, "samples": len(a.precision.samples),
+            "accuracy": gated.accuracy, "ungated": gated.ungated, "rejected": gated.rejected}}),
         "files": hash_files(folder),
     }
+
+
+def _built_from(folder: Path, stem: str, artifact: Artifact, built: onnx.ModelProto,
+                fp32: onnx.ModelProto) -> str | None:
+    """The bundle path of the model a reduced-precision stage's artifact was built from (an int8 stage's QDQ
+    model, say): the artifact itself where it is that `.onnx`, else written beside it; None where it is the
+    fp32 reference (the runtime was told the precision, or quantizes on the board)."""
+    if built.SerializeToString(deterministic=True) == fp32.SerializeToString(deterministic=True):
+        return None
+    if artifact.format == "onnx":
+        return f"stages/{artifact.files[0]}"
+    name = f"stages/{stem}.built_from.onnx"
+    onnx.save(built, folder / name)
+    return name
 
 
 def _stage_shapes(sized: Graph, names: Sequence[str], k: int) -> dict[str, list[int]]:

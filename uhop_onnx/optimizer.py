@@ -117,14 +117,16 @@ class FixedShapes:
         return {n.name: verdicts.get(n.name, folded) for n in graph.nodes}
 
 
-def with_precisions(a: Analysis, choice: str, tolerance: float, samples: list[dict[str, Any]] | None) -> Analysis:
+def with_precisions(a: Analysis, choice: str, tolerance: float, samples: list[dict[str, Any]] | None,
+                    offered: Callable[[Provider], Sequence[str]] | None = None) -> Analysis:
     """`a` with each provider's reduced-precision variants that compete under `choice` placed right after it
-    (each runs what its provider runs). Gated on the calibration `samples`, or without them on generated
-    ones, with a warning; int8 needs the calibration samples and is left out without them."""
+    (each runs what its provider runs), of the precisions `offered` says it has (default: what it builds on
+    this host). Gated on the calibration `samples`, or without them on generated ones, with a warning; int8
+    needs the calibration samples and is left out without them."""
+    offered = offered or (lambda provider: provider.precisions())
     names = list(a.graph.inputs)
     if samples is None:
-        offered = {p for provider in a.providers for p in wanted(choice, provider.precisions())}
-        if "int8" in offered:
+        if "int8" in {p for provider in a.providers for p in wanted(choice, offered(provider))}:
             warnings.warn("precision: int8 variants are not tried without calibration samples (calibration=...)",
                           UserWarning, stacklevel=4)
         warnings.warn("precision: no calibration samples given; reduced-precision plans are checked on 4 "
@@ -139,7 +141,7 @@ def with_precisions(a: Analysis, choice: str, tolerance: float, samples: list[di
         calibration = Calibration(a.simplified, gate_samples)
     providers, support = [], {}
     for provider in a.providers:
-        for p in wanted(choice, provider.precisions()):  # fp32 first: a pin stays on the provider's fp32 stages
+        for p in wanted(choice, offered(provider)):  # fp32 first: a pin stays on the provider's fp32 stages
             if p == "int8" and calibration is None:
                 continue
             variants = [provider] if p == "fp32" else provider.variants(p, calibration)

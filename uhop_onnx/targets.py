@@ -1,4 +1,5 @@
-"""Target profiles: what a board runs (providers, versions, CPU) and a static cost per provider class.
+"""Target profiles: what a board runs (providers, versions, CPU, the precisions each provider runs there) and a
+static cost per provider class.
 
 The built-in profiles are in `targets.json`; a user's profile is a JSON file of the same shape (one profile,
 with a `name`).
@@ -7,13 +8,18 @@ with a `name`).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .errors import UhopError
 
 BUILTIN = Path(__file__).with_name("targets.json")
+REDUCED = ("bf16", "fp16", "int8")  # the reduced precisions a profile may declare for a provider
+# A CPU computes bf16 only with one of these in its `isa` (x86's AVX-512 BF16 or AMX, Arm's BF16 extension);
+# without them a runtime asked for bf16 computes in fp32, so a profile declaring it would be wrong.
+BF16_ISA = ("avx512_bf16", "amx_bf16", "bf16")
+ACCELERATORS = ("ort-cuda", "ort-tensorrt", "ort-rocm", "rknn")  # providers that never run on the CPU
 
 
 @dataclass(frozen=True)
@@ -27,9 +33,26 @@ class TargetProvider:
     gflops: float = 10.0
     gbps: float = 5.0
     stage_ms: float = 0.1
+    # reduced precision -> how many times faster than at its default precision (the figures above) its nodes
+    # run there: the precisions the board runs this provider at, besides the default one
+    precisions: dict[str, float] = field(default_factory=dict)
 
     def cost_ms(self, flops: float, nbytes: float) -> float:
         return flops / (self.gflops * 1e6) + nbytes / (self.gbps * 1e6)
+
+    def at(self, precision: str) -> TargetProvider:
+        """This provider's cost model at `precision` (one it declares, or its default "fp32"): its nodes cost
+        the declared factor less; a stage costs the same."""
+        if precision == "fp32":
+            return self
+        speed = self.precisions[precision]
+        return replace(self, gflops=self.gflops * speed, gbps=self.gbps * speed, precisions={})
+
+    @property
+    def on_cpu(self) -> bool:
+        """Whether it computes on the board's CPU (no accelerator device, no delegate)."""
+        device = str(self.options.get("device", "CPU")).upper()
+        return self.id not in ACCELERATORS and device.startswith("CPU") and "delegate" not in self.options
 
 
 @dataclass(frozen=True)
@@ -43,6 +66,24 @@ class Target:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def check(self) -> Target:
+        """`self`, once every declared precision is a reduced one with a positive speed factor, and bf16 on a
+        CPU is backed by the profile's `isa`; else a `UhopError` naming the provider."""
+        for entry in self.providers:
+            if not isinstance(entry.precisions, dict):
+                raise UhopError(f"target {self.name}: provider {entry.id} precisions must be an object "
+                                f'{{"int8": speed factor, ...}}, got {entry.precisions!r}')
+            for precision, speed in entry.precisions.items():
+                where = f"target {self.name}: provider {entry.id} precision {precision!r}"
+                if precision not in REDUCED:
+                    raise UhopError(f"{where}: not one of {', '.join(REDUCED)} (fp32 is every provider's default)")
+                if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed > 0:
+                    raise UhopError(f"{where}: the speed factor {speed!r} must be a positive number")
+                if precision == "bf16" and entry.on_cpu and not set(BF16_ISA) & set(self.isa):
+                    raise UhopError(f"{where}: the CPU computes bf16 only with {' or '.join(BF16_ISA)} in the "
+                                    f"profile's isa ({', '.join(self.isa) or 'empty'}); add it, or drop bf16")
+        return self
 
 
 def builtin_targets() -> dict[str, dict[str, Any]]:
@@ -70,8 +111,9 @@ def target_from_json(data: dict[str, Any], where: str) -> Target:
     """A profile from its JSON form (a profile file's, or a bundle manifest's `target`)."""
     try:
         providers = [TargetProvider(**p) for p in data["providers"]]
-        return Target(name=data["name"], description=data.get("description", ""), arch=data["arch"],
-                      isa=list(data.get("isa", [])), memory_gb=float(data.get("memory_gb", 0)), providers=providers)
-    except (KeyError, TypeError) as error:
+        target = Target(name=data["name"], description=data.get("description", ""), arch=data["arch"],
+                        isa=list(data.get("isa", [])), memory_gb=float(data.get("memory_gb", 0)), providers=providers)
+    except (KeyError, TypeError, AttributeError) as error:
         raise UhopError(f"target profile {where!r} is incomplete or malformed ({error}); it needs name, "
-                        "arch and providers [{id, options, gflops, gbps, stage_ms}]") from None
+                        "arch and providers [{id, options, gflops, gbps, stage_ms, precisions}]") from None
+    return target.check()

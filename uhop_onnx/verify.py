@@ -1,5 +1,8 @@
 """`verify_bundle`: the signature (given a key) and hashes first, then every stage this host can run, against ONNX Runtime on the same inputs.
 
+Each stage and the outputs are held to the manifest's tolerances: `{"rtol", "atol"}` element by element, or a
+reduced-precision stage's `{"scaled": t}`, the precision gate's rule (`compare.compare_within`).
+
 Stages run in their own formats where the runtime is here; an `.rknn` stage runs in Rockchip's simulator and
 an aarch64 kernels stage in a static aarch64 driver under qemu, each rebuilt from the stage's ONNX the bundle
 carries; a stage nothing here can run is said so. The bundle runs through the runtime's `Executor`, each
@@ -21,7 +24,7 @@ import numpy as np
 from .bundle import KeySource, check_signature, load_stage
 from .bundle.manifest import check_files, read_manifest, unpacked
 from .bundle.signature import signed
-from .compare import compare_arrays
+from .compare import compare_within
 from .dtypes import TensorSig
 from .errors import BundleError, UhopError, first_line
 from .executor import Executor
@@ -55,8 +58,7 @@ def verify_bundle(path: str | os.PathLike, key: KeySource | None = None, allow_u
         report["stages"] = [{"index": k, "provider": stage["provider"], **c.entry}
                             for k, (stage, c) in enumerate(zip(manifest["stages"], checked))]
         expected = read_npz(folder / manifest["samples"]["outputs"])
-        tolerance = manifest["tolerance"]
-        report["outputs"] = {name: compare_arrays(got[name], want, tolerance["rtol"], tolerance["atol"])
+        report["outputs"] = {name: compare_within(got[name], want, manifest["tolerance"])
                              for name, want in expected.items()}
         report["unrun"] = not any(s["ran"] for s in report["stages"])
         report["ok"] = (all(s["ok"] is not False for s in report["stages"])
@@ -95,8 +97,7 @@ class Checked(Runner):
         except Exception as error:  # noqa: BLE001 - a failing stage is a failed check, reported
             self.entry = {"ran": True, "how": self.how, "ok": False, "error": first_line(error)}
             return reference
-        compared = {name: compare_arrays(results[name], reference[name], self.tolerance["rtol"],
-                                         self.tolerance["atol"]) if name in results else
+        compared = {name: compare_within(results[name], reference[name], self.tolerance) if name in results else
                     {"ok": False, "error": "missing from the stage's results"} for name in self.outputs}
         ok = all(c["ok"] for c in compared.values())
         self.entry = {"ran": True, "how": self.how, "ok": ok, "outputs": compared}

@@ -21,12 +21,14 @@ from typing import Any
 from uhop_onnx.errors import BundleError, BundleNotFound
 from uhop_onnx.providers import REGISTRY
 
-SCHEMA = "uhop-onnx.bundle/2"
+SCHEMA = "uhop-onnx.bundle/3"  # /3: stages' precisions, and tolerances of the precision gate's form
+READABLE = ("uhop-onnx.bundle/2", SCHEMA)  # a /2 manifest is a /3 one with fp32 stages only
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"  # Ed25519 over the manifest's bytes (see `signature`)
 MANIFEST_LIMIT = 16 << 20  # bytes: a manifest is JSON of names, hashes and small tables
 SIGNATURE_LIMIT = 4096
 FP32_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+PRECISIONS = ("fp32", "bf16", "fp16", "int8")  # what a stage runs at (as a plan's stages record it)
 
 __all__ = ["BundleError", "MANIFEST", "SCHEMA", "SIGNATURE", "check_files", "hash_files", "open_bundle",
            "read_checked", "read_manifest", "unpacked", "validate"]
@@ -63,7 +65,7 @@ def parse(data: bytes, where: object) -> dict[str, Any]:
         manifest = json.loads(data)
     except ValueError as error:
         raise BundleError(f"{where}: not valid JSON ({error})") from None
-    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
+    if not isinstance(manifest, dict) or manifest.get("schema") not in READABLE:
         found = manifest.get("schema") if isinstance(manifest, dict) else None
         raise BundleError(f"{where}: schema {found!r} is not {SCHEMA!r}; re-export the bundle")
     validate(manifest, where)
@@ -153,7 +155,14 @@ def _signatures(data: Mapping[str, Any], key: str, where: str) -> None:
 
 
 def _tolerance(data: Mapping[str, Any], key: str, where: str) -> None:
+    """`{"rtol", "atol"}` (element by element), or `{"scaled": t}`: the precision gate's rule, a reduced-precision
+    stage's and its bundle's outputs' (`max|y - ref| <= t * (1 + max|ref|)`)."""
     tolerance = _field(data, key, dict, where)
+    if "scaled" in tolerance:
+        value = _field(tolerance, "scaled", (int, float), f"{where}.{key}")
+        if not value > 0:
+            raise BundleError(f"{where}.{key}.scaled must be a number > 0, got {value!r}")
+        return
     for bound in ("rtol", "atol"):
         value = _field(tolerance, bound, (int, float), f"{where}.{key}")
         if not value >= 0:
@@ -180,6 +189,7 @@ def validate(manifest: Mapping[str, Any], where: object) -> None:
     _field(manifest, "target", dict, top)
     _field(manifest, "placement", str, top, optional=True)
     _field(manifest, "profile", dict, top, optional=True)
+    _field(manifest, "precision", dict, top, optional=True)
     _signatures(manifest, "inputs", top)
     _signatures(manifest, "outputs", top)
     _tolerance(manifest, "tolerance", top)
@@ -220,6 +230,13 @@ def validate(manifest: Mapping[str, Any], where: object) -> None:
         _field(stage, "runtime", dict, at, optional=True)
         _listed(files, _field(stage, "reference", str, at), f"{at}.reference")
         _tolerance(stage, "tolerance", at)
+        precision = _field(stage, "precision", str, at, optional=True)
+        if precision is not None and precision not in PRECISIONS:
+            raise BundleError(f"{at}.precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+        _field(stage, "gated", bool, at, optional=True)
+        built_from = _field(stage, "built_from", str, at, optional=True)
+        if built_from is not None:
+            _listed(files, built_from, f"{at}.built_from")
 
 
 # -- folders and archives ------------------------------------------------------------------------------------
