@@ -158,7 +158,7 @@ def _optimize(request: dict) -> None:
         print(json.dumps({"error": f"optimize: {error}"}))
         return
     seconds = time.perf_counter() - start
-    plan.save(request["out"])
+    plan.save(request["out"], report=False)
     print(json.dumps({"seconds": seconds, "stages": stage_labels(plan)}))
 
 

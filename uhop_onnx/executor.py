@@ -1,6 +1,7 @@
 """Running compiled stages in order as one model: feeds checked, tensors handed over, intermediates freed.
 
-Shared by `InferenceSession` and bundles; imports only numpy, so a board needs nothing else.
+The one routing loop: `compile_plan` (and so `InferenceSession`), bundles, the server, `verify` and the
+search's sample runs all use it; imports only numpy, so a board needs nothing else.
 """
 
 from __future__ import annotations

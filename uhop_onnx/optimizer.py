@@ -230,7 +230,7 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
             return plan
     plan = place_measured(analysis(), threads, budget=budget, profiler=profiler, progress=progress)
     try:
-        plan.save(folder)
+        plan.save(folder, report=False)  # the report is written where the user saves the plan
     except (UhopError, OSError) as error:  # a full disk, or another process caching the same plan
         log.warning("could not keep the plan in the cache at %s: %s", folder, error)
     plan.folder = None
