@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from functools import cached_property
-from importlib import import_module
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
@@ -329,17 +328,6 @@ def label(ident: str, options: Mapping[str, Any], precision: str) -> str:
     suffix = "" if precision == "fp32" else f"[{precision}{f'-{method}' if method else ''}]"
     return (f"{ident}:{device}" if device else ident) + suffix
 
-
-def missing_module(module: str, install: str) -> str | None:
-    """Why `module` cannot be imported on this host, with its install command; None when it can. Any
-    exception while importing it counts (a broken install is as absent as a missing one)."""
-    try:
-        import_module(module)
-    except ImportError as error:
-        return f"{module} is not installed on this host ({error}); {install}"
-    except Exception as error:  # noqa: BLE001 - a broken runtime fails in any way
-        return f"{module} cannot be imported on this host ({type(error).__name__}: {first_line(error)}); {install}"
-    return None
 
 
 def output_dtypes(model: onnx.ModelProto) -> dict[str, np.dtype]:

@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from .base import Absent, Artifact, Pool, Provider, Runner, missing_module, output_dtypes
+from uhop_onnx.errors import missing_module
+
+from .base import Absent, Artifact, Pool, Provider, Runner, output_dtypes
 from .capability import CapabilityTable, OpRule, Support
 
 if TYPE_CHECKING:

@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from uhop_onnx.cache import cache_dir
-from uhop_onnx.errors import first_line
+from uhop_onnx.errors import first_line, missing_module
 from uhop_onnx.files import atomic_file
 from uhop_onnx.inputs import feeds_digest
 
-from .base import missing_module
 
 if TYPE_CHECKING:
     import onnx

@@ -1,6 +1,7 @@
 """The exceptions uhop-onnx raises: one small tree under `UhopError`."""
 
 import re
+from importlib import import_module
 
 
 class UhopError(Exception):
@@ -82,6 +83,18 @@ def first_line(error: BaseException, limit: int = 400) -> str:
     lines = [line.strip() for line in str(error).splitlines()]
     said = [line for line in lines if line and not _LOCATION.fullmatch(line)]
     return (said or [type(error).__name__])[0][:limit]
+
+
+def missing_module(module: str, install: str) -> str | None:
+    """Why `module` cannot be imported on this host, with its install command; None when it can. Any
+    exception while importing it counts (a broken install is as absent as a missing one)."""
+    try:
+        import_module(module)
+    except ImportError as error:
+        return f"{module} is not installed on this host ({error}); {install}"
+    except Exception as error:  # noqa: BLE001 - a broken runtime fails in any way
+        return f"{module} cannot be imported on this host ({type(error).__name__}: {first_line(error)}); {install}"
+    return None
 
 
 _LOCATION = re.compile(r"Exception from \S+:\d+:")

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from uhop_onnx.cache import JsonTable, cache_dir
-from uhop_onnx.errors import CheckError, ProviderError
+from uhop_onnx.errors import CheckError, ProviderError, missing_module
 from uhop_onnx.files import atomic_file
 from uhop_onnx.inputs import free_inputs
 
-from ..base import Absent, Artifact, PerShapeRunner, Provider, Runner, missing_module
+from ..base import Absent, Artifact, PerShapeRunner, Provider, Runner
 from ..capability import Support
 from . import delegates
 from .runner import LiteRtRunner, interpreter_module
