@@ -232,7 +232,8 @@ def test_export_refuses_an_existing_output(tmp_path):
 
 
 def test_runner_needs_only_numpy_and_the_named_runtime(x86_bundle, tmp_path):
-    """Our wheel installed with --no-deps beside numpy and onnxruntime alone runs the bundle."""
+    """Our wheel installed with --no-deps beside numpy and onnxruntime alone runs the bundle, and a bundle of
+    int8 stages (QDQ `.onnx`) within the tolerance it was gated with."""
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels),
                     str(ROOT)], check=True, timeout=600)
@@ -253,3 +254,18 @@ def test_runner_needs_only_numpy_and_the_named_runtime(x86_bundle, tmp_path):
     assert missing.returncode != 0, "the board environment must not have onnx"
     with np.load(tmp_path / "out.npz") as got:
         assert_matches([got["output"]], reference(model, feeds))
+
+    small = cnn()
+    calibration = {"input": np.random.default_rng(1).standard_normal((8, 3, 32, 32)).astype(np.float32)}
+    int8 = uhop_onnx.export_bundle(small, "x86-64-v4", tmp_path / "int8", providers=["ort-cpu"], precision="int8",
+                                   tolerance=5e-2, calibration=calibration)
+    assert [s["precision"] for s in json.loads((int8 / "manifest.json").read_text())["stages"]] == ["int8"]
+    feeds = random_feeds(small, seed=6)
+    np.savez(tmp_path / "in8.npz", **feeds)
+    result = subprocess.run([python, "-m", "uhop_onnx.bundle", "run", str(int8), "--inputs", str(tmp_path / "in8.npz"),
+                             "--output", str(tmp_path / "out8.npz")], capture_output=True, text=True, timeout=300,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    with np.load(tmp_path / "out8.npz") as got:
+        want = reference(small, feeds)[0]
+        assert 0 < np.abs(got["output"] - want).max() <= 5e-2 * (1 + np.abs(want).max())

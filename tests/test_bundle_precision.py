@@ -212,3 +212,45 @@ def test_rknn_int8_bundle_carries_its_calibration(tmp_path):
         assert data[INPUT].shape == (4, 1, 3, 32, 32)
     report = uhop_onnx.verify_bundle(bundle)
     assert report["ok"] and "simulator" in report["stages"][0]["how"], report
+
+
+def test_a_bundle_of_the_previous_schema_still_loads(tmp_path):
+    """A `uhop-onnx.bundle/2` manifest (fp32 stages, rtol/atol tolerances) is a /3 one."""
+    bundle = uhop_onnx.export_bundle(cnn(), "x86-64", tmp_path / "b", providers=["ort-cpu"])
+    manifest = manifest_of(bundle)
+    assert manifest["schema"] == "uhop-onnx.bundle/3"
+    (bundle / "manifest.json").write_text(json.dumps({**manifest, "schema": "uhop-onnx.bundle/2"}))
+    feeds = {INPUT: samples(1, seed=5)[INPUT]}
+    np.testing.assert_allclose(uhop_onnx.load_bundle(bundle).run(None, feeds)[0], reference(cnn(), feeds)[0],
+                               rtol=1e-4, atol=1e-5)
+    assert uhop_onnx.verify_bundle(bundle)["ok"]
+
+
+def test_without_shapes_the_bundle_is_sized_by_the_calibration_samples(tmp_path):
+    """A model with free spatial dimensions: none given, the calibration samples' shapes are the bundle's."""
+    model = cnn()
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_param = "height", "width"
+    with pytest.raises(uhop_onnx.UhopError, match="height"):
+        uhop_onnx.export_bundle(model, "x86-64-v4", tmp_path / "none", providers=["openvino"], precision="bf16")
+    bundle = uhop_onnx.export_bundle(model, "x86-64-v4", tmp_path / "b", providers=["openvino"], precision="bf16",
+                                     calibration=samples(4, seed=1))
+    manifest = manifest_of(bundle)
+    assert manifest["shapes"] == {INPUT: [1, 3, 32, 32]}
+    assert [s["precision"] for s in manifest["stages"]] == ["bf16"]
+    with np.load(bundle / manifest["samples"]["inputs"]) as data:
+        assert data[INPUT].shape == (1, 3, 32, 32)
+
+
+def test_measured_on_the_board_the_search_and_its_gate_decide(tmp_path):
+    """measure=True: this host is the board; the measured search over its variants chooses, gated as optimize."""
+    bundle = uhop_onnx.export_bundle(cnn(), "x86-64-v4", tmp_path / "b", providers=["openvino"], measure=True,
+                                     budget=2, precision="bf16", calibration=samples(4, seed=1))
+    manifest = manifest_of(bundle)
+    assert manifest["placement"] == "measured on this host for target x86-64-v4"
+    assert {c["stages"] for c in manifest["profile"]["candidates"].values()} >= {"openvino:CPU[bf16] x13",
+                                                                                "openvino:CPU x13"}
+    for stage in manifest["stages"]:
+        assert stage["tolerance"] == ({"scaled": 1e-2} if stage["precision"] != "fp32" else {"rtol": 1e-4,
+                                                                                           "atol": 1e-5})
+    assert uhop_onnx.verify_bundle(bundle)["ok"]
