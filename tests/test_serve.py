@@ -316,6 +316,18 @@ def test_a_failing_stage_is_a_500_error_and_counted(tmp_path):
         np.testing.assert_array_equal(client.infer("adder", feeds).as_numpy("sum"), np.full(3, 3, np.float32))
 
 
+def test_the_local_app_closes_every_stage_runner_of_its_replicas(plan, monkeypatch):
+    from uhop_onnx.providers import Runner
+    from uhop_onnx.serve.local import local_app
+
+    closed: list[Runner] = []
+    monkeypatch.setattr(Runner, "close", lambda runner: closed.append(runner))
+    app = local_app(plan, "mlp", replicas=2)
+    assert not closed
+    app.state.replicas.close()  # as `run_local` does once the server stopped
+    assert len(closed) == 2 * len(plan.stages) == len(set(map(id, closed)))
+
+
 def test_serve_command_on_a_model_file_names_the_model_after_its_stem(tmp_path, model):
     path = tmp_path / "tiny_mlp.onnx"
     onnx.save(model, path)

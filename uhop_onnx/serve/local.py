@@ -23,12 +23,17 @@ def local_app(plan: Plan, name: str, replicas: int = 1, threads: int | None = No
     served = Replicas(executors, plan.inputs, plan.outputs, metrics, limits.max_batch)
     if served.batch:
         served.submit = Batcher(served.run_jobs, limits.max_batch, limits.max_delay_ms / 1e3, replicas).submit
-    return create_app(served, name, limits)
+    app = create_app(served, name, limits)
+    app.state.replicas = served  # closed by `run_local` once the server stopped
+    return app
 
 
 def run_local(app: Starlette, host: str, port: int, limits: Limits = Limits()) -> None:
     """Serve until SIGINT or SIGTERM; then stop accepting, answer what was accepted (for at most
-    `limits.timeout_s`), and return."""
+    `limits.timeout_s`), close the stages' runners, and return."""
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=limits.timeout_s)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=limits.timeout_s)
+    finally:
+        app.state.replicas.close()

@@ -76,10 +76,17 @@ class Replicas:
                         "unbatched", metrics.model)
         self.capacity = len(executors) * (max_batch if self.batch else 1)
         self.submit: Callable[[Job], Awaitable[dict[str, np.ndarray] | Exception]] | None = None
+        self._executors = list(executors)
         self._free: asyncio.Queue[Executor] = asyncio.Queue()
         for executor in executors:
             self._free.put_nowait(executor)
         self._threads = ThreadPoolExecutor(len(executors), thread_name_prefix="uhop-serve")
+
+    def close(self) -> None:
+        """Wait for the runs under way, then close every executor (and so every stage's runner)."""
+        self._threads.shutdown(wait=True)
+        for executor in self._executors:
+            executor.close()
 
     async def infer(self, feeds: dict[str, np.ndarray], wanted: list[str]) -> dict[str, np.ndarray]:
         """The outputs `wanted` for one request; what the run raised, for this request alone."""
