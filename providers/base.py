@@ -162,6 +162,8 @@ class Provider(ABC):
     table: ClassVar[CapabilityTable]
     # The format its stages take in a bundle (`Artifact.format`: "onnx", "openvino-ir"...); None: it writes none.
     artifact_format: ClassVar[str | None] = None
+    # The precisions its `export` writes a stage at (fp32: its default one), whatever this host computes.
+    bundle_precisions: ClassVar[tuple[str, ...]] = ("fp32",)
     simulator_name: ClassVar[str] = ""  # what `simulator()` runs its stages in, as reports name it
     # option -> the type its value must have (as pydantic reads a type), checked when a plan file is read
     option_types: ClassVar[dict[str, Any]] = {}

@@ -133,6 +133,7 @@ class OpenVino(Provider):
     install = "pip install openvino"
     table = OPENVINO_TABLE
     artifact_format = "openvino-ir"
+    bundle_precisions = ("fp32", "bf16", "fp16", "int8")  # the inference precision hint; int8: the QDQ model's IR
     option_types = {"device": str, "quantization": Literal["nncf", "static"]}
 
     @property

@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -21,6 +22,7 @@ import numpy as np
 
 from uhop_onnx.cache import JsonTable, cache_dir
 from uhop_onnx.errors import ProviderError, first_line
+from uhop_onnx.files import atomic_file
 
 from .base import Absent, Artifact, Provider, Runner
 from .capability import CapabilityTable, Support
@@ -158,8 +160,14 @@ class OrtProvider(Provider):
                                 "(load_bundle(path, key=...))")
         if options["ep"] not in ort.get_available_providers():
             raise ImportError(f"this onnxruntime ({ort.__version__}) has no {options['ep']}")
-        entry = (options["ep"], options["ep_options"]) if options.get("ep_options") else options["ep"]
+        ep_options = cls.board_options(folder, artifact)
+        entry = (options["ep"], ep_options) if ep_options else options["ep"]
         return OrtRunner((folder / artifact["files"][0]).read_bytes(), [entry], threads, exclusive)
+
+    @classmethod
+    def board_options(cls, folder: Path, artifact: Mapping[str, Any]) -> dict[str, Any]:
+        """The EP options a bundle's stage is loaded with on this host: those it was exported with."""
+        return dict(artifact["options"].get("ep_options") or {})
 
 
 def _refusals(entry: Any) -> None:
@@ -175,6 +183,7 @@ class OrtCpu(OrtProvider):
 
     id = "ort-cpu"
     ep = "CPUExecutionProvider"
+    bundle_precisions = ("fp32", "int8")  # int8: the QDQ model
     install = "pip install onnxruntime"
     option_types = {"quantization": Literal["static", "dynamic"]}
 
@@ -346,6 +355,7 @@ class OrtGpuProvider(OrtProvider):
 
 class OrtCuda(OrtGpuProvider):
     id = "ort-cuda"
+    bundle_precisions = ("fp32", "fp16")  # fp16: the float16 model
     eps = ("CUDAExecutionProvider",)
     package = "onnxruntime-gpu"
     install = "pip install onnxruntime-gpu"
@@ -379,6 +389,7 @@ class OrtTensorRT(OrtGpuProvider):
     TABLE_KEY = "uhop.trt_int8_calibration_table"
 
     id = "ort-tensorrt"
+    bundle_precisions = ("fp32", "fp16", "int8")  # EP options; int8 with its calibration table
     eps = ("TensorrtExecutionProvider",)
     package = "onnxruntime-gpu"
     install = "pip install onnxruntime-gpu tensorrt"
@@ -435,6 +446,37 @@ class OrtTensorRT(OrtGpuProvider):
                                     f"not in the engine cache {self.engine_cache}; optimize again with calibration=...")
             options |= {"trt_int8_enable": True, "trt_int8_calibration_table_name": table,
                         "trt_int8_use_native_calibration_table": False}
+        return options
+
+    def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
+        """The stage as for any ONNX Runtime EP; an int8 one carries its calibration table too
+        (`stem.calibration.flatbuffers`), which TensorRT reads from the engine cache on the board."""
+        artifact = super().export(model, folder, stem)
+        if self.precision != "int8":
+            return artifact
+        import shutil
+
+        table = f"{stem}.calibration.flatbuffers"
+        shutil.copyfile(self.engine_cache / artifact.options["ep_options"]["trt_int8_calibration_table_name"],
+                        folder / table)
+        return replace(artifact, files=[*artifact.files, table])
+
+    @classmethod
+    def board_options(cls, folder: Path, artifact: Mapping[str, Any]) -> dict[str, Any]:
+        """The exported options with this host's engine cache (`trt_engine_cache_path` and the timing cache are
+        left out of a bundle); an int8 stage's calibration table, carried by the bundle, is copied there under
+        the name the options give it."""
+        options = super().board_options(folder, artifact)
+        cache = cls().engine_cache
+        cache.mkdir(parents=True, exist_ok=True)
+        for key in ("trt_engine_cache", "trt_timing_cache"):
+            if options.get(f"{key}_enable"):
+                options[f"{key}_path"] = str(cache)
+        table = options.get("trt_int8_calibration_table_name")
+        if table:
+            carried = next(f for f in artifact["files"] if f.endswith(".calibration.flatbuffers"))
+            with atomic_file(cache / table, "wb") as handle:
+                handle.write((folder / carried).read_bytes())
         return options
 
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:

@@ -254,3 +254,30 @@ def test_measured_on_the_board_the_search_and_its_gate_decide(tmp_path):
         assert stage["tolerance"] == ({"scaled": 1e-2} if stage["precision"] != "fp32" else {"rtol": 1e-4,
                                                                                            "atol": 1e-5})
     assert uhop_onnx.verify_bundle(bundle)["ok"]
+
+
+def test_a_precision_a_bundle_format_cannot_hold_is_named(tmp_path):
+    profile = target_from_json({"name": "mine", "arch": "x86_64", "isa": ["avx2"], "providers": [
+        {"id": "kernels", "options": {"arch": "x86_64"}, "precisions": {"int8": 2.0}}]}, "mine")
+    with pytest.raises(uhop_onnx.UhopError, match="declares kernels at int8, which its bundle stages"):
+        uhop_onnx.export_bundle(cnn(), profile, tmp_path / "b", precision="int8", calibration=samples(2, seed=1))
+    assert not (tmp_path / "b").exists()
+
+
+def test_tensorrt_int8_carries_its_calibration_table(tmp_path, monkeypatch):
+    """By configuration (no GPU here): the table ONNX Runtime's TensorRT EP reads is in the bundle, and the
+    board's loader puts it in its engine cache under the name the stage's EP options give it."""
+    from uhop_onnx.providers.ort import OrtTensorRT
+
+    bundle = uhop_onnx.export_bundle(cnn(), "jetson-orin", tmp_path / "b", providers=["ort-tensorrt"],
+                                     precision="int8", tolerance=5e-2, calibration=samples(4, seed=1))
+    [stage] = manifest_of(bundle)["stages"]
+    assert (stage["precision"], stage["gated"]) == ("int8", False)
+    options = stage["artifact"]["options"]["ep_options"]
+    assert options["trt_int8_enable"] and not any(k.endswith("_path") for k in options)
+    [table] = [f for f in stage["artifact"]["files"] if f.endswith(".calibration.flatbuffers")]
+    monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path / "board-cache"))
+    loaded = OrtTensorRT.board_options(bundle, stage["artifact"])
+    assert loaded["trt_engine_cache_path"] == str(tmp_path / "board-cache" / "tensorrt")
+    placed = tmp_path / "board-cache" / "tensorrt" / options["trt_int8_calibration_table_name"]
+    assert placed.read_bytes() == (bundle / table).read_bytes() and placed.stat().st_size > 0

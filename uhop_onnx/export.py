@@ -50,7 +50,7 @@ from .partitioner.extract import extract
 from .partitioner.placer import Analysis
 from .partitioner.static import StaticCost
 from .plan import Plan, Stage
-from .precision import check_choice, errors, gate, read_calibration
+from .precision import check_choice, errors, gate, read_calibration, wanted
 from .providers import Provider, Runner, create
 from .providers.base import Artifact
 from .samples import reference_outputs
@@ -106,7 +106,7 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
     else:
         if precision != "fp32":
             progress("preparing the target's reduced-precision variants and the fp32 reference")
-            declared = {p.label: ["fp32", *e.precisions] for p, e in zip(a.providers, entries)}
+            declared = _declared(a, entries, precision, profile)
             a = with_precisions(a, precision, tolerance, samples, offered=lambda p: declared[p.label])
         progress("placing for the target with its static cost model")
         models = {label: e.at(a.provider(label).precision) for label, e in _entries(a, entries).items()}
@@ -132,6 +132,21 @@ class Gated:
     accuracy: dict[str, Any] | None
     ungated: list[int]
     rejected: list[dict[str, Any]]
+
+
+def _declared(a: Analysis, entries: Sequence[TargetProvider], choice: str, profile: Target) -> dict[str, list[str]]:
+    """Per provider of `a` (`entries` are their profile entries), the precisions the profile declares for it,
+    fp32 first; one that competes under `choice` and that its bundle stages cannot hold is a `ProviderError`."""
+    declared = {}
+    for provider, entry in zip(a.providers, entries):
+        offered = ["fp32", *entry.precisions]
+        unheld = [p for p in wanted(choice, offered) if p not in provider.bundle_precisions]
+        if unheld:
+            raise ProviderError(f"target {profile.name} declares {provider.id} at {', '.join(unheld)}, which its "
+                                f"bundle stages ({provider.artifact_format}) cannot hold (they hold "
+                                f"{', '.join(provider.bundle_precisions)}); drop it from the profile's precisions")
+        declared[provider.label] = offered
+    return declared
 
 
 def _entries(a: Analysis, entries: Sequence[TargetProvider]) -> dict[str, TargetProvider]:

@@ -58,6 +58,7 @@ class LiteRt(Provider):
     install = "pip install 'uhop-onnx[litert]'  (ai-edge-litert and tflite)"
     table = LITERT_TABLE
     artifact_format = "tflite"
+    bundle_precisions = ("fp32", "fp16", "int8")  # fp16 weights; full-integer int8
     option_types = {"delegate": str, "delegate_options": dict[str, str | int | float | bool], "allow_fallback": bool,
                     "fp16": bool}
     static_shapes = True

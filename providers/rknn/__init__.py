@@ -60,6 +60,7 @@ class Rknn(Provider):
     install = "pip install rknn-toolkit-lite2"  # on the board; a host's absences name `uhop-onnx setup rknn`
     table = RKNN_TABLE
     artifact_format = "rknn"
+    bundle_precisions = ("fp32", "fp16", "int8")  # fp32: its default dtype (fp16, the NPU has no fp32)
     simulator_name = "the RKNN simulator"
     option_types = {"target": str, "dtype": str, "calibration": str, "core_mask": str, "simulate": bool}
     static_shapes = True
