@@ -76,6 +76,7 @@ def test_bf16_bundle_carries_its_precision_and_the_gate_tolerance(tmp_path):
     report = uhop_onnx.verify_bundle(bundle)
     assert report["ok"], report
     assert report["stages"][0]["ran"] and report["stages"][0]["how"] == "openvino-ir natively"
+    assert (report["stages"][0]["precision"], report["stages"][0]["tolerance"]) == ("bf16", {"scaled": 1e-2})
     failed = tightened(bundle, tmp_path)
     assert not failed["ok"] and failed["stages"][0]["ok"] is False
 
@@ -176,6 +177,8 @@ def test_cli_export_at_bf16(tmp_path):
     assert result.exit_code == 0, result.output
     [stage] = manifest_of(tmp_path / "b")["stages"]
     assert (stage["precision"], stage["tolerance"]) == ("bf16", {"scaled": 0.02})
+    verified = CliRunner().invoke(app, ["verify", str(tmp_path / "b")])
+    assert verified.exit_code == 0 and "openvino[bf16]" in verified.output, verified.output
 
 
 def test_litert_int8_bundle_is_full_integer(tmp_path):

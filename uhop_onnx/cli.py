@@ -648,7 +648,8 @@ def verify(bundle: Annotated[Path, typer.Argument(help="A bundle folder or .tar.
         for s in report["stages"]:
             result = {True: "[green]match[/]", False: f"[red]mismatch[/] {escape(s.get('error', ''))}",
                       None: "not checked"}[s["ok"]]
-            table.add_row(str(s["index"]), escape(s["provider"]), "yes" if s["ran"] else "no", escape(s["how"]), result)
+            label = s["provider"] + ("" if s.get("precision", "fp32") == "fp32" else f"[{s['precision']}]")
+            table.add_row(str(s["index"]), escape(label), "yes" if s["ran"] else "no", escape(s["how"]), result)
         if report["stages"]:
             out.print(table)
         for name, o in (report["outputs"] or {}).items():

@@ -55,7 +55,8 @@ def verify_bundle(path: str | os.PathLike, key: KeySource | None = None, allow_u
                                 [TensorSig(**t) for t in manifest["inputs"]], [t["name"] for t in manifest["outputs"]],
                                 constants)
             got = dict(zip(executor.outputs, executor.run(None, read_npz(folder / manifest["samples"]["inputs"]))))
-        report["stages"] = [{"index": k, "provider": stage["provider"], **c.entry}
+        report["stages"] = [{"index": k, "provider": stage["provider"], "precision": stage.get("precision", "fp32"),
+                             "tolerance": stage["tolerance"], **c.entry}
                             for k, (stage, c) in enumerate(zip(manifest["stages"], checked))]
         expected = read_npz(folder / manifest["samples"]["outputs"])
         report["outputs"] = {name: compare_within(got[name], want, manifest["tolerance"])
