@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from uhop_onnx import InferenceSession, optimize  # noqa: E402
 from uhop_onnx.bench import raw  # noqa: E402
+from uhop_onnx.errors import UhopError, first_line  # noqa: E402
 from uhop_onnx.measure import Candidate, time_candidates  # noqa: E402
 from uhop_onnx.graph import Graph  # noqa: E402
 from uhop_onnx.models import encoder, mobilenetv2, resnet50  # noqa: E402
@@ -83,8 +84,12 @@ def bench_model(name: str, work: Path, rounds: int, budget: float, threads: int 
     np.savez(work / f"{name}-calibration.npz", **{n: np.concatenate([s[n] for s in samples]) for n in graph.inputs})
     references = [reference_outputs(str(path), x) for x in checked]
     calibration = Calibration(model, samples)
-    plans = {label: one_stage(path, spec, precision, method, calibration, work / f"{name}-{label.replace(' ', '-')}")
-             for label, (spec, precision, method) in ONE_STAGE.items()}
+    plans, failed = {}, {}
+    for label, (spec, precision, method) in ONE_STAGE.items():
+        try:
+            plans[label] = one_stage(path, spec, precision, method, calibration, work / f"{name}-{label.replace(' ', '-')}")
+        except UhopError as error:  # a runtime that cannot build this model at that precision is a row saying so
+            failed[label] = first_line(error)
     started = time.perf_counter()
     plan = optimize(path, precision="auto", tolerance=TOLERANCE, calibration=work / f"{name}-calibration.npz",
                     budget=budget, threads=threads)
@@ -105,7 +110,19 @@ def bench_model(name: str, work: Path, rounds: int, budget: float, threads: int 
         rows.append({"model": name, "candidate": c.name, "ms": f["ms"], "speedup": base / f["ms"] if f["ms"] else None,
                      "stages": f.get("stages", []), "error": f.get("error"), **e})
     rows[-1]["optimize_seconds"] = round(seconds, 1)
-    return rows
+    return rows + [{"model": name, "candidate": label, "ms": None, "speedup": None, "stages": [], "error": why,
+                    "within": False, "max_abs_error": float("nan"), "cosine": float("nan")} for label, why in failed.items()]
+
+
+def print_rows(rows: list[dict]) -> None:
+    for r in rows:
+        ms = f"{r['ms']:.2f}" if r["ms"] else f"failed: {r['error']}"
+        speed = f"{r['speedup']:.2f}x" if r["speedup"] else ""
+        top1 = "" if "top1_agrees" not in r else "yes" if r["top1_agrees"] else "no"
+        stages = " > ".join(r["stages"]) if r["stages"] else "raw runtime" if r["ms"] else ""
+        seconds = f" (optimize {r['optimize_seconds']} s)" if "optimize_seconds" in r else ""
+        print(f"| {r['model']} | {r['candidate']}{seconds} | {ms} | {speed} | {r['max_abs_error']:.2g} | "
+              f"{r['cosine']:.6f} | {top1} | {'yes' if r['within'] else 'no'} | {stages} |", flush=True)
 
 
 def main(models: str = typer.Option(",".join(MODELS), help="Comma-separated: " + ", ".join(MODELS)),
@@ -115,20 +132,14 @@ def main(models: str = typer.Option(",".join(MODELS), help="Comma-separated: " +
          output: Path | None = typer.Option(None, help="Write the rows as JSON here.")) -> None:
     logging.basicConfig(level=logging.WARNING)
     rows = []
+    print("| model | candidate | ms | vs ORT fp32 | max abs error | cosine | top-1 | within 1e-2 | stages |")
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
     with tempfile.TemporaryDirectory(prefix="uhop-precision-") as work:
         os.environ["UHOP_CACHE_DIR"] = str(Path(work) / "cache")  # a cold cache: optimize measures everything
         for name in models.split(","):
-            rows += bench_model(name, Path(work), rounds, budget, threads)
-    print("| model | candidate | ms | vs ORT fp32 | max abs error | cosine | top-1 | within 1e-2 | stages |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        ms = f"{r['ms']:.2f}" if r["ms"] else f"failed: {r['error']}"
-        speed = f"{r['speedup']:.2f}x" if r["speedup"] else ""
-        top1 = "" if "top1_agrees" not in r else "yes" if r["top1_agrees"] else "no"
-        stages = " > ".join(r["stages"]) if r["stages"] else "raw runtime"
-        seconds = f" (optimize {r['optimize_seconds']} s)" if "optimize_seconds" in r else ""
-        print(f"| {r['model']} | {r['candidate']}{seconds} | {ms} | {speed} | {r['max_abs_error']:.2g} | "
-              f"{r['cosine']:.6f} | {top1} | {'yes' if r['within'] else 'no'} | {stages} |")
+            model_rows = bench_model(name, Path(work), rounds, budget, threads)
+            print_rows(model_rows)
+            rows += model_rows
     if output:
         output.write_text(json.dumps(rows, indent=2) + "\n")
 
