@@ -495,19 +495,19 @@ def _set(path: str, value):
 
 
 @pytest.mark.parametrize("path, value, message", [
-    ("stages", {}, r"field stages: Input should be a valid list"),
+    ("stages", {}, r"field stages: Input should be a valid array"),
     ("stages", [], r"field stages: List should have at least 1 item"),
     ("stages.0.file", KeyError, r"field stages\[0\]\.file: Field required"),
     ("stages.0.file", "../../outside.onnx", r"field stages\[0\]\.file: '\.\./\.\./outside\.onnx' must be a plain"),
     ("stages.0.file", "/etc/passwd", r"field stages\[0\]\.file: '/etc/passwd' must be a plain"),
     ("stages.0.sha256", "0" * 10, r"field stages\[0\]\.sha256: String should match"),
-    ("stages.0.nodes", "Gemm", r"field stages\[0\]\.nodes: Input should be a valid list"),
+    ("stages.0.nodes", "Gemm", r"field stages\[0\]\.nodes: Input should be a valid array"),
     ("stages.0.options", {"tune": "yes"}, r"field stages\[0\]\.options: kernels option 'tune' must be bool"),
     ("stages.0.options", {"spin": True}, r"field stages\[0\]\.options: kernels has no option 'spin'"),
     ("stages.0.cost_ms", "fast", r"field stages\[0\]\.cost_ms: Input should be a valid number"),
     ("stages.0.extra", 1, r"field stages\[0\]\.extra: Extra inputs are not permitted"),
     ("inputs.0.shape", "1x64", r"field inputs\[0\]\.shape"),
-    ("inputs.0", 3, r"field inputs\[0\]: Input should be a valid dictionary"),
+    ("inputs.0", 3, r"field inputs\[0\]: Input should be an object"),
     ("model", KeyError, r"field model: Field required"),
     ("threads", 0, r"field threads: Input should be greater than or equal to 1"),
     ("profile", {"chosen": 3}, r"field profile\.chosen: Input should be a valid string"),

@@ -27,7 +27,8 @@ from .partitioner.partition import partition
 from .partitioner.placement import FirstSupported
 from .partitioner.placer import Analysis, Choice, Placement, Precision
 from .partitioner.search import Search, in_process
-from .plan import PLAN_FILE, ModelMetadata, Plan, Stage
+from .metadata import ModelMetadata
+from .plan import PLAN_FILE, Plan, Stage
 from .precision import check_choice, check_samples, errors, gate, read_calibration, wanted
 from .providers import (
     LAST_RESORT,

@@ -21,31 +21,12 @@ from .errors import PlanError
 from .providers.base import label
 from .files import new_folder, read_npz
 from .dtypes import TensorSig
+from .metadata import ModelMetadata
 from .samples import shapes_text
 
 SCHEMA = "uhop-onnx.plan/2"
 PLAN_FILE = "plan.json"
 CONSTANTS_FILE = "constants.npz"
-
-
-@dataclass(frozen=True)
-class ModelMetadata:
-    """The model's own description, as onnxruntime's `ModelMetadata` gives it."""
-
-    producer_name: str = ""
-    graph_name: str = ""
-    domain: str = ""
-    description: str = ""
-    graph_description: str = ""
-    version: int = 0
-    custom_metadata_map: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, model) -> ModelMetadata:
-        """The metadata of an `onnx.ModelProto`; an unset version is the largest int64, as onnxruntime says."""
-        version = model.model_version if model.HasField("model_version") else 2**63 - 1
-        return cls(model.producer_name, model.graph.name, model.domain, model.doc_string, model.graph.doc_string,
-                   version, {p.key: p.value for p in model.metadata_props})
 
 
 Dims = list[int | None] | None  # an output's dimensions (None where free); None when its rank is unknown
@@ -275,7 +256,7 @@ class Plan:
             profile=data.profile.model_dump() if data.profile else None,
             constants=constants,
             threads=data.threads,
-            metadata=ModelMetadata(**data.model.metadata.model_dump()),
+            metadata=data.model.metadata,
             fallbacks={int(k): v.model_dump() for k, v in data.fallbacks.items()},
             replaced=[r.model_dump() for r in data.replaced],
             shapes=data.shapes,

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator
 
 from .errors import PlanError
+from .metadata import ModelMetadata
 
 SHA256 = r"^[0-9a-f]{64}$"
 
@@ -23,22 +24,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class Metadata(_Strict):
-    """The model's own description (`plan.ModelMetadata`)."""
-
-    producer_name: str = ""
-    graph_name: str = ""
-    domain: str = ""
-    description: str = ""
-    graph_description: str = ""
-    version: int = 0
-    custom_metadata_map: dict[str, str] = {}
-
-
 class ModelRef(_Strict):
     name: str
     sha256: str
-    metadata: Metadata = Metadata()
+    metadata: ModelMetadata = ModelMetadata()  # validated field by field, as strictly as the rest
 
 
 class Fallback(_Strict):
@@ -189,7 +178,7 @@ def parse(text: str | bytes, where: object, schema: str, allowed_delegates: Iter
     if found != schema:
         raise PlanError(f"{where}: schema {found!r} is not {schema!r}; re-run `uhop-onnx optimize`")
     try:
-        return PlanFile.model_validate(data, context={"allowed_delegates": list(allowed_delegates)})
+        return PlanFile.model_validate_json(text, context={"allowed_delegates": list(allowed_delegates)})
     except ValidationError as error:
         first = error.errors()[0]
         field = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"]).lstrip(".")

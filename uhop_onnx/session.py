@@ -22,7 +22,8 @@ from .errors import FreeDimensionError, InputError
 from .executor import Timing
 from .files import atomic_file
 from .graph import TensorInfo
-from .plan import PLAN_FILE, ModelMetadata, Plan
+from .metadata import ModelMetadata
+from .plan import PLAN_FILE, Plan
 from .runtime import compile_plan
 
 log = logging.getLogger(__name__)
