@@ -284,3 +284,16 @@ def test_tensorrt_int8_carries_its_calibration_table(tmp_path, monkeypatch):
     assert loaded["trt_engine_cache_path"] == str(tmp_path / "board-cache" / "tensorrt")
     placed = tmp_path / "board-cache" / "tensorrt" / options["trt_int8_calibration_table_name"]
     assert placed.read_bytes() == (bundle / table).read_bytes() and placed.stat().st_size > 0
+
+
+def test_tune_competes_the_bundles_precision_again(tmp_path):
+    """On the board, `tune` measures again at the bundle's precision and tolerance."""
+    bundle = uhop_onnx.export_bundle(cnn(), "x86-64-v4", tmp_path / "b", providers=["openvino"], precision="bf16",
+                                     tolerance=2e-2, calibration=samples(4, seed=1))
+    tuned = uhop_onnx.tune_bundle(bundle, tmp_path / "tuned", budget=2)
+    manifest = manifest_of(tuned)
+    assert manifest["placement"] == "measured on this host for target x86-64-v4"
+    assert (manifest["precision"]["choice"], manifest["precision"]["tolerance"]) == ("bf16", 2e-2)
+    labels = {c["stages"] for c in manifest["profile"]["candidates"].values()}
+    assert any("[bf16]" in stages for stages in labels), labels
+    assert uhop_onnx.verify_bundle(tuned)["ok"]

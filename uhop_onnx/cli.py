@@ -593,14 +593,15 @@ def tune(bundle: Annotated[Path, typer.Argument(help="A bundle folder or .tar.gz
          budget: Annotated[float, typer.Option("--budget", min=0, help="Seconds the measured search may spend "
                                                "improving the plan.")] = 60.0,
          shape: MeasuredShapeOption = None, inputs: MeasuredInputsOption = None,
-         as_json: JsonOption = False) -> None:
+         calibration: CalibrationOption = None, as_json: JsonOption = False) -> None:
     """On the board: place a bundle's model again by measuring it here (on the bundle's sample inputs unless
-    --shape or --inputs says otherwise), and write the new bundle."""
+    --shape or --inputs says otherwise), and write the new bundle; a reduced-precision bundle's precision and
+    tolerance compete again (int8 only with --calibration)."""
     from .export import tune_bundle
 
     with _steps("tuning", not as_json) as step:
         written = tune_bundle(bundle, output, threads=threads, budget=budget, progress=step,
-                              **_measured_at(shape, inputs))
+                              calibration=calibration, **_measured_at(shape, inputs))
     _print_bundle(written, f"tuned from {bundle}", as_json)
 
 
