@@ -152,9 +152,10 @@ def _declared(a: Analysis, entries: Sequence[TargetProvider], choice: str, profi
 def _entries(a: Analysis, entries: Sequence[TargetProvider]) -> dict[str, TargetProvider]:
     """The profile entry of each provider of `a` (`entries` are its fp32 providers'), by label: a variant's is
     that of the provider it varies, which it follows (as `with_precisions` places them)."""
-    out, left = {}, iter(entries)
+    out, left, entry = {}, iter(entries), None
     for provider in a.providers:
-        entry = next(left) if provider.precision == "fp32" else entry
+        if provider.precision == "fp32":
+            entry = next(left)
         out[provider.label] = entry
     return out
 
