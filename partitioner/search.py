@@ -15,6 +15,9 @@
 4. With a `gate` (reduced precision), a candidate is a (provider, precision) pair wherever a provider is
    one above (each variant is its own entry in `providers`), and a whole plan is chosen only if the gate
    accepts its outputs: the fastest accepted plan wins; a rejected one is never chosen, however fast.
+   When the fastest plan is rejected, plans that keep its providers on a prefix of the blocks where it
+   differs from the fastest accepted one (the rest as there) are gated, the longest accepted prefix found
+   by bisection, and timed: partial precision, e.g. int8 early in a network and bf16 where int8 errs.
 
 A measurement that fails (the runtime raises while building or running) is recorded with its error, as
 the provider that raised it said it, and is never a figure: a block is placed only where it was
@@ -131,7 +134,11 @@ class _Searching:
         if not accepted:
             raise MeasurementError("every candidate plan was outside the accuracy tolerance: "
                                    + ", ".join(sorted(timed)))
-        best = self._improve(candidates, whole, accepted[0], units, measured, started)
+        best = accepted[0]
+        fastest = min(timed, key=lambda name: whole[name].ms)
+        if fastest not in accepted:
+            best = self._mix(candidates, whole, fastest, best, units, started)
+        best = self._improve(candidates, whole, best, units, measured, started)
         placement = Placement(
             "measured", candidates[best], best,
             plans={name: self._candidate(name, candidates[name], m) for name, m in whole.items()},
@@ -322,11 +329,43 @@ class _Searching:
                 candidates[name] = placement
                 result = self._measure_plans({name: placement, best: current})
                 whole[name] = result[name]
-                margin = max(result[name].spread, result[best].spread, 0.01)
-                if result[name].ms < result[best].ms * (1 - margin) and self._accepts(name, placement):
+                if _beats(result[name], result[best]) and self._accepts(name, placement):
                     best, improved = name, True
                     break
         return best
+
+    def _mix(self, candidates: dict[str, Choice], whole: dict[str, Measurement], rejected: str, best: str,
+             units: Sequence[Sequence[int]], started: float) -> str:
+        """Keep the `rejected` plan's (faster, reduced-precision) providers on a prefix of the blocks where it
+        differs from the `best` accepted plan, and the accepted plan's on the rest: the longest prefix the gate
+        accepts, found by bisection (half, then quarters, ...). The accepted mixes are timed whole beside
+        `best`, and the fastest kept when it beats the noise; a rejected mix is recorded untimed."""
+        fast, safe = ([candidates[name][b[0]] for b in units] for name in (rejected, best))
+        differ = [k for k in range(len(units)) if fast[k] != safe[k]]
+        names = {choice: name for name, choice in candidates.items()}
+        passed: dict[str, Choice] = {}
+        made = 0
+        low, high = 0, len(differ)  # a prefix of `differ` at `fast` that the gate accepts, and one it rejects
+        while high - low > 1 and time.monotonic() - started < self.config.budget_s:
+            middle = (low + high) // 2
+            at_fast = set(differ[:middle])
+            placement = tuple(expand(units, [(fast if k in at_fast else safe)[k] for k in range(len(units))]))
+            if placement not in names:
+                made += 1
+                names[placement] = f"mixed {made}"
+            name = names[placement]
+            candidates[name] = placement
+            if self._accepts(name, placement):
+                passed[name], low = placement, middle
+            else:
+                whole.setdefault(name, Measurement.failed("not timed: outside the accuracy tolerance"))
+                high = middle
+        if not passed:
+            return best
+        result = self._measure_plans({**passed, best: candidates[best]})
+        whole.update({name: result[name] for name in passed})
+        mixed = min(passed, key=lambda name: result[name].ms)
+        return mixed if _beats(result[mixed], result[best]) else best
 
 
 class _Feeds:
@@ -430,6 +469,11 @@ def _moves(choice: Sequence[str], allowed: Sequence[Sequence[str]]) -> list[list
             moved = [target if k in run else p for k, p in enumerate(choice)]
             (merges if target in neighbours else others).append(moved)
     return merges + others
+
+
+def _beats(challenger: Measurement, best: Measurement) -> bool:
+    """Whether `challenger` is faster than `best` beyond the noise (the larger spread, at least 1%)."""
+    return challenger.ms < best.ms * (1 - max(challenger.spread, best.spread, 0.01))
 
 
 def _less(pair: Measurement, first: Measurement) -> Measurement:

@@ -3,7 +3,10 @@ accuracy gate against ONNX Runtime fp32, calibration samples, and int8 stages on
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+import onnx
 import pytest
 
 import uhop_onnx
@@ -26,9 +29,9 @@ def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path / "cache"))
 
 
-def with_bf16(ident: str, clock: FakeClock, factor: float, wrong: bool = False):
+def with_bf16(ident: str, clock: FakeClock, factor: float, wrong: Callable[[onnx.ModelProto], bool] = lambda m: False):
     """A fake provider (ONNX Runtime underneath, charging the clock per op) that offers bf16: its bf16 stages
-    cost `factor` times its fp32 ones, and with `wrong` they add 1 to every output."""
+    cost `factor` times its fp32 ones, and those `wrong` picks add 1 to every output."""
     base = fake_provider(ident, {"Gemm": 1.0, "Conv": 1.0}, 0.05, clock)
 
     class Variant(base):
@@ -39,7 +42,7 @@ def with_bf16(ident: str, clock: FakeClock, factor: float, wrong: bool = False):
             runner = super().compile(model, exclusive=exclusive)
             if self.precision == "bf16":
                 runner.cost *= factor
-                if wrong:
+                if wrong(model):
                     inner = runner.run
                     runner.run = lambda feeds: {k: v + 1.0 for k, v in inner(feeds).items()}
             return runner
@@ -47,11 +50,13 @@ def with_bf16(ident: str, clock: FakeClock, factor: float, wrong: bool = False):
     return Variant
 
 
-def place(monkeypatch, factor: float, wrong: bool = False, **options):
+def place(monkeypatch, factor: float, wrong: Callable[[onnx.ModelProto], bool] = lambda m: False, model=None,
+          **options):
     clock = FakeClock()
     monkeypatch.setitem(REGISTRY, "fake-bf16", with_bf16("fake-bf16", clock, factor, wrong))
     monkeypatch.setitem(REGISTRY, "ort-cpu", fake_provider("ort-cpu", {}, 100.0, clock))
-    return uhop_onnx.optimize(mlp(), providers=["fake-bf16"], profiler=Profiler(clock=clock, warmup=1), **options)
+    return uhop_onnx.optimize(model or mlp(), providers=["fake-bf16"], profiler=Profiler(clock=clock, warmup=1),
+                              **options)
 
 
 def test_a_faster_bf16_variant_wins_and_its_accuracy_is_recorded(monkeypatch, tmp_path):
@@ -75,13 +80,45 @@ def test_a_slower_bf16_variant_loses(monkeypatch):
 
 def test_a_variant_with_wrong_values_is_rejected_even_when_fastest(monkeypatch):
     with pytest.warns(UserWarning, match="generated samples"):
-        plan = place(monkeypatch, 0.1, wrong=True, precision="auto")
+        plan = place(monkeypatch, 0.1, wrong=lambda m: True, precision="auto")
     candidates = plan.profile["candidates"]
-    fast = min(candidates.values(), key=lambda c: c["ms"])
+    fast = min((c for c in candidates.values() if c["ms"] is not None), key=lambda c: c["ms"])
+    mixed = [c for name, c in candidates.items() if name.startswith("mixed ")]
+    assert mixed and all(c["rejected"] and c["ms"] is None and "not timed" in c["error"] for c in mixed)
     assert fast["stages"].startswith("fake-bf16[bf16]") and fast["rejected"]
     assert fast["ms"] < candidates[plan.profile["chosen"]]["ms"]
     assert all(a["max_abs_error"] >= 1.0 for a in fast["accuracy"].values())
     assert {s.precision for s in plan.stages} == {"fp32"}
+
+
+def _wrong_at_the_head(model: onnx.ModelProto) -> bool:
+    return any(n.op_type == "Gemm" for n in model.graph.node)
+
+
+def test_a_variant_wrong_on_the_last_blocks_keeps_the_early_ones(monkeypatch):
+    with pytest.warns(UserWarning, match="generated samples"):
+        plan = place(monkeypatch, 0.5, wrong=_wrong_at_the_head, model=cnn(), precision="bf16")
+    candidates, chosen = plan.profile["candidates"], plan.profile["chosen"]
+    assert chosen.startswith("mixed ") and not candidates[chosen]["rejected"]
+    precision = {node: s.precision for s in plan.stages for node in s.nodes}
+    ops = {n.name: n.op_type for n in cnn().graph.node}
+    assert {precision[n] for n, op in ops.items() if op == "Conv"} == {"bf16"}
+    assert {precision[n] for n, op in ops.items() if op == "Gemm"} == {"fp32"}
+    assert all(a["max_abs_error"] < 1e-3 for a in plan.accuracy.values())
+    whole = [c for name, c in candidates.items() if not name.startswith("mixed ")]
+    assert candidates[chosen]["ms"] < min(c["ms"] for c in whole if not c.get("rejected"))
+    assert any(c.get("rejected") for c in whole)  # the all-bf16 plan, faster still
+    assert any(c["rejected"] for name, c in candidates.items() if name.startswith("mixed "))  # Gemm at bf16
+
+
+def test_without_a_gate_or_a_rejection_nothing_is_mixed(monkeypatch):
+    fp32 = place(monkeypatch, 0.5, wrong=_wrong_at_the_head, model=cnn())
+    with pytest.warns(UserWarning, match="generated samples"):
+        bf16 = place(monkeypatch, 0.5, model=cnn(), precision="bf16")
+    assert fp32.profile["chosen"] == place(monkeypatch, 0.5, model=cnn()).profile["chosen"]
+    for plan in (fp32, bf16):
+        assert not any(name.startswith("mixed") for name in plan.profile["candidates"])
+    assert {s.precision for s in fp32.stages} == {"fp32"} and {s.precision for s in bf16.stages} == {"bf16"}
 
 
 def test_fp32_is_the_plan_of_before(monkeypatch):
