@@ -201,7 +201,9 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
         except InputError as error:
             if measure_on is inputs:
                 raise
-            raise InputError(f"calibration sample 0: {str(error).removeprefix('inputs: ')}") from None
+            raise InputError(f"calibration sample 0: {str(error).removeprefix('inputs: ')} (a calibration .npz "
+                             "stacks its samples on the batch axis: for an input of shape (1, 3, 224, 224), "
+                             "arrays of shape (samples, 3, 224, 224))") from None
         if precision == "fp32":
             return a
         progress("preparing reduced-precision variants and the fp32 reference")
