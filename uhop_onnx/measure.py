@@ -90,7 +90,7 @@ class Profiler:
         calls: dict[K, int] = {}
         for k, call in candidates.items():
             try:
-                calls[k] = self._calibrate(call)
+                calls[k] = calls_per_round(call, self.round_seconds, 1, self.max_calls, self.warmup, self.clock)
             except Exception as error:  # noqa: BLE001 - a runtime may fail in any way; that is its figure
                 failed[k] = Measurement.failed(error)
         medians: dict[K, list[float]] = {k: [] for k in calls}
@@ -98,7 +98,7 @@ class Profiler:
         for r in range(self.max_rounds if medians else 0):
             for k in order.sample(list(medians), len(medians)):
                 try:
-                    medians[k].append(self._round(candidates[k], calls[k]))
+                    medians[k].append(round_median(candidates[k], calls[k], self.clock))
                 except Exception as error:  # noqa: BLE001
                     failed[k] = Measurement.failed(error)
                     del medians[k]
@@ -106,13 +106,6 @@ class Profiler:
                 break
         measured = {k: Measurement(min(m) * 1e3, _spread(m), len(m)) for k, m in medians.items()}
         return {k: measured.get(k) or failed[k] for k in candidates}
-
-    def _calibrate(self, call: Callable[[], object]) -> int:
-        """Warm up, and pick how many calls make one round."""
-        return calls_per_round(call, self.round_seconds, 1, self.max_calls, self.warmup, self.clock)
-
-    def _round(self, call: Callable[[], object], calls: int) -> float:
-        return round_median(call, calls, self.clock)
 
 
 def _spread(medians: list[float]) -> float:
@@ -215,7 +208,7 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
             logs[name].close()
         os.unlink(shared.name)
     return {name: {"ms": min(m) if m and name not in errors else None,
-                   "spread": (max(m) - min(m)) / min(m) if m and name not in errors else None,
+                   "spread": _spread(m) if m and name not in errors else None,
                    "round_medians_ms": m, "stages": stages[name], "error": errors.get(name)}
             for name, m in medians.items()}
 
