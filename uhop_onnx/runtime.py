@@ -28,14 +28,19 @@ def compile_plan(plan: Plan, threads: int | None = None, fallback: bool = False,
     `fallback`), counting it in `plan.fallbacks`; closing it closes every runner it compiled."""
     threads = plan.threads if threads is None else threads
     exclusive = len(plan.stages) == 1 if exclusive is None else exclusive
+    return Executor(plan.stages, compile_stages(plan, threads, exclusive), plan.inputs,
+                    [o.name for o in plan.outputs], plan.constants, LastResort(plan, threads), fallback)
+
+
+def compile_stages(plan: Plan, threads: int | None, exclusive: bool = False) -> list[Runner]:
+    """Every stage's runner (`compile_stage`); the stages compiled so far are closed when a later one fails."""
     runners: list[Runner] = []
-    with ExitStack() as compiled:  # the stages compiled so far are closed when a later one fails
+    with ExitStack() as compiled:
         for stage in plan.stages:
             runners.append(compile_stage(plan, stage, threads, exclusive))
             compiled.callback(runners[-1].close)
         compiled.pop_all()
-    return Executor(plan.stages, runners, plan.inputs, [o.name for o in plan.outputs], plan.constants,
-                    LastResort(plan, threads), fallback)
+    return runners
 
 
 def compile_stage(plan: Plan, stage: Stage, threads: int | None, exclusive: bool = False, *,

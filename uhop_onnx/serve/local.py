@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.applications import Starlette
 
 from ..plan import Plan
-from ..runtime import compile_stage
+from ..runtime import compile_stages
 from .app import create_app
 from .limits import Limits
 from .batching import Batcher
@@ -18,8 +18,7 @@ def local_app(plan: Plan, name: str, replicas: int = 1, threads: int | None = No
     """The ASGI app serving `plan` with `replicas` copies of its compiled stages, so requests overlap."""
     threads = threads if threads is not None else plan.threads
     metrics = Metrics(name)
-    executors = [plan_executor(plan, [compile_stage(plan, stage, threads) for stage in plan.stages], metrics)
-                 for _ in range(replicas)]
+    executors = [plan_executor(plan, compile_stages(plan, threads), metrics) for _ in range(replicas)]
     served = Replicas(executors, plan.inputs, plan.outputs, metrics, limits.max_batch)
     if served.batch:
         served.submit = Batcher(served.run_jobs, limits.max_batch, limits.max_delay_ms / 1e3, replicas).submit
