@@ -61,13 +61,15 @@ class Calibration:
                 values.update(got)
         return [{n: values[n] for n in names} for values in self._values]
 
-    def ranges(self, names: Sequence[str]) -> dict[str, tuple[float, float]]:
+    def ranges(self, names: Sequence[str], keep: Sequence[str] = ()) -> dict[str, tuple[float, float]]:
         """Per float tensor of `names`, the least and greatest value it takes over the samples (ONNX Runtime
-        fp32), as int8 scales are chosen from; only the extremes are kept, not the values."""
+        fp32), as int8 scales are chosen from; only the extremes are kept, not the values, but for the
+        names in `keep`, whose values `at` then has without another pass over the samples."""
         missing_names = [n for n in dict.fromkeys(names) if n not in self._ranges]
         if missing_names:
             seen: dict[str, tuple[float, float]] = {}
-            for got in self._run(missing_names):
+            for values, got in zip(self._values, self._run(missing_names)):
+                values.update({n: got[n] for n in keep if n in got})
                 for name, value in got.items():
                     if value.dtype.kind == "f" and value.size:
                         lo, hi = seen.get(name, (math.inf, -math.inf))
@@ -97,6 +99,11 @@ class Calibration:
     def of(self, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
         """Per sample, the values of a stage's inputs."""
         return self.at([i.name for i in model.graph.input])
+
+
+def stage_values(model: onnx.ModelProto) -> list[str]:
+    """A stage's inputs and every value its nodes compute: the tensors whose ranges quantize it."""
+    return [i.name for i in model.graph.input] + [out for node in model.graph.node for out in node.output if out]
 
 
 def quantize_int8(model: onnx.ModelProto, calibration: Calibration | None, method: str = "static"):
@@ -208,9 +215,9 @@ def trt_calibration_table(model: onnx.ModelProto, calibration: Calibration, fold
     name = f"calibration-{hashlib.sha256(data).hexdigest()[:32]}-{calibration.digest}.flatbuffers"
     if (folder / name).is_file():
         return name
-    tensors = [i.name for i in model.graph.input] + [out for node in model.graph.node for out in node.output if out]
+    ranges = calibration.ranges(stage_values(model))
     table = {tensor: TensorData(lowest=np.float32(-peak), highest=np.float32(peak))
-             for tensor, peak in ((t, max(abs(lo), abs(hi))) for t, (lo, hi) in calibration.ranges(tensors).items())}
+             for tensor, peak in ((t, max(abs(lo), abs(hi))) for t, (lo, hi) in ranges.items())}
     with tempfile.TemporaryDirectory(prefix="uhop-calibrate-") as work:
         write_calibration_table(table, work)
         with atomic_file(folder / name, "wb") as handle:

@@ -88,18 +88,20 @@ class LiteRt(Provider):
         each input's mean and standard deviation there); the stage itself at any other precision."""
         if self.precision != "int8":
             return model
+        from ..quantize import stage_values
         from .int8 import Calibrated, with_calibration
 
         if self.calibration is None:
             raise ProviderError("litert[int8]: a stage is quantized from calibration samples; give calibration=...")
+        inputs = [i.name for i in model.graph.input]
+        ranges = self.calibration.ranges(stage_values(model), keep=inputs)  # one pass: the inputs' values too
         samples = self.calibration.of(model)
         moments = {}
         for name in samples[0]:
             stacked = np.stack([np.asarray(s[name]) for s in samples])
             if stacked.dtype.kind == "f" and stacked.size:
                 moments[name] = (float(stacked.mean()), float(stacked.std()))
-        values = [*samples[0], *(o for node in model.graph.node for o in node.output if o)]
-        return with_calibration(model, Calibrated(self.calibration.ranges(values), moments))
+        return with_calibration(model, Calibrated(ranges, moments))
 
     def probe(self) -> tuple[str, str]:
         try:
