@@ -50,7 +50,7 @@ from .partitioner.extract import extract
 from .partitioner.placer import Analysis
 from .partitioner.static import StaticCost
 from .plan import Plan, Stage
-from .precision import check_choice, errors, gate, read_calibration, wanted
+from .precision import check_choice, gate_run, read_calibration, wanted
 from .providers import Provider, Runner, create
 from .providers.base import Artifact
 from .samples import reference_outputs
@@ -202,11 +202,10 @@ def _gate_here(a: Analysis, plan: Plan, threads: int | None) -> tuple[bool, dict
                         ungated.append(k)
                 runners.append(compiled.enter_context(runner))
             executor = Executor(plan.stages, runners, plan.inputs, [o.name for o in plan.outputs], plan.constants)
-            per_sample = [errors(dict(zip(executor.outputs, executor.run(None, s), strict=True)), ref)
-                          for s, ref in zip(g.samples, g.references)]
+            ok, accuracy = gate_run(lambda s: executor.run(None, s), executor.outputs, g.samples, g.references,
+                                    g.tolerance)
     except Exception as error:  # noqa: BLE001 - a plan that cannot run its samples is not accepted
         return False, {"error": first_line(error)}, ungated
-    ok, accuracy = gate(per_sample, g.tolerance)
     return ok, accuracy, ungated
 
 

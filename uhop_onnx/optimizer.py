@@ -29,7 +29,7 @@ from .partitioner.placer import Analysis, Choice, Placement, Precision
 from .partitioner.search import Search, in_process
 from .metadata import ModelMetadata
 from .plan import PLAN_FILE, Plan, Stage
-from .precision import check_choice, check_samples, errors, gate, read_calibration, wanted
+from .precision import check_choice, check_samples, gate_run, read_calibration, wanted
 from .providers import (
     LAST_RESORT,
     Provider,
@@ -315,11 +315,10 @@ def _gate(a: Analysis, choice: Choice, threads: int | None) -> tuple[bool, dict[
     g = a.precision
     try:
         with compile_plan(build_plan(a, choice, threads), threads) as executor:
-            per_sample = [errors(dict(zip(executor.outputs, executor.run(None, s), strict=True)), ref)
-                          for s, ref in zip(g.samples, g.references)]
+            return gate_run(lambda s: executor.run(None, s), executor.outputs, g.samples, g.references,
+                            g.tolerance)
     except Exception as error:  # noqa: BLE001 - a plan that cannot run its samples is not accepted
         return False, {"error": first_line(error)}
-    return gate(per_sample, g.tolerance)
 
 
 def _log_measured(model_name: str, placement: Placement) -> None:

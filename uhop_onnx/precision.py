@@ -8,7 +8,7 @@ Tolerance, per output and per sample: `max|y - ref| <= tolerance * (1 + max|ref|
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,3 +129,11 @@ def gate(per_sample: Sequence[Mapping[str, Mapping[str, Any]]], tolerance: float
             if "top1_agrees" in e:
                 w["top1_agrees"] = w.get("top1_agrees", True) and e["top1_agrees"]
     return ok, worst
+
+
+def gate_run(run: Callable[[Mapping[str, Any]], Sequence[Any]], outputs: Sequence[str],
+             samples: Sequence[Mapping[str, Any]], references: Sequence[Mapping[str, Any]],
+             tolerance: float) -> tuple[bool, dict[str, Any]]:
+    """`gate` of a plan's outputs (`run(feeds)`, in `outputs` order) on every sample against its reference."""
+    return gate([errors(dict(zip(outputs, run(s), strict=True)), ref) for s, ref in zip(samples, references)],
+                tolerance)
