@@ -42,7 +42,7 @@ from .providers import (
 from .providers.quantize import Calibration
 from .report import ms_text
 from .runtime import compile_plan
-from .samples import reference_outputs, shapes_text
+from .samples import reference_runs, shapes_text
 from .simplify import simplify
 
 log = logging.getLogger(__name__)
@@ -126,6 +126,7 @@ def with_precisions(a: Analysis, choice: str, tolerance: float, samples: list[di
     needs the calibration samples and is left out without them."""
     offered = offered or (lambda provider: provider.precisions())
     names = list(a.graph.inputs)
+    signatures = [a.graph.signature(name) for name in names]
     if samples is None:
         if "int8" in {p for provider in a.providers for p in wanted(choice, offered(provider))}:
             warnings.warn("precision: int8 variants are not tried without calibration samples (calibration=...)",
@@ -133,12 +134,11 @@ def with_precisions(a: Analysis, choice: str, tolerance: float, samples: list[di
         warnings.warn("precision: no calibration samples given; reduced-precision plans are checked on 4 "
                       "generated samples only (give calibration=samples.npz to check them on real data)",
                       UserWarning, stacklevel=4)
-        signatures = [a.graph.signature(name) for name in names]
         gate_samples = [profile_feeds(signatures, measured_shapes(a.feeds), seed=seed) for seed in range(1, 5)]
         calibration = None
     else:
         check_samples(samples, names)
-        gate_samples = [profile_feeds([a.graph.signature(n) for n in names], inputs=s) for s in samples]
+        gate_samples = [profile_feeds(signatures, inputs=s) for s in samples]
         calibration = Calibration(a.simplified, gate_samples)
     providers, support = [], {}
     for provider in a.providers:
@@ -150,8 +150,7 @@ def with_precisions(a: Analysis, choice: str, tolerance: float, samples: list[di
             support |= {variant.label: a.support[provider.label] for variant in variants}
     if len(providers) == len(a.providers):
         warnings.warn(f"precision={choice!r}: no provider here offers it; the plan is fp32", UserWarning, stacklevel=4)
-    original = a.loaded.SerializeToString()
-    references = [reference_outputs(original, s) for s in gate_samples]
+    references = reference_runs(a.loaded.SerializeToString(), gate_samples)
     return Analysis(a.source, a.loaded, a.simplified, a.graph, providers, support, a.pinned, a.feeds,
                     Precision(choice, tolerance, gate_samples, references, calibration))
 

@@ -29,15 +29,24 @@ def sample_feeds(inputs: Iterable, seed: int = 0, shapes: Mapping[str, Sequence[
 def reference_outputs(model: str | os.PathLike | bytes, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """ONNX Runtime CPU's outputs of a model (its path or serialized bytes), by name; a `ModelError` naming
     the feeds' shapes when ONNX Runtime cannot run it on them."""
+    return reference_runs(model, [feeds])[0]
+
+
+def reference_runs(model: str | os.PathLike | bytes, samples: Sequence[dict[str, np.ndarray]]
+                   ) -> list[dict[str, np.ndarray]]:
+    """`reference_outputs` of each of `samples`, from one ONNX Runtime session."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(model if isinstance(model, bytes) else str(model), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    try:
-        return dict(zip(names, session.run(names, feeds), strict=True))
-    except Exception as error:  # noqa: BLE001 - ONNX Runtime's own refusal of these inputs is the message
-        raise ModelError(f"ONNX Runtime cannot run the model on sample inputs of shapes {shapes_text(feeds)}: "
-                         f"{first_line(error)}") from error
+    outputs = []
+    for feeds in samples:
+        try:
+            outputs.append(dict(zip(names, session.run(names, feeds), strict=True)))
+        except Exception as error:  # noqa: BLE001 - ONNX Runtime's own refusal of these inputs is the message
+            raise ModelError(f"ONNX Runtime cannot run the model on sample inputs of shapes {shapes_text(feeds)}: "
+                             f"{first_line(error)}") from error
+    return outputs
 
 
 def shapes_text(feeds: Mapping[str, np.ndarray | Sequence[int]] | None) -> str:
