@@ -63,11 +63,9 @@ def _runnable(graph: Graph, span: list[int], support: Mapping[str, Mapping[str, 
               pinned: Mapping[str, str]) -> list[tuple[int, ...]]:
     """`span` whole when one provider runs all of it and no node in it is pinned elsewhere; else split it
     where the first provider able to run each node (or its pin) changes."""
-    names = [graph.nodes[i].name for i in span]
-    whole = [p for p, table in support.items() if all(table[x].ok for x in names)]
-    pins = {pinned[x] for x in names if x in pinned}
-    if whole and (not pins or (len(pins) == 1 and pins <= set(whole))):
+    if allowed_providers(graph, support, pinned, span):
         return [tuple(span)]
+    names = [graph.nodes[i].name for i in span]
     first = [pinned.get(x, next((p for p, t in support.items() if t[x].ok), None)) for x in names]
     pieces: list[list[int]] = []
     previous = None
