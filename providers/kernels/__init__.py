@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ARCH_TARGETS", "KernelsProvider", "KernelsRunner", "host_arch"]
 
+# A board's CPU architecture -> the kernel target a bundle ships for it and the package of its compiler.
 # x86-64 boards get AVX2+FMA (what the x86-64 profile promises), not whatever more this host has.
 ARCH_TARGETS = {
     "x86_64": ("x86-64-avx2", "apt-get install -y gcc"),
@@ -42,7 +43,6 @@ def host_arch() -> str:
     """This host's CPU architecture, spelled as target profiles spell it: x86_64 or aarch64."""
     machine = platform.machine().lower()
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
-
 
 
 class KernelsProvider(Provider):

@@ -35,7 +35,7 @@ KERNELS_TABLE = CapabilityTable(
     domains={"": (7, 28)},
 )
 PRODUCTS = ("Conv", "Gemm", "MatMul")
-# A board's CPU architecture -> the kernel target a bundle ships for it and the package of its compiler.
+
 
 def bias_axis(bias_shape: tuple[int, ...], rank: int) -> int | None:
     """The axis a constant Add operand of `bias_shape` runs along on a rank-`rank` tensor: -1 for a vector
@@ -56,8 +56,6 @@ def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     from onnx import numpy_helper
 
     return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-
-
 
 
 def refusals(model: onnx.ModelProto) -> dict[str, str]:
