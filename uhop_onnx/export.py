@@ -40,7 +40,7 @@ from .bundle.manifest import (
 )
 from .bundle import signature
 from .dtypes import TensorSig
-from .errors import ProviderError, UhopError, first_line
+from .errors import InputError, ProviderError, UhopError, first_line
 from .executor import Executor
 from .files import check_writable, new_folder, read_npz, write_archive, writing
 from .graph import Graph, declared_outputs
@@ -50,7 +50,7 @@ from .partitioner.extract import extract
 from .partitioner.placer import Analysis
 from .partitioner.static import StaticCost
 from .plan import Plan, Stage
-from .precision import check_choice, gate_run, read_calibration, wanted
+from .precision import gate_run, read_choice, sample_error, wanted
 from .providers import Provider, Runner, create
 from .providers.base import Artifact
 from .samples import reference_outputs
@@ -82,8 +82,7 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
     is gated here where its stages run here (see the module's docstring). Each manifest stage records its
     `precision`; a reduced-precision one, whether it was `gated` here and, as its `tolerance`, the gate's
     (`{"scaled": tolerance}`), which `verify_bundle` checks with the gate's rule."""
-    tolerance = check_choice(precision, tolerance)
-    samples = None if precision == "fp32" or calibration is None else read_calibration(calibration)
+    tolerance, samples, measure_on = read_choice(precision, tolerance, calibration, shapes, inputs)
     out = Path(out)
     archive = out.name.endswith(".tar.gz")
     if out.exists() and (archive or out.is_file() or any(out.iterdir())):
@@ -92,8 +91,13 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
     signer = None if sign is None else signature.signer(sign)
     profile = target if isinstance(target, Target) else load_target(target)
     entries, chosen = _providers(profile, providers, threads, present=measure)
-    a = analyze(model, assign=assign, threads=threads, progress=progress, chosen=chosen, shapes=shapes,
-                inputs=samples[0] if samples and shapes is None and inputs is None else inputs, sample=True)
+    try:
+        a = analyze(model, assign=assign, threads=threads, progress=progress, chosen=chosen, shapes=shapes,
+                    inputs=measure_on, sample=True)
+    except InputError as error:
+        if measure_on is inputs:
+            raise
+        raise sample_error(error) from None
     gated = None
     if measure:
         if precision != "fp32":

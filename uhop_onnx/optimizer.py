@@ -29,7 +29,7 @@ from .partitioner.placer import Analysis, Choice, Placement, Precision
 from .partitioner.search import Search, in_process
 from .metadata import ModelMetadata
 from .plan import PLAN_FILE, Plan, Stage
-from .precision import check_choice, check_samples, gate_run, read_calibration, wanted
+from .precision import check_samples, gate_run, read_choice, sample_error, wanted
 from .providers import (
     LAST_RESORT,
     Provider,
@@ -186,11 +186,9 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     files, one sample each; int8 is tried only with it. Without `shapes` or `inputs`, measurements run at
     the first calibration sample.
     """
-    tolerance = check_choice(precision, tolerance)
-    samples = None if precision == "fp32" or calibration is None else read_calibration(calibration)
+    tolerance, samples, measure_on = read_choice(precision, tolerance, calibration, shapes, inputs)
     if precision != "fp32" and not profile:
         raise InputError(f"precision={precision!r} chooses by measuring: it needs profile=True (drop --no-profile)")
-    measure_on = samples[0] if samples and shapes is None and inputs is None else inputs
     chosen = resolve(providers, threads, strict)
 
     def analysis() -> Analysis:
@@ -200,9 +198,7 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
         except InputError as error:
             if measure_on is inputs:
                 raise
-            raise InputError(f"calibration sample 0: {str(error).removeprefix('inputs: ')} (a calibration .npz "
-                             "stacks its samples on the batch axis: for an input of shape (1, 3, 224, 224), "
-                             "arrays of shape (samples, 3, 224, 224))") from None
+            raise sample_error(error) from None
         if precision == "fp32":
             return a
         progress("preparing reduced-precision variants and the fp32 reference")

@@ -40,6 +40,23 @@ def wanted(choice: str, offered: Sequence[str]) -> list[str]:
     return [p for p in offered if choice == "auto" or p in ("fp32", choice)]
 
 
+def read_choice(precision: str, tolerance: float | None, calibration: Any, shapes: Any, inputs: Any
+                ) -> tuple[float, list[dict[str, np.ndarray]] | None, Any]:
+    """What `optimize` and `export_bundle` take of their precision arguments: the tolerance, the calibration
+    samples (None at fp32 or without calibration) and the inputs measurements run on (`inputs`, or without
+    `shapes` and `inputs` the first calibration sample)."""
+    tolerance = check_choice(precision, tolerance)
+    samples = None if precision == "fp32" or calibration is None else read_calibration(calibration)
+    return tolerance, samples, samples[0] if samples and shapes is None and inputs is None else inputs
+
+
+def sample_error(error: InputError) -> InputError:
+    """`error`, raised on the first calibration sample (measurements ran on it), said of that sample."""
+    return InputError(f"calibration sample 0: {str(error).removeprefix('inputs: ')} (a calibration .npz stacks "
+                      "its samples on the batch axis: for an input of shape (1, 3, 224, 224), arrays of shape "
+                      "(samples, 3, 224, 224))")
+
+
 def read_calibration(source: str | os.PathLike | Mapping[str, Any]) -> list[dict[str, np.ndarray]]:
     """Calibration samples, one feed dict per sample: from an `.npz` (or a dict) whose arrays carry a leading
     sample axis, or from a folder of `.npz` files, one sample each."""
