@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
+from uhop_onnx import ortlib
 from uhop_onnx.cache import JsonTable, cache_dir
 from uhop_onnx.errors import ProviderError, first_line
 from uhop_onnx.files import atomic_file
@@ -51,7 +52,7 @@ _log_severity = 3
 def set_log_severity(level: int) -> None:
     """ONNX Runtime's own logging, process-wide, for its default logger and every stage session created
     from now on: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal."""
-    import onnxruntime as ort
+    ort = ortlib.load()
 
     global _log_severity
     _log_severity = int(level)
@@ -60,7 +61,7 @@ def set_log_severity(level: int) -> None:
 
 def session_options(threads: int | None, exclusive: bool, optimize: bool = True):
     """ONNX Runtime session options for a stage that may share the process with other stages."""
-    import onnxruntime as ort
+    ort = ortlib.load()
 
     so = ort.SessionOptions()
     so.log_severity_level = _log_severity
@@ -76,7 +77,7 @@ def session_options(threads: int | None, exclusive: bool, optimize: bool = True)
 
 def new_session(model_bytes: bytes, so, providers: list):
     """An ONNX Runtime session on exactly `providers`: an EP that fails raises instead of retrying on CPU."""
-    import onnxruntime as ort
+    ort = ortlib.load()
 
     return ort.InferenceSession(model_bytes, so, providers=providers, enable_fallback=0)
 
@@ -101,7 +102,7 @@ class OrtProvider(Provider):
 
     def probe(self) -> tuple[str, str]:
         try:
-            import onnxruntime as ort
+            ort = ortlib.load()
         except ImportError as error:
             raise Absent(f"onnxruntime is not installed ({error})") from None
         if self.ep not in ort.get_available_providers():
@@ -150,7 +151,7 @@ class OrtProvider(Provider):
                        trusted: bool, allowed_delegates: Iterable[str | os.PathLike]) -> Runner:
         """A bundle's `.onnx` stage on the EP it was placed on. EP options that name files or libraries (a
         TensorRT plugin library, say: native code) are taken only when `trusted`, from a signed bundle."""
-        import onnxruntime as ort
+        ort = ortlib.load()
 
         options = artifact["options"]
         native = sorted(k for k in options.get("ep_options") or {} if "path" in k or "lib" in k)
@@ -278,7 +279,7 @@ class OrtGpuProvider(OrtProvider):
 
     @cached_property
     def ep(self) -> str:
-        import onnxruntime as ort
+        ort = ortlib.load()
 
         available = ort.get_available_providers()
         return next((ep for ep in self.eps if ep in available), self.eps[0])
@@ -302,7 +303,7 @@ class OrtGpuProvider(OrtProvider):
 
     def probe(self) -> tuple[str, str]:
         try:
-            import onnxruntime as ort
+            ort = ortlib.load()
         except ImportError:
             raise Absent(f"{self.package} not installed (onnxruntime cannot be imported)") from None
         available = ort.get_available_providers()
@@ -324,7 +325,7 @@ class OrtGpuProvider(OrtProvider):
         return ort.__version__, f"{self.short}:{self.device_id}"
 
     def query(self, model: onnx.ModelProto) -> dict[str, Support]:
-        import onnxruntime as ort
+        ort = ortlib.load()
 
         table = JsonTable(cache_dir() / "capability" / f"{self.id}-{ort.__version__}.json", check=_refusals)
         key = self.cache_key(model)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from uhop_onnx import ortlib
 from uhop_onnx.cache import cache_dir
 from uhop_onnx.errors import first_line, missing_module
 from uhop_onnx.files import atomic_file
@@ -80,7 +81,6 @@ class Calibration:
     def _run(self, names: list[str]):
         """Per sample, the values of the model's tensors `names` (ONNX Runtime CPU; its inputs as given)."""
         import onnx
-        import onnxruntime as ort
 
         given = [n for n in names if n in self.samples[0]]
         computed = [n for n in names if n not in self.samples[0]]
@@ -90,7 +90,7 @@ class Calibration:
             known = {v.name: v for v in (*model.graph.value_info, *model.graph.output)}
             model.graph.output.extend(known.get(n) or onnx.ValueInfoProto(name=n) for n in computed
                                       if n not in {o.name for o in model.graph.output})
-            session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            session = ortlib.load().InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
             inputs = {i.name for i in session.get_inputs()}
         for sample in self.samples:
             got = session.run(computed, {k: v for k, v in sample.items() if k in inputs}) if computed else []
@@ -141,7 +141,8 @@ def _in_files(model, quantize: Callable[[Path, Path, list | None], None], sample
     import onnx
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    with tempfile.TemporaryDirectory(prefix="uhop-quantize-") as folder:
+    # ONNX Runtime's quantizer (and NNCF) make sessions through `onnxruntime.InferenceSession` themselves
+    with ortlib.own_session(), tempfile.TemporaryDirectory(prefix="uhop-quantize-") as folder:
         source, prepared, target = (Path(folder) / name for name in ("in.onnx", "pre.onnx", "out.onnx"))
         onnx.save(model, source)
         try:

@@ -16,17 +16,17 @@ PACKAGES = {"uhop_onnx": "uhop_onnx", "partitioner": "uhop_onnx.partitioner", "p
 FLOORS = {
     "uhop_onnx": 1, "uhop_onnx.errors": 1, "uhop_onnx.dtypes": 1, "uhop_onnx.files": 1, "uhop_onnx.cache": 1,
     "uhop_onnx.graph": 1, "uhop_onnx.samples": 1, "uhop_onnx.inputs": 1, "uhop_onnx.compare": 1,
-    "uhop_onnx.timing": 1, "uhop_onnx.targets": 1, "uhop_onnx.metadata": 1, "uhop_onnx.models": 1,
+    "uhop_onnx.timing": 1, "uhop_onnx.targets": 1, "uhop_onnx.metadata": 1, "uhop_onnx.models": 1, "uhop_onnx.ortlib": 1,
     "uhop_onnx.loader": 2, "uhop_onnx.simplify": 2, "uhop_onnx.precision": 2, "uhop_onnx.partitioner.extract": 2,
     "uhop_onnx.providers": 3, "uhop_onnx.custom_ops": 3,
     "uhop_onnx.plan": 4, "uhop_onnx.plan_schema": 4, "uhop_onnx.report": 4, "uhop_onnx.executor": 4,
-    "uhop_onnx.runtime": 4, "uhop_onnx.measure": 4, "uhop_onnx.bundle": 4,
+    "uhop_onnx.runtime": 4, "uhop_onnx.measure": 4, "uhop_onnx.bundle": 4, "uhop_onnx.adapt": 4,
     "uhop_onnx.partitioner": 5,
     "uhop_onnx.optimizer": 6, "uhop_onnx.session": 6, "uhop_onnx.export": 6, "uhop_onnx.verify": 6,
     "uhop_onnx.serve": 6, "uhop_onnx.tune": 6, "uhop_onnx.triton": 6, "uhop_onnx.backend": 6,
-    "uhop_onnx.latency": 6,
+    "uhop_onnx.latency": 6, "uhop_onnx.patch": 6,
     "uhop_onnx.cli": 7, "uhop_onnx.kernels_cli": 7, "uhop_onnx.kernels_bench": 7, "uhop_onnx.bench": 7,
-    "uhop_onnx.serve.cli": 7,
+    "uhop_onnx.serve.cli": 7, "uhop_onnx.exec": 7,
     "uhop_onnx.providers.rknn.cli": 7,
 }
 NAMES = {1: "foundation", 2: "model", 3: "providers", 4: "runtime", 5: "placement", 6: "products", 7: "faces"}

@@ -6,6 +6,7 @@ runtimes a bundle names.
 
 from importlib import import_module
 
+from . import ortlib
 from .errors import (
     BundleError,
     FreeDimensionError,
@@ -22,6 +23,8 @@ from .errors import (
 
 __version__ = "0.1.0"
 
+ortlib.bind_if_loaded()
+
 _LAZY = {
     "load": "uhop_onnx.loader",
     "optimize": "uhop_onnx.optimizer",
@@ -35,12 +38,11 @@ _LAZY = {
     "verify_bundle": "uhop_onnx.verify",
     "tune_bundle": "uhop_onnx.export",
     "get_available_providers": "uhop_onnx.providers",
-    # onnxruntime's own option and value types, so that `import uhop_onnx as ort` scripts find them
-    "SessionOptions": "onnxruntime",
-    "RunOptions": "onnxruntime",
-    "OrtValue": "onnxruntime",
-    "GraphOptimizationLevel": "onnxruntime",
+    "patch_onnxruntime": "uhop_onnx.patch",
+    "unpatch_onnxruntime": "uhop_onnx.patch",
 }
+# onnxruntime's own option and value types, so that `import uhop_onnx as ort` scripts find them
+_ORT = ("SessionOptions", "RunOptions", "OrtValue", "GraphOptimizationLevel")
 
 __all__ = [
     "BundleError",
@@ -63,7 +65,9 @@ __all__ = [
     "load",
     "load_bundle",
     "optimize",
+    "patch_onnxruntime",
     "tune_bundle",
+    "unpatch_onnxruntime",
     "verify_bundle",
 ]
 
@@ -71,4 +75,6 @@ __all__ = [
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
+    if name in _ORT:
+        return getattr(ortlib.load(), name)
     raise AttributeError(f"module 'uhop_onnx' has no attribute {name!r}")

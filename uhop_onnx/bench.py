@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from . import ortlib
 from .errors import UhopError
 from .measure import Candidate, last_line, stage_labels, time_candidates
 
@@ -120,10 +121,9 @@ def raw_runtime(runtime: str, model: str, feeds: dict[str, np.ndarray],
     configured as its provider configures it; it has no stages."""
     if runtime == "onnxruntime":
         from .providers.ort import session_options
-        import onnxruntime as ort
 
-        session = ort.InferenceSession(model, session_options(threads, exclusive=True),
-                                       providers=["CPUExecutionProvider"])
+        session = ortlib.load().InferenceSession(model, session_options(threads, exclusive=True),
+                                                 providers=["CPUExecutionProvider"])
         yield (lambda: session.run(None, feeds)), []
         return
     import openvino as ov

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+from . import ortlib
+
 LIBRARIES = ("kernels", "numpy", "onnxruntime", "naive")
 MATMUL_SIZES = (256, 512, 1024, 2048)
 NAIVE_LIMIT = 512  # the naive loop takes seconds per call beyond this
@@ -96,7 +98,6 @@ def _numpy_conv(spec, args):
 
 
 def _ort(spec, args, threads: int, np):
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     if spec.op == "gemm":
@@ -113,6 +114,7 @@ def _ort(spec, args, threads: int, np):
                                                 for n, s in inputs],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    ort = ortlib.load()
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
     session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])

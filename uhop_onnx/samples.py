@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from . import ortlib
 from .dtypes import numpy_dtype
 from .errors import ModelError, first_line
 
@@ -35,9 +36,7 @@ def reference_outputs(model: str | os.PathLike | bytes, feeds: dict[str, np.ndar
 def reference_runs(model: str | os.PathLike | bytes, samples: Sequence[dict[str, np.ndarray]]
                    ) -> list[dict[str, np.ndarray]]:
     """`reference_outputs` of each of `samples`, from one ONNX Runtime session."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(model if isinstance(model, bytes) else str(model), providers=["CPUExecutionProvider"])
+    session = ortlib.load().InferenceSession(model if isinstance(model, bytes) else str(model), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     outputs = []
     for feeds in samples:

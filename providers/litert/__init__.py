@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from uhop_onnx import ortlib
 from uhop_onnx.cache import JsonTable, cache_dir
 from uhop_onnx.errors import CheckError, ProviderError, missing_module
 from uhop_onnx.files import atomic_file
@@ -242,8 +243,9 @@ def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], 
     range. The largest absolute difference, or a `CheckError` naming the first output outside `tolerance`
     (each element within `atol + rtol |ref| + ROUNDING max|ref|`; with `l2`, the error's norm within
     `l2 |ref| + atol sqrt(size)`), or ONNX Runtime's failure on the inputs."""
-    import onnxruntime as ort
     from onnx import helper
+
+    ort = ortlib.load()
 
     rng = np.random.default_rng(seed)
     feeds = {}

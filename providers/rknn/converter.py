@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from uhop_onnx import ortlib
 from uhop_onnx.errors import ProviderError
 
 from ..base import Runner, output_dtypes
@@ -174,10 +175,8 @@ def convert_measured(model: onnx.ModelProto, out: Path, target: str, dtype: str,
                      samples: Sequence[Mapping[str, np.ndarray]], venv: Path | None = None) -> float:
     """Write `model` as `convert` does and return the largest absolute difference from ONNX Runtime on
     `samples`, run in the simulator on the very model just written."""
-    import onnxruntime as ort
-
     names = model_inputs(model)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ortlib.load().InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     toolkit = Toolkit(venv)
     try:
         toolkit.build(model, target, dtype, samples, rknn=Path(out).resolve(), simulate=True)
