@@ -7,7 +7,6 @@ pins, the choice, the block figures and the boundary costs.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -81,7 +80,9 @@ class Candidate:
 
     def to_json(self) -> dict[str, Any]:
         checked = {} if self.accuracy is None else {"accuracy": self.accuracy, "rejected": self.rejected}
-        return {**self.figure.to_json(), "ms": self.figure.ms if math.isfinite(self.figure.ms) else None,
+        ok = self.figure.ok
+        return {**self.figure.to_json(), "ms": self.figure.ms if ok else None,
+                "interval": [round(x, 4) for x in self.figure.interval] if ok else None,
                 "stages": self.stages, **checked}
 
 
@@ -99,13 +100,15 @@ class Failure:
 
 @dataclass(frozen=True)
 class Effort:
-    """What a measured placement cost: figures measured now, figures from the cache, seconds taken."""
+    """What a measured placement cost: block, entry and boundary figures measured now and taken from the
+    cache, seconds taken, and whether the search ran to its end (`complete`) or stopped at its budget."""
 
     measured: int
     cached: int
     seconds: float
     budget_s: float
     threads: int | None
+    complete: bool = True
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,7 @@ class Placement:
             "seconds": effort.seconds,
             "budget_s": effort.budget_s,
             "threads": effort.threads,
+            "complete": effort.complete,
         }
 
 

@@ -1,17 +1,21 @@
-"""Placement by measured cost: the assignment that makes the whole model fastest.
+"""Placement by measured cost: the assignment that makes the whole model fastest, found by an anytime search
+that stops at its deadline with the best plan found so far. What settles the most comes first:
 
-1. Blocks (`blocks.py`) are timed on every provider that can run them whole; each provider's cost of
-   entering a stage, and for each ordered pair of providers the cost of a stage on the second right after
-   one on the first (the tensor handed over as the session does: left on a device both share, else copied
-   to the host), are timed per size class of the tensors live where blocks start (powers of 16 bytes, from
-   4 KiB): what a boundary of that size costs.
-2. A dynamic programme over the blocks in topological order picks, for each block, the provider that
-   minimises the summed block costs plus the boundaries paid where the provider changes.
-3. That plan, the greedy plan, and each provider's own plan (that provider first, the rest filling in) are
-   built and timed whole, in alternating rounds; the fastest wins, so the result is never slower by the
-   profiler's own figures than the best single provider; plans within 10% of the fastest are timed again
-   in fresh processes and keep their faster figure. While the budget lasts, moving a stage's blocks to
-   another provider (a neighbour's first, merging the two) is tried and kept when it beats the noise.
+1. The greedy plan and each provider's own plan (that provider first, the rest filling in) are built and
+   timed whole, in alternating rounds: a valid plan at once. The simplest of them (fewest stages, then
+   fastest) is the best so far, and another plan takes its place only when it is faster beyond the noise
+   (`measure.faster`: round by round, in the same rounds) twice, the second time timed afresh (in fresh
+   processes, when the timer makes processes): one process may run a plan 10-20% slower than the next.
+2. Blocks (`blocks.py`) are timed on the providers that can run them whole, the providers whose own plans
+   were fastest first, a few blocks at a time; then each provider's cost of entering a stage, and for each
+   ordered pair of providers the cost of a stage on the second right after one on the first (the tensor
+   handed over as the session does: left on a device both share, else copied to the host), per size class
+   of the tensors live where blocks start (powers of 16 bytes, from 4 KiB): what a boundary of that size
+   costs.
+3. Once every block has a figure, a dynamic programme over the blocks in topological order picks, for each
+   block, the provider that minimises the summed block costs plus the boundaries paid where the provider
+   changes; that plan challenges the best so far. While time remains, moving a stage's blocks to another
+   provider (a neighbour's first, merging the two) challenges it in turn.
 4. With a `gate` (reduced precision), a candidate is a (provider, precision) pair wherever a provider is
    one above (each variant is its own entry in `providers`), and a whole plan is chosen only if the gate
    accepts its outputs: the fastest accepted plan wins; a rejected one is never chosen, however fast.
@@ -24,7 +28,9 @@ the provider that raised it said it, and is never a figure: a block is placed on
 measured, a failed entry or boundary is treated as not measured, and a whole plan that failed is never
 chosen; when every whole plan fails, the search raises `MeasurementError` listing each one's error.
 
-Every figure goes to the on-disk cache keyed by content hash, provider, version, threads and device.
+Block, entry and boundary figures go to the on-disk cache keyed by content hash, provider, version,
+threads and device, with their spread; a cached figure noisier than `NOISY` is measured again. Whole plans
+are always timed in the run that compares them, never read from the cache.
 """
 
 from __future__ import annotations
@@ -45,10 +51,12 @@ from uhop_onnx.cache import JsonTable
 from uhop_onnx.errors import MeasurementError, ProviderError, StageError, first_line
 from uhop_onnx.executor import Executor, hand_over
 from uhop_onnx.inputs import feeds_digest
-from uhop_onnx.measure import Measurement, Profiler, build
+from uhop_onnx.measure import Measurement, Profiler, build, faster
 from uhop_onnx.plan import Stage
 from uhop_onnx.providers import Provider, Runner
+from uhop_onnx.report import stages_summary
 from uhop_onnx.samples import shapes_text
+from uhop_onnx.timing import Deadline
 
 from .blocks import allowed_providers, blocks, boundary_classes, expand
 from .extract import extract
@@ -58,24 +66,29 @@ from .placer import Analysis, Block, Candidate, Choice, Effort, Failure, Placeme
 
 log = logging.getLogger(__name__)
 
-CONTENDERS = 0.10  # whole plans within this share of the fastest are timed again before one is chosen
+NOISY = 0.25  # a cached figure whose spread is above this is measured again
+CHUNK = 8  # blocks measured together between two looks at the deadline
+BEST = "best so far: "  # the progress step that names the best plan so far and its figure
+NOT_MEASURED = "not measured: the budget ran out"
 PlanTimer = Callable[[Mapping[str, Choice]], dict[str, Measurement]]  # named choices -> their whole figures
 # A choice -> whether its outputs are within the accuracy budget, and its figures (None: nothing to check)
 Gate = Callable[[Choice], tuple[bool, dict[str, Any] | None]]
 
 
-def in_process(run_plan: Callable[[Choice], Callable[[], object]], profiler: Profiler) -> PlanTimer:
+def in_process(run_plan: Callable[[Choice], Callable[[], object]], profiler: Profiler,
+               deadline: Deadline | None = None) -> PlanTimer:
     """Time whole plans in this process with `profiler`; `run_plan` makes a call that runs a choice's plan."""
     def time_plans(choices: Mapping[str, Choice]) -> dict[str, Measurement]:
         calls, failed = build({name: (lambda c=c: run_plan(c)) for name, c in choices.items()})
-        return profiler.measure(calls) | failed
+        return profiler.measure(calls, deadline) | failed
 
     return time_plans
 
 
 @dataclass
 class Search:
-    """The measured `Placer`: how whole plans are timed (`time_plans`) and gated, and where figures are kept."""
+    """The measured `Placer`: how whole plans are timed (`time_plans`) and gated, and where figures are kept.
+    It stops at `deadline` (default: `budget_s` after `place` starts), and tells each step to `progress`."""
 
     time_plans: PlanTimer
     profiler: Profiler = field(default_factory=Profiler)
@@ -83,9 +96,11 @@ class Search:
     budget_s: float = 60.0
     threads: int | None = None
     gate: Gate | None = None
+    deadline: Deadline | None = None
+    progress: Callable[[str], None] = lambda step: None
 
     def place(self, analysis: Analysis) -> Placement:
-        """The fastest placement found within the budget; every runner it compiled is closed when it returns."""
+        """The fastest placement found by the deadline; every runner it compiled is closed when it returns."""
         with ExitStack() as runners:
             return _Searching(self, analysis, runners).run()
 
@@ -104,6 +119,8 @@ class _Searching:
         self.subjects: dict[str, tuple[str, tuple[str, ...]]] = {}  # figure key -> (kind, the providers it is on)
         self.failed: dict[str, str] = {}  # block, entry, pair key -> its error
         self.gated: dict[str, tuple[bool, dict[str, Any] | None]] = {}  # by candidate
+        self.deadline = config.deadline or Deadline.after(config.budget_s)
+        self.complete = True  # False once a step was left out at the deadline
 
     def run(self) -> Placement:
         started = time.monotonic()
@@ -113,32 +130,30 @@ class _Searching:
         greedy = self._prefer(labels)  # raises, naming it, when a node runs nowhere
         units = blocks(self.graph, self.support, self.pinned)
         allowed = [allowed_providers(self.graph, self.support, self.pinned, b) for b in units]
-        block_costs = self._block_costs(units, allowed)
-        measured = [[p for p in ps if block_costs[k][p].ok] for k, ps in enumerate(allowed)]
         classes = boundary_classes(self.graph, units)
-        entry, boundary = self._entry_costs(classes, allowed)
-        entries = [{p: entry[p][c] for p in ps if entry[p][c].ok} for ps, c in zip(measured, classes)]
-        crossings = [{pair: by_size[c] for pair, by_size in boundary.items() if by_size[c].ok} for c in classes]
-        candidates: dict[str, Choice] = {}
-        if all(measured):
-            candidates["searched"] = tuple(expand(units, cheapest_path(measured, block_costs, entries, crossings)))
-        candidates["first-supported"] = greedy
+        candidates = {"first-supported": greedy}
         for label in labels:
             candidates[f"{label} first"] = self._prefer([label, *(q for q in labels if q != label)])
-        whole = self._measure_plans(_unique(candidates))
-        timed = [name for name, m in whole.items() if m.ok]
-        if not timed:
-            raise self._none_timed(candidates, whole)
-        accepted = [name for name in sorted(timed, key=lambda name: whole[name].ms)
-                    if self._accepts(name, candidates[name])]
-        if not accepted:
-            raise MeasurementError("every candidate plan was outside the accuracy tolerance: "
-                                   + ", ".join(sorted(timed)))
-        best = accepted[0]
-        fastest = min(timed, key=lambda name: whole[name].ms)
-        if fastest not in accepted:
-            best = self._mix(candidates, whole, fastest, best, units, started)
-        best = self._improve(candidates, whole, best, units, measured, started)
+        candidates = _unique(candidates)
+        self._step(f"timing {len(candidates)} whole plans (each provider first)")
+        whole = self._measure_plans(candidates)
+        best = self._simplest(candidates, whole)
+        fastest = min(whole, key=lambda name: whole[name].ms)
+        if not self._accepts(fastest, candidates[fastest]):
+            best = self._mix(candidates, whole, fastest, best, units)
+        block_costs = self._block_costs(units, allowed, self._ranked(labels, whole))
+        measured = [[p for p in ps if block_costs[k][p].ok] for k, ps in enumerate(allowed)]
+        entry: dict[str, dict[int, Measurement]] = {}
+        boundary: dict[tuple[str, str], dict[int, Measurement]] = {}
+        if all(measured) and self._in_time():
+            self._step("timing the crossings between providers")
+            entry, boundary = self._entry_costs(classes, measured)
+            entries = [{p: entry[p][c] for p in ps if entry[p][c].ok} for ps, c in zip(measured, classes)]
+            crossings = [{pair: by_size[c] for pair, by_size in boundary.items() if by_size[c].ok} for c in classes]
+            searched = tuple(expand(units, cheapest_path(measured, block_costs, entries, crossings)))
+            if self._in_time():
+                best = self._challenge(candidates, whole, best, "searched", searched)
+        best = self._improve(candidates, whole, best, units, measured)
         placement = Placement(
             "measured", candidates[best], best,
             plans={name: self._candidate(name, candidates[name], m) for name, m in whole.items()},
@@ -147,10 +162,71 @@ class _Searching:
             entries=entry, boundaries=boundary,
             failures=[Failure(*self.subjects[key], error) for key, error in self.failed.items()],
             effort=Effort(len(self.fresh), len(self.hits), round(time.monotonic() - started, 3),
-                          self.config.budget_s, self.config.threads))
+                          self.config.budget_s, self.config.threads, self.complete))
         if store:
             store.update(self.fresh)
         return placement
+
+    # -- the best plan so far
+
+    def _step(self, text: str) -> None:
+        self.config.progress(text)
+
+    def _in_time(self) -> bool:
+        """Whether time remains; if not, the search is marked as stopped at its deadline."""
+        if self.deadline.passed:
+            self.complete = False
+        return self.complete
+
+    def _told(self, name: str, candidates: Mapping[str, Choice], whole: Mapping[str, Measurement]) -> str:
+        """`name`, told to `progress` as the best plan so far."""
+        figure = whole[name]
+        self._step(f"{BEST}{name} ({stages_summary(_stage_labels(candidates[name]))}) {figure.ms:.3f} ms")
+        return name
+
+    def _simplest(self, candidates: Mapping[str, Choice], whole: dict[str, Measurement]) -> str:
+        """The best of the whole plans timed together: the simplest accepted one (fewest stages, then the
+        fastest), unless another is faster beyond the noise, twice; `MeasurementError` when none was timed
+        or the gate accepts none."""
+        timed = sorted((name for name, m in whole.items() if m.ok), key=lambda name: whole[name].ms)
+        if not timed:
+            raise self._none_timed(candidates, whole)
+        accepted = [name for name in timed if self._accepts(name, candidates[name])]
+        if not accepted:
+            raise MeasurementError("every candidate plan was outside the accuracy tolerance: "
+                                   + ", ".join(sorted(timed)))
+        best = min(accepted, key=lambda name: (_stage_count(candidates[name]), whole[name].ms))
+        challenger = next((name for name in accepted if faster(whole[name], whole[best])), None)
+        if challenger is not None and self._confirmed(candidates, whole, challenger, best):
+            best = challenger
+        return self._told(best, candidates, whole)
+
+    def _challenge(self, candidates: dict[str, Choice], whole: dict[str, Measurement], best: str, name: str,
+                   choice: Choice) -> str:
+        """`name` if the plan of `choice` is faster than `best` beyond the noise, twice, and accepted by the
+        gate (it joins the candidates either way); else `best`. A choice timed already is not timed again."""
+        if choice in candidates.values():
+            return best
+        candidates[name] = choice
+        self._step(f"timing the {name} plan ({stages_summary(_stage_labels(choice))}) against {best}")
+        if self._confirmed(candidates, whole, name, best, timed=False) and self._accepts(name, choice):
+            return self._told(name, candidates, whole)
+        return best
+
+    def _confirmed(self, candidates: Mapping[str, Choice], whole: dict[str, Measurement], challenger: str,
+                   best: str, timed: bool = True) -> bool:
+        """Whether `challenger` is faster than `best` beyond the noise in a timing of the two together (two,
+        unless already `timed` together once); `whole` keeps their latest figures."""
+        for _ in range(1 if timed else 2):
+            result = self._measure_plans({challenger: candidates[challenger], best: candidates[best]})
+            whole.update(result)
+            if not faster(result[challenger], result[best]):
+                return False
+        return True
+
+    def _ranked(self, labels: Sequence[str], whole: Mapping[str, Measurement]) -> list[str]:
+        """The providers, the one whose own plan was fastest first (a failed one last)."""
+        return sorted(labels, key=lambda label: whole.get(f"{label} first", Measurement.failed("")).ms)
 
     def _accepts(self, name: str, choice: Choice) -> bool:
         """Whether the gate (if any) accepts the choice's outputs; remembered by candidate name."""
@@ -185,13 +261,15 @@ class _Searching:
     def _lookup(self, keys: Iterable[str]) -> dict[str, Measurement]:
         """The figures the cache holds for `keys` (a failure an older version cached is not a figure)."""
         found = {k: Measurement.from_json(self.known[k]) for k in set(keys) if k in self.known}
-        found = {k: m for k, m in found.items() if m.ok}
+        found = {k: m for k, m in found.items() if m.ok and m.spread <= NOISY}
         self.hits.update(found)
         return found
 
     def _remember(self, fresh: Mapping[str, Measurement]) -> None:
-        """Keep the figures for the cache; a failure is never cached."""
-        self.fresh.update({k: m.to_json() for k, m in fresh.items() if m.ok})
+        """Keep the figures for the cache; a failure, or a figure of fewer rounds than the profiler's (cut
+        short at the deadline), is never cached."""
+        rounds = self.config.profiler.rounds
+        self.fresh.update({k: m.to_json() for k, m in fresh.items() if m.ok and m.rounds >= rounds})
 
     def _cached(self, jobs: Mapping[str, Callable[[], Callable[[], object]]], together: bool = False
                 ) -> dict[str, Measurement]:
@@ -203,7 +281,7 @@ class _Searching:
             self.hits.difference_update(found)
             found = {}
         calls, failed = build({key: job for key, job in jobs.items() if key not in found})
-        fresh = self.config.profiler.measure(calls) | failed
+        fresh = self.config.profiler.measure(calls, self.deadline) | failed
         for key, m in fresh.items():
             if not m.ok:
                 kind, on = self.subjects[key]
@@ -234,8 +312,10 @@ class _Searching:
         return self.runners.enter_context(_raised_by(
             provider, lambda: provider.compile(provider.lower(model) if lower else model, exclusive=False)))
 
-    def _block_costs(self, units: Sequence[Sequence[int]], allowed: Sequence[Sequence[str]]
-                     ) -> list[dict[str, Measurement]]:
+    def _block_costs(self, units: Sequence[Sequence[int]], allowed: Sequence[Sequence[str]],
+                     order: Sequence[str]) -> list[dict[str, Measurement]]:
+        """Each block's figure on each provider allowed to run it, provider by provider in `order`, `CHUNK`
+        blocks at a time until the deadline; a figure not measured by then is a failure saying so."""
         models = [extract(self.model, self.graph, b, name=f"block_{k}") for k, b in enumerate(units)]
         digests = [hashlib.sha256(m.SerializeToString(deterministic=True)).hexdigest() for m in models]
         keys = {(k, p): self._key("block", p, digests[k]) for k, ps in enumerate(allowed) for p in ps}
@@ -246,8 +326,16 @@ class _Searching:
             runner = feeds.runner(k, p)
             return lambda: _raised_by(self.providers[p], runner.run, block_feeds)
 
-        measured = self._cached({key: (lambda k=k, p=p: job(k, p)) for (k, p), key in keys.items()})
-        return [{p: measured[keys[k, p]] for p in ps} for k, ps in enumerate(allowed)]
+        measured: dict[str, Measurement] = {}
+        for p in order:
+            mine = [k for k, ps in enumerate(allowed) if p in ps]
+            for start in range(0, len(mine), CHUNK):
+                if not self._in_time():
+                    break
+                self._step(f"timing blocks on {p} ({start} of {len(mine)})")
+                measured |= self._cached({keys[k, p]: (lambda k=k, p=p: job(k, p)) for k in mine[start:start + CHUNK]})
+        unmeasured = Measurement.failed(NOT_MEASURED)
+        return [{p: measured.get(keys[k, p], unmeasured) for p in ps} for k, ps in enumerate(allowed)]
 
     def _entry_costs(self, classes: Sequence[int], allowed: Sequence[Sequence[str]]
                      ) -> tuple[dict[str, dict[int, Measurement]], dict[tuple[str, str], dict[int, Measurement]]]:
@@ -287,55 +375,29 @@ class _Searching:
         return entry, boundary
 
     def _measure_plans(self, choices: Mapping[str, Choice]) -> dict[str, Measurement]:
-        digest = hashlib.sha256(self.model.SerializeToString(deterministic=True)).hexdigest()
-        versions = ",".join(f"{label}@{_version(p)}" for label, p in self.providers.items())
-        keys = {name: f"plan|{digest}|{versions}|threads={self.config.threads}|{self._at}|{_stage_labels(c)}"
-                      f"|{','.join(c)}" for name, c in choices.items()}
-        found = self._lookup(keys.values())
-        missing = {name: c for name, c in choices.items() if keys[name] not in found}
-        measured = self._confirmed(missing) if missing else {}
-        fresh = {keys[name]: m for name, m in measured.items()}
-        self._remember(fresh)
-        return {name: (found | fresh)[keys[name]] for name in choices}
-
-    def _confirmed(self, choices: Mapping[str, Choice]) -> dict[str, Measurement]:
-        """Whole figures, the close contenders timed a second time (a fresh process each, when the timer
-        makes processes) and kept at the faster: one process may run a plan 10-20% slower than the next."""
-        first = self.config.time_plans(choices)
-        fastest = min(m.ms for m in first.values())
-        close = {name: choices[name] for name, m in first.items() if m.ok and m.ms <= fastest * (1 + CONTENDERS)}
-        if len(close) < 2:
-            return first
-        again = self.config.time_plans(close)
-        return {name: _again(m, again[name]) if name in again else m for name, m in first.items()}
+        """Whole plans timed together now (never from the cache: figures compared come from the same rounds)."""
+        return self.config.time_plans(choices)
 
     def _improve(self, candidates: dict[str, Choice], whole: dict[str, Measurement], best: str,
-                 units: Sequence[Sequence[int]], allowed: Sequence[Sequence[str]], started: float) -> str:
+                 units: Sequence[Sequence[int]], allowed: Sequence[Sequence[str]]) -> str:
         """Move runs of blocks to another provider (a neighbouring run's first: a merge) while that beats the
         noise and time remains."""
-        budget = self.config.budget_s
-        tried = set(candidates.values())
         improved = True
-        while improved and time.monotonic() - started < budget:
+        while improved and self._in_time():
             improved = False
-            current = candidates[best]
-            choice = [current[b[0]] for b in units]
+            choice = [candidates[best][b[0]] for b in units]
             for alternative in _moves(choice, allowed):
                 placement = tuple(expand(units, alternative))
-                if placement in tried or time.monotonic() - started >= budget:
+                if placement in candidates.values() or not self._in_time():
                     continue
-                tried.add(placement)
-                name = f"moved {len(tried)}"
-                candidates[name] = placement
-                result = self._measure_plans({name: placement, best: current})
-                whole[name] = result[name]
-                if _beats(result[name], result[best]) and self._accepts(name, placement):
-                    best, improved = name, True
+                challenger = self._challenge(candidates, whole, best, f"moved {len(candidates) + 1}", placement)
+                if challenger != best:
+                    best, improved = challenger, True
                     break
         return best
 
     def _mix(self, candidates: dict[str, Choice], whole: dict[str, Measurement], rejected: str, best: str,
-             units: Sequence[Sequence[int]], started: float) -> str:
+             units: Sequence[Sequence[int]]) -> str:
         """Keep the `rejected` plan's (faster, reduced-precision) providers on a prefix of the blocks where it
         differs from the `best` accepted plan, and the accepted plan's on the rest: the longest prefix the gate
         accepts, found by bisection (half, then quarters, ...). The accepted mixes are timed whole beside
@@ -346,7 +408,7 @@ class _Searching:
         passed: dict[str, Choice] = {}
         made = 0
         low, high = 0, len(differ)  # a prefix of `differ` at `fast` that the gate accepts, and one it rejects
-        while high - low > 1 and time.monotonic() - started < self.config.budget_s:
+        while high - low > 1 and self._in_time():
             middle = (low + high) // 2
             at_fast = set(differ[:middle])
             placement = tuple(expand(units, [(fast if k in at_fast else safe)[k] for k in range(len(units))]))
@@ -363,9 +425,11 @@ class _Searching:
         if not passed:
             return best
         result = self._measure_plans({**passed, best: candidates[best]})
-        whole.update({name: result[name] for name in passed})
+        whole.update(result)
         mixed = min(passed, key=lambda name: result[name].ms)
-        return mixed if _beats(result[mixed], result[best]) else best
+        if faster(result[mixed], result[best]):
+            return self._told(mixed, candidates, whole)
+        return best
 
 
 class _Feeds:
@@ -471,21 +535,11 @@ def _moves(choice: Sequence[str], allowed: Sequence[Sequence[str]]) -> list[list
     return merges + others
 
 
-def _beats(challenger: Measurement, best: Measurement) -> bool:
-    """Whether `challenger` is faster than `best` beyond the noise (the larger spread, at least 1%)."""
-    return challenger.ms < best.ms * (1 - max(challenger.spread, best.spread, 0.01))
-
-
 def _less(pair: Measurement, first: Measurement) -> Measurement:
     """A pair's figure less its first stage's own: what the boundary costs; a failure when either failed."""
     if not pair.ok or not first.ok:
         return pair if not pair.ok else Measurement.failed(first.error or "the first stage was not measured")
     return Measurement(max(pair.ms - first.ms, 0.0), pair.spread, pair.rounds)
-
-
-def _again(first: Measurement, second: Measurement) -> Measurement:
-    """Two timings of one plan: the faster, or the failure when the second failed."""
-    return second if not second.ok else min(first, second, key=lambda m: m.ms)
 
 
 def _unique(candidates: Mapping[str, Choice]) -> dict[str, Choice]:
@@ -495,15 +549,24 @@ def _unique(candidates: Mapping[str, Choice]) -> dict[str, Choice]:
     return {name: choice for choice, name in seen.items()}
 
 
-def _stage_labels(choice: Sequence[str]) -> str:
-    """`openvino x12 > ort-cpu x3`: the providers along the topological order and how many nodes each runs."""
+def _runs(choice: Sequence[str]) -> list[list[Any]]:
+    """[provider, node count] per run of the same provider along the topological order."""
     runs: list[list[Any]] = []
     for p in choice:
         if runs and runs[-1][0] == p:
             runs[-1][1] += 1
         else:
             runs.append([p, 1])
-    return " > ".join(f"{p} x{n}" for p, n in runs)
+    return runs
+
+
+def _stage_labels(choice: Sequence[str]) -> str:
+    """`openvino x12 > ort-cpu x3`: the providers along the topological order and how many nodes each runs."""
+    return " > ".join(f"{p} x{n}" for p, n in _runs(choice))
+
+
+def _stage_count(choice: Sequence[str]) -> int:
+    return len(_runs(choice))
 
 
 def _entry_model(elements: int, like: onnx.ModelProto) -> onnx.ModelProto:

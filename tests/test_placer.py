@@ -20,7 +20,7 @@ from .conftest import assert_matches, random_feeds, reference
 from .test_search import FakeClock, fake_provider
 
 PROFILE_KEYS = {"placement", "chosen", "candidates", "blocks", "entry_ms", "boundary_ms", "failures", "measured",
-                "cached", "seconds", "budget_s", "threads"}
+                "cached", "seconds", "budget_s", "threads", "complete"}
 
 
 @pytest.fixture(autouse=True)

@@ -261,7 +261,8 @@ def test_a_block_that_cannot_be_fed_blames_the_provider_that_failed(monkeypatch,
     report = plan.profile
     assert {f["error"].split(":")[0] for f in report["failures"]} == {"fake-conv"}
     assert {f["on"] for f in report["failures"] if f["kind"] == "block"} == {"fake-conv"}
-    assert "fake-conv>fake-gemm" in {f["on"] for f in report["failures"] if f["kind"] == "pair"}
+    assert not [f for f in report["failures"] if f["kind"] == "pair"], "crossings are timed only between " \
+        "providers that ran blocks"
     assert all("fake-gemm" in b["ms"] for b in report["blocks"])
     assert {s.provider for s in plan.stages} == {"fake-gemm"}
 

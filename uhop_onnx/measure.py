@@ -4,7 +4,8 @@
 every candidate once (a few calls, their median), in a fresh (seeded) order each round, so that a slow phase
 of the machine, or the threads a runtime leaves spinning, hit every candidate alike. A candidate's figure is
 the minimum of its round medians; `spread` is how far its round medians scattered, the noise a decision must
-beat. A candidate that raises is a failure (infinitely slow, with its error), never a figure.
+beat. A candidate that raises is a failure (infinitely slow, with its error), never a figure. Candidates timed
+in the same rounds are compared round by round (`faster`): a machine that slows down slows both alike.
 
 `time_candidates` does the same with every candidate in its own worker process
 (`python -m uhop_onnx.measure worker REQUEST`): a saved plan folder, compiled there stage by stage, or what
@@ -26,7 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import import_module
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,7 +35,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .errors import InputError, first_line
-from .timing import Clock, calls_per_round, round_median
+from .timing import Clock, Deadline, calls_per_round, round_median
 
 K = TypeVar("K", bound=Hashable)
 
@@ -42,12 +43,14 @@ K = TypeVar("K", bound=Hashable)
 @dataclass(frozen=True)
 class Measurement:
     """Milliseconds per call: the minimum of the round medians, and the relative spread of those medians;
-    for a failure, infinity and the error."""
+    for a failure, infinity and the error. `medians` (ms, in round order) are kept in memory only, for
+    comparing candidates timed in the same rounds."""
 
     ms: float
     spread: float
     rounds: int
     error: str | None = None
+    medians: tuple[float, ...] = field(default=(), compare=False, repr=False)
 
     @classmethod
     def failed(cls, error: BaseException | str) -> Measurement:
@@ -56,6 +59,11 @@ class Measurement:
     @property
     def ok(self) -> bool:
         return self.error is None and math.isfinite(self.ms)
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """The lowest and highest round median (ms)."""
+        return self.ms, max(self.medians, default=self.ms * (1 + self.spread))
 
     def to_json(self) -> dict[str, float | str | None]:
         return {"ms": self.ms, "spread": self.spread, "rounds": self.rounds, "error": self.error}
@@ -84,8 +92,10 @@ class Profiler:
     max_calls: int = 25
     clock: Clock = time.perf_counter
 
-    def measure(self, candidates: Mapping[K, Callable[[], object]]) -> dict[K, Measurement]:
-        """A figure per candidate; one that raises (in any round) is a failure and leaves the rounds."""
+    def measure(self, candidates: Mapping[K, Callable[[], object]], deadline: Deadline | None = None
+                ) -> dict[K, Measurement]:
+        """A figure per candidate; one that raises (in any round) is a failure and leaves the rounds. Past
+        the `deadline`, no round starts after the first."""
         failed: dict[K, Measurement] = {}
         calls: dict[K, int] = {}
         for k, call in candidates.items():
@@ -104,13 +114,32 @@ class Profiler:
                     del medians[k]
             if not medians or r + 1 >= self.rounds and max(_spread(m) for m in medians.values()) <= self.noisy:
                 break
-        measured = {k: Measurement(min(m) * 1e3, _spread(m), len(m)) for k, m in medians.items()}
+            if deadline is not None and deadline.passed:
+                break
+        measured = {k: _figure([x * 1e3 for x in m]) for k, m in medians.items()}
         return {k: measured.get(k) or failed[k] for k in candidates}
 
 
 def _spread(medians: list[float]) -> float:
     low = min(medians)
     return (max(medians) - low) / low if low > 0 else 0.0
+
+
+def _figure(medians_ms: list[float]) -> Measurement:
+    return Measurement(min(medians_ms), _spread(medians_ms), len(medians_ms), medians=tuple(medians_ms))
+
+
+def faster(a: Measurement, b: Measurement, margin: float = 0.01) -> bool:
+    """Whether `a` is faster than `b` beyond the noise. Timed in the same rounds (3 or more), round by
+    round: `a`'s median over `b`'s in the same round stays below 1 - `margin` in every round (one outlier
+    round forgiven from 7 rounds on), so a machine that slows down for a while slows both alike. Otherwise
+    the figures must differ by more than the larger spread (and `margin`)."""
+    if not (a.ok and b.ok):
+        return a.ok
+    if len(a.medians) == len(b.medians) >= 3:
+        ratios = sorted(x / y for x, y in zip(a.medians, b.medians))
+        return ratios[-2 if len(ratios) >= 7 else -1] < 1 - margin
+    return a.ms < b.ms * (1 - max(a.spread, b.spread, margin))
 
 
 def build(jobs: Mapping[K, Callable[[], Callable[[], object]]]) -> tuple[dict[K, Callable[[], object]],
@@ -150,24 +179,27 @@ class Candidate:
 
 
 def time_plans_in_processes(plans: Mapping[str, Any], feeds: dict[str, np.ndarray], threads: int | None,
-                            rounds: int = 5) -> dict[str, Measurement]:
+                            rounds: int = 5, deadline: Deadline | None = None) -> dict[str, Measurement]:
     """Whole plans timed each in its own process on `feeds`, in alternating rounds -> `Measurement` per name
-    (infinite for a plan that failed). The plans are saved for their workers without reports."""
+    (infinite for a plan that failed), with its round medians for `faster`. The plans are saved for their
+    workers without reports. Past the `deadline`, no round starts after the third."""
     with tempfile.TemporaryDirectory(prefix="uhop-plans-") as work:
         candidates = []
         for k, (name, plan) in enumerate(plans.items()):
             plan.save(Path(work) / f"plan{k}", report=False)
             candidates.append(Candidate(name, str(Path(work) / f"plan{k}")))
-        figures = time_candidates(candidates, None, feeds, threads, rounds)
-    return {name: Measurement(f["ms"], f["spread"], len(f["round_medians_ms"])) if f["ms"] is not None
-            else Measurement.failed(f["error"]) for name, f in figures.items()}
+        figures = time_candidates(candidates, None, feeds, threads, rounds, deadline=deadline)
+    return {name: _figure(f["round_medians_ms"]) if f["ms"] is not None else Measurement.failed(f["error"])
+            for name, f in figures.items()}
 
 
 def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[str, np.ndarray],
-                    threads: int | None, rounds: int, calls: int | None = None) -> dict[str, dict]:
+                    threads: int | None, rounds: int, calls: int | None = None,
+                    deadline: Deadline | None = None) -> dict[str, dict]:
     """Each candidate in its own worker process, run on `feeds`; rounds alternate between them, in a
-    rotating order. Per name: `ms` (the minimum of the round medians), `spread`, `round_medians_ms`,
-    `stages` (`openvino x12` per stage) and `error` (one line, or None)."""
+    rotating order (past the `deadline`, none starts after the third). Per name: `ms` (the minimum of the
+    round medians), `spread`, `round_medians_ms`, `stages` (`openvino x12` per stage) and `error` (one line,
+    or None)."""
     workers, logs = {}, {}
     shared = tempfile.NamedTemporaryFile(prefix="uhop-feeds-", suffix=".npz", delete=False)
     with shared:
@@ -189,7 +221,9 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
                 errors[name] = str(failure)
         names = [c.name for c in candidates if c.name not in errors]
         order = random.Random(0)
-        for _ in range(rounds if names else 0):
+        for r in range(rounds if names else 0):
+            if r >= 3 and deadline is not None and deadline.passed:
+                break
             for name in order.sample(names, len(names)):
                 if name in errors:
                     continue

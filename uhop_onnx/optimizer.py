@@ -24,7 +24,7 @@ from .measure import Measurement, Profiler, time_plans_in_processes
 from .partitioner.capabilities import capabilities, only_the_rest
 from .partitioner.extract import extract
 from .partitioner.partition import partition
-from .partitioner.placement import FirstSupported
+from .partitioner.placement import FirstSupported, first_supported
 from .partitioner.placer import Analysis, Choice, Placement, Precision
 from .partitioner.search import Search, in_process
 from .metadata import ModelMetadata
@@ -44,6 +44,7 @@ from .report import ms_text
 from .runtime import compile_plan
 from .samples import reference_runs, shapes_text
 from .simplify import simplify
+from .timing import Deadline
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +167,10 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
 
     `providers` lists provider ids (or `(id, options)`) in preference order; None means every provider
     present. `assign` pins nodes (by name in the loaded model) to provider ids. With `profile`, candidate
-    placements are measured on this machine (within `budget` seconds for the search, figures cached on
-    disk) and the fastest is kept; without it, each node goes to the first provider that supports it.
+    placements are measured on this machine and the fastest is kept (block figures cached on disk); without
+    it, each node goes to the first provider that supports it. `budget` bounds the whole call, in seconds:
+    it returns by then (plus the measurement under way) with the best plan found so far, `progress` told
+    each step and each new best plan (as `partitioner.search.BEST` + its name and figure).
     Whole plans are timed each in its own process, as they will run; a given `profiler` times everything
     in this process instead (with a fake clock, tests get exact figures). A measured plan is kept in the
     cache, keyed by the model's bytes, the providers present (and their versions), the arguments and this
@@ -186,6 +189,7 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     files, one sample each; int8 is tried only with it. Without `shapes` or `inputs`, measurements run at
     the first calibration sample.
     """
+    deadline = Deadline.after(budget)
     tolerance, samples, measure_on = read_choice(precision, tolerance, calibration, shapes, inputs)
     if precision != "fp32" and not profile:
         raise InputError(f"precision={precision!r} chooses by measuring: it needs profile=True (drop --no-profile)")
@@ -209,7 +213,8 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
         progress("placing nodes and cutting stages")
         return build_plan(a, FirstSupported().place(a).choice, threads)
     if profiler is not None:
-        return place_measured(analysis(), threads, budget=budget, profiler=profiler, progress=progress)
+        return place_measured(analysis(), threads, budget=budget, profiler=profiler, progress=progress,
+                              deadline=deadline)
     measured_at = {"shapes": {k: list(v) for k, v in (shapes or {}).items()},
                    "inputs": None if measure_on is None else inputs_digest(measure_on)}
     if precision != "fp32":
@@ -226,7 +231,8 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
         else:
             log.info("reusing the plan measured earlier on this machine: %s", folder)
             return plan
-    plan = place_measured(analysis(), threads, budget=budget, profiler=profiler, progress=progress)
+    plan = place_measured(analysis(), threads, budget=budget, profiler=profiler, progress=progress,
+                          deadline=deadline)
     try:
         plan.save(folder, report=False)  # the report is written where the user saves the plan
     except (UhopError, OSError) as error:  # a full disk, or another process caching the same plan
@@ -272,27 +278,37 @@ def _seen_digest(entry: Any) -> None:
 
 
 def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, profiler: Profiler | None = None,
-                   progress: Callable[[str], None] = lambda step: None) -> Plan:
-    """The plan of `a` that measures fastest on this machine (see `optimize`)."""
-    progress("measuring candidate placements")
+                   progress: Callable[[str], None] = lambda step: None, deadline: Deadline | None = None) -> Plan:
+    """The plan of `a` that measures fastest on this machine by the `deadline` (default: `budget` seconds
+    from now); see `optimize`."""
+    deadline = deadline or Deadline.after(budget)
+    built: dict[Choice, Plan] = {}  # a plan timed again is not built again
+
+    def plan_of(choice: Choice) -> Plan:
+        if choice not in built:
+            built[choice] = build_plan(a, choice, threads)
+        return built[choice]
+
     if profiler is None:
         def time_plans(choices: Mapping[str, Choice]) -> dict[str, Measurement]:
-            return time_plans_in_processes({name: build_plan(a, c, threads) for name, c in choices.items()},
-                                           a.feeds, threads)
+            return time_plans_in_processes({name: plan_of(c) for name, c in choices.items()}, a.feeds, threads,
+                                           deadline=deadline)
     else:
         def run_plan(choice: Choice):
-            executor = compiled.enter_context(compile_plan(build_plan(a, choice, threads), threads))
+            executor = compiled.enter_context(compile_plan(plan_of(choice), threads))
             return lambda: executor.run(None, a.feeds)
 
-        time_plans = in_process(run_plan, profiler)
+        time_plans = in_process(run_plan, profiler, deadline)
     labels = [p.label for p in a.providers]
     store = JsonTable(cache_dir() / "profiles" / f"{device_fingerprint(threads, *labels)}.json",
                       check=Measurement.from_json)
     placer = Search(time_plans, profiler=profiler or Profiler(), store=store, budget_s=budget, threads=threads,
-                    gate=None if a.precision is None else lambda choice: _gate(a, choice, threads))
+                    gate=None if a.precision is None else lambda choice: _gate(a, choice, threads),
+                    deadline=deadline, progress=progress)
     with ExitStack() as compiled:  # the plans timed in this process, closed once the search is done
         placement = placer.place(a)
-    plan = build_plan(a, placement.choice, threads)
+    plan = plan_of(placement.choice)
+    plan.folder = None  # where the timing saved it is gone
     plan.placement, plan.profile = placement.method, placement.to_json()
     if a.precision is not None:
         plan.tolerance = a.precision.tolerance
@@ -322,8 +338,9 @@ def _log_measured(model_name: str, placement: Placement) -> None:
         log.info("%s: candidate %s measured %s ms (spread %.1f%%)", model_name, name,
                  ms_text(figure.ms if figure.ok else None) or "no figure", 100 * figure.spread)
     effort = placement.effort
-    log.info("%s: chose %s; %d figures measured, %d from the cache, in %s s", model_name, placement.chosen,
-             effort.measured, effort.cached, effort.seconds)
+    log.info("%s: chose %s; %d block figures measured, %d from the cache, in %s s%s", model_name,
+             placement.chosen, effort.measured, effort.cached, effort.seconds,
+             "" if effort.complete else " (stopped at the budget)")
 
 
 def _attribute_costs(plan: Plan, placement: Placement) -> None:
@@ -334,6 +351,12 @@ def _attribute_costs(plan: Plan, placement: Placement) -> None:
         stage.alternatives = cost.alternatives
         stage.cost_ms = cost.alternatives.get(stage.label)
         stage.boundary_ms = cost.boundary_ms
+
+
+def first_then_rest(a: Analysis, label: str, threads: int | None) -> Plan:
+    """The plan of `a` with each node on `label`'s provider where it runs, else on the first of the others
+    (in their order) that runs it."""
+    return build_plan(a, first_supported(a.graph, {label: a.support[label], **a.support}, a.pinned), threads)
 
 
 def build_plan(a: Analysis, choice: Sequence[str], threads: int | None) -> Plan:

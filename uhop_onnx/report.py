@@ -11,6 +11,7 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .errors import first_line
 from .samples import shapes_text
 
 if TYPE_CHECKING:
@@ -110,15 +111,47 @@ def markdown(plan: Plan) -> str:
         lines += ["", "## Precision", "", precision_text(plan)]
     if plan.profile:
         p = plan.profile
-        lines += ["", "## Whole plans measured", "",
-                  f"Chosen: **{p['chosen']}**. {p['measured']} figures measured, {p['cached']} from the cache, "
-                  f"in {p['seconds']} s.", "", "| candidate | ms | spread | stages | error vs fp32 |",
-                  "|---|---|---|---|---|"]
+        lines += ["", "## Whole plans measured", "", f"Chosen: **{p['chosen']}**. {effort_text(p)}.", "",
+                  "| candidate | ms | interval (ms) | stages | error |", "|---|---|---|---|---|"]
         for name, c in sorted(p["candidates"].items(), key=lambda kv: ms_order(kv[1]["ms"])):
-            failed = f"failed: {c.get('error') or 'no figure'}".replace("|", "\\|")
-            figure = ms_text(c["ms"]) if c["ms"] is not None else failed
-            lines.append(f"| {name} | {figure} | {c['spread']:.1%} | {c['stages']} | {candidate_accuracy(c)} |")
+            error = candidate_error(c).replace("|", "\\|")
+            lines.append(f"| {name} | {ms_text(c['ms'])} | {interval_text(c)} | {stages_summary(c['stages'])} "
+                         f"| {error} |")
     return "\n".join(lines) + "\n"
+
+
+def effort_text(profile: dict) -> str:
+    """`40 block figures measured, 12 from the cache, in 29.8 s of a 30 s budget` (and when the search stopped
+    at its budget, that it did)."""
+    budget = profile.get("budget_s")
+    stopped = "" if profile.get("complete", True) else "; stopped at the budget, the best plan so far kept"
+    return (f"{profile['measured']} block figures measured, {profile['cached']} from the cache, in "
+            f"{profile['seconds']} s" + (f" of a {budget:g} s budget" if budget is not None else "") + stopped)
+
+
+def stages_summary(stages: str, limit: int = 3) -> str:
+    """`openvino x12 > ort-cpu x3` as it is up to `limit` stages; a longer plan as its providers' node counts
+    over its stage count: `kernels x58 over 29 stages`, `ort-cpu x40, litert x18 over 13 stages`."""
+    runs = [part.rsplit(" x", 1) for part in stages.split(" > ") if part]
+    if len(runs) <= limit:
+        return stages
+    totals: dict[str, int] = {}
+    for provider, count in runs:
+        totals[provider] = totals.get(provider, 0) + int(count)
+    return ", ".join(f"{p} x{n}" for p, n in totals.items()) + f" over {len(runs)} stages"
+
+
+def interval_text(candidate: dict) -> str:
+    """`2.51-2.73`: a whole plan's lowest and highest round median; '' for a failed one."""
+    low_high = candidate.get("interval")
+    return "" if not low_high else f"{low_high[0]:.3g}-{low_high[1]:.3g}"
+
+
+def candidate_error(candidate: dict) -> str:
+    """A whole plan's error in one line: why it failed, or its worst error against fp32 where it was gated."""
+    if candidate["ms"] is None:
+        return "failed: " + first_line(candidate.get("error") or "no figure")
+    return candidate_accuracy(candidate)
 
 
 def graph_dot(plan: Plan) -> str:

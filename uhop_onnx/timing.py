@@ -1,4 +1,5 @@
-"""Timing one callable: the seconds of a call, how many calls make a round of a given length, a round's median.
+"""Timing one callable: the seconds of a call, how many calls make a round of a given length, a round's median;
+and the `Deadline` a bounded search stops at.
 
 The one calibration rule of the project (the profiler, the measuring workers and the kernel tuner use it):
 warm up, take the fastest warm-up call, and fill the round's target length with calls of that length, within
@@ -10,6 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 Clock = Callable[[], float]  # seconds; a fake one makes tests exact
 
@@ -32,3 +34,22 @@ def calls_per_round(call: Callable[[], object], target: float, low: int, high: i
 def round_median(call: Callable[[], object], calls: int, clock: Clock = time.perf_counter) -> float:
     """The median seconds of `calls` calls of `call()`."""
     return statistics.median(seconds(call, clock) for _ in range(calls))
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A moment on the monotonic clock (`time.monotonic()` seconds) by which work should be done."""
+
+    at: float
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls(time.monotonic() + seconds)
+
+    def left(self) -> float:
+        """Seconds left (negative once past)."""
+        return self.at - time.monotonic()
+
+    @property
+    def passed(self) -> bool:
+        return self.left() <= 0
