@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from uhop_onnx.errors import ProviderError
+from uhop_onnx.errors import InputError, ProviderError
 
 from .base import Availability, Provider, Runner
 from .capability import CapabilityTable, OpRule, Support
@@ -14,6 +14,7 @@ from .kernels import KernelsProvider
 from .litert import LiteRt
 from .openvino import OpenVino
 from .ort import OrtCpu, OrtCuda, OrtRocm, OrtTensorRT
+from .ort_names import ORT_NAMES, from_ort
 from .rknn import Rknn
 
 # Accelerators first; ort-cpu, the last resort, last.
@@ -23,28 +24,16 @@ LAST_RESORT = "ort-cpu"
 ProviderSpec = str | tuple[str, dict[str, Any]]
 
 
-def _flag(value: Any) -> bool:
-    """An ONNX Runtime option flag (`True`, `1`, `"1"`, `"True"`) as a bool."""
-    return str(value).strip().lower() in ("1", "true")
-
-
-def _device_type(value: Any) -> str:
-    """OpenVINO EP's `device_type` (`"CPU"`, `"GPU_FP16"`, `"GPU.0"`) as an OpenVINO device."""
-    return str(value).split("_FP")[0]
-
-
-# ONNX Runtime's execution provider names -> (provider id, {EP option: (our option, converter)}).
-ORT_NAMES: dict[str, tuple[str, dict[str, tuple[str, Callable[[Any], Any]]]]] = {
-    "CPUExecutionProvider": ("ort-cpu", {}),
-    "CUDAExecutionProvider": ("ort-cuda", {"device_id": ("device_id", int)}),
-    "TensorrtExecutionProvider": ("ort-tensorrt", {"device_id": ("device_id", int), "trt_fp16_enable": ("fp16", _flag),
-                                                   "trt_engine_cache_path": ("engine_cache", str)}),
-    "MIGraphXExecutionProvider": ("ort-rocm", {"device_id": ("device_id", int)}),
-    "OpenVINOExecutionProvider": ("openvino", {"device_type": ("device", _device_type)}),
-}
+# How `resolve` reads ONNX Runtime's names: "device" (a name is a device, every provider present there
+# competes) or "literal" (a name is an alias of one provider: CPUExecutionProvider = ort-cpu).
+POLICIES = ("device", "literal")
+# The providers that run on this host's CPU, in registry order: what CPUExecutionProvider names as a device.
+HOST_CPU: tuple[tuple[str, dict[str, Any]], ...] = (("openvino", {}), ("litert", {}), ("kernels", {}), ("ort-cpu", {}))
 
 __all__ = [
     "LAST_RESORT",
+    "ORT_NAMES",
+    "POLICIES",
     "REGISTRY",
     "Availability",
     "CapabilityTable",
@@ -55,40 +44,32 @@ __all__ = [
     "create",
     "devices",
     "get_available_providers",
+    "listed",
     "parse_spec",
     "resolve",
     "from_ort",
 ]
 
 
-def from_ort(name: str, options: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    """An ONNX Runtime EP name and its options -> (provider id, options); ids and unknown names pass as they
-    are. Only the EP options with a meaning here are accepted (others: `ProviderError`, listing them)."""
-    if name not in ORT_NAMES:
-        return name, dict(options)
-    ident, table = ORT_NAMES[name]
-    unknown = sorted(set(options) - set(table))
-    if unknown:
-        valid = ", ".join(sorted(table)) or "none"
-        raise ProviderError(f"{name}: option(s) {', '.join(unknown)} have no meaning here; valid options: {valid}")
-    return ident, {table[key][0]: table[key][1](value) for key, value in options.items()}
-
-
 def parse_spec(spec: ProviderSpec) -> tuple[str, dict[str, Any]]:
     """`"openvino"`, `"openvino:GPU"` or `("openvino", {"device": "GPU"})` -> (id, options). ONNX Runtime's
-    names are aliases: `"CPUExecutionProvider"`, `("OpenVINOExecutionProvider", {"device_type": "GPU"})`."""
-    if isinstance(spec, str):
-        ident, _, device = spec.partition(":")
-        options = {"device": device} if device else {}
-    elif isinstance(spec, (tuple, list)) and len(spec) == 2 and isinstance(spec[0], str) and isinstance(spec[1], dict):
-        ident, options = spec[0], dict(spec[1])
-    else:
-        raise ProviderError(f"providers: expected an id or an (id, options) pair, got {spec!r}")
-    ident, options = from_ort(ident, options)
+    names are read as aliases here: `"CPUExecutionProvider"`, `("OpenVINOExecutionProvider", {"device_type":
+    "GPU"})` (`resolve` reads them as devices)."""
+    ident, options = from_ort(*_split(spec))
     if ident not in REGISTRY:
         raise ProviderError(f"unknown provider {ident!r}; valid providers: {', '.join(REGISTRY)} "
                             f"(or ONNX Runtime's names: {', '.join(ORT_NAMES)})")
     return ident, options
+
+
+def _split(spec: ProviderSpec) -> tuple[str, dict[str, Any]]:
+    """A spec as written -> (name, options), the name not yet read."""
+    if isinstance(spec, str):
+        ident, _, device = spec.partition(":")
+        return ident, {"device": device} if device else {}
+    if isinstance(spec, (tuple, list)) and len(spec) == 2 and isinstance(spec[0], str) and isinstance(spec[1], dict):
+        return spec[0], dict(spec[1])
+    raise ProviderError(f"providers: expected an id or an (id, options) pair, got {spec!r}")
 
 
 def create(spec: ProviderSpec, threads: int | None = None) -> Provider:
@@ -96,21 +77,24 @@ def create(spec: ProviderSpec, threads: int | None = None) -> Provider:
     return REGISTRY[ident](options, threads)
 
 
-def resolve(specs: Sequence[ProviderSpec] | None, threads: int | None = None, strict: bool = False) -> list[Provider]:
+def resolve(specs: Sequence[ProviderSpec] | None, threads: int | None = None, strict: bool = False,
+            policy: str = "device") -> list[Provider]:
     """The providers a plan may use, in preference order: the listed ones, or every present one when `specs`
     is None; `ort-cpu` is appended as the last resort wherever it is installed (`appended`, when a list did
-    not name it: it runs only the nodes no listed provider supports). A listed provider absent
+    not name it: it runs only the nodes no listed provider supports). Under `policy="device"`, ONNX
+    Runtime's names name devices (`listed`); under "literal" they are aliases. A listed provider absent
     here is skipped with one warning, as ONNX Runtime does; with `strict` it raises `ProviderError`."""
+    if policy not in POLICIES:
+        raise InputError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
     if isinstance(specs, str):
         specs = [s for s in specs.split(",") if s]
     if specs is None:
         chosen = [p for p in (cls(None, threads) for cls in REGISTRY.values()) if p.present]
     else:
-        listed = [create(spec, threads) for spec in specs]
-        if not listed:
+        if not specs:
             raise ProviderError(f"providers is empty; give at least one of: {', '.join(REGISTRY)}")
         chosen = []
-        for provider in listed:
+        for provider in listed(specs, threads, policy, strict):
             if strict or provider.present:
                 provider.require()
                 chosen.append(provider)
@@ -126,6 +110,39 @@ def resolve(specs: Sequence[ProviderSpec] | None, threads: int | None = None, st
     if not chosen:
         raise ProviderError("no provider is present on this host; install one: pip install onnxruntime")
     return chosen
+
+
+def listed(specs: Sequence[ProviderSpec], threads: int | None, policy: str, strict: bool = False) -> list[Provider]:
+    """The providers `specs` name, in order, without duplicates. uhop's ids name exactly one provider. Under
+    `policy="device"`, `CPUExecutionProvider` is every provider present that runs on this host's CPU
+    (`HOST_CPU`), a GPU EP name its own provider followed, after every name listed, by the CPU ones (for what
+    the GPU cannot run), and `ort-cpu` comes last. ONNX Runtime's other EP names (`AzureExecutionProvider`,
+    `CoreMLExecutionProvider`...) have no provider here: skipped with a warning, as ONNX Runtime skips an EP
+    its build lacks (`strict`: `ProviderError`)."""
+    names = [_split(spec) for spec in specs]
+    devices = [ORT_NAMES[n].device if n in ORT_NAMES and policy == "device" else None for n, _ in names]
+    cpu = [p for p in (REGISTRY[i](o, threads) for i, o in HOST_CPU) if p.present] if any(devices) else []
+    named: list[Provider] = []
+    for (name, options), device in zip(names, devices, strict=True):
+        if name.endswith("ExecutionProvider") and name not in ORT_NAMES:
+            if strict:
+                raise ProviderError(f"ONNX Runtime's {name} has no provider in uhop-onnx; valid: "
+                                    f"{', '.join(REGISTRY)} or {', '.join(ORT_NAMES)}")
+            warnings.warn(f"ONNX Runtime's {name} has no provider in uhop-onnx; skipped", UserWarning, stacklevel=3)
+            continue
+        ident, options = from_ort(name, options)
+        named.extend(cpu if device == "cpu" else [create((ident, options), threads)])
+    named.extend(cpu if "gpu" in devices else [])
+    unique: dict[tuple, Provider] = {}
+    for provider in named:
+        unique.setdefault(_key(provider), provider)
+    return sorted(unique.values(), key=lambda p: p.id == LAST_RESORT) if any(devices) else list(unique.values())
+
+
+def _key(provider: Provider) -> tuple:
+    """What makes two listed providers the same: the id and the options (a `device` of CPU is the default)."""
+    options = {k: v for k, v in provider.options.items() if not (k == "device" and str(v).upper() == "CPU")}
+    return provider.id, tuple(sorted((k, repr(v)) for k, v in options.items()))
 
 
 def get_available_providers() -> list[str]:

@@ -162,7 +162,7 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
              precision: str = "fp32", tolerance: float | None = None,
              calibration: str | os.PathLike | Mapping[str, Any] | None = None,
              budget: float = 60.0, profiler: Profiler | None = None,
-             progress: Callable[[str], None] = lambda step: None) -> Plan:
+             progress: Callable[[str], None] = lambda step: None, policy: str = "device") -> Plan:
     """Place every node of `model` on a provider and split it into stages.
 
     `providers` lists provider ids (or `(id, options)`) in preference order; None means every provider
@@ -175,7 +175,8 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     in this process instead (with a fake clock, tests get exact figures). A measured plan is kept in the
     cache, keyed by the model's bytes, the providers present (and their versions), the arguments and this
     machine; the same call again reuses it. A listed provider absent here is skipped with one warning;
-    `strict` makes that an error.
+    `strict` makes that an error. `policy` says how ONNX Runtime's EP names are read (`providers.resolve`):
+    "device" (`CPUExecutionProvider` is every provider on this host's CPU) or "literal" (an alias).
 
     Measurements run at `shapes` (`{input: (1, 3, 640, 640)}`) or on `inputs` (arrays by name, or an `.npz`
     path); without them a free leading dimension is 1, and any other free dimension raises `InputError`
@@ -193,7 +194,7 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     tolerance, samples, measure_on = read_choice(precision, tolerance, calibration, shapes, inputs)
     if precision != "fp32" and not profile:
         raise InputError(f"precision={precision!r} chooses by measuring: it needs profile=True (drop --no-profile)")
-    chosen = resolve(providers, threads, strict)
+    chosen = resolve(providers, threads, strict, policy)
 
     def analysis() -> Analysis:
         try:
