@@ -1,18 +1,27 @@
-"""Writes that land whole or not at all: a file or a folder is built beside its target and renamed onto it,
-with the modes the user's umask gives (mkstemp and mkdtemp would leave them private to the owner)."""
+"""Files: writes that land whole or not at all (a file or a folder is built beside its target and renamed onto
+it, with the modes the user's umask gives: mkstemp and mkdtemp would leave them private to the owner), staging
+left by a killed process removed on the next write, `.npz` arrays read without pickles, and the external-data
+files an ONNX model names checked to lie inside its own folder."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tarfile
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from .errors import OutputError, UhopError
+from .errors import InputError, ModelError, OutputError, UhopError
+
+STALE_AFTER = 24 * 3600  # seconds: staging this old is stale even while its pid runs (reused by another process)
+_STAGING = re.compile(r"\..+\.uhop-(\d+)-[a-z0-9_]{8}")  # `.NAME.uhop-PID-XXXXXXXX`, beside its target
+_SCRATCH = re.compile(r"uhop-[a-z0-9]+-(\d+)-[a-z0-9_]{8}")  # `uhop-KIND-PID-XXXXXXXX`, in the temporary folder
+_swept: set[str] = set()
 
 
 def umask() -> int:
@@ -28,7 +37,8 @@ def atomic_file(path: Path, mode: str = "w") -> Iterator[IO]:
     `OutputError` when `path` cannot be written, or the write fails midway."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        sweep(path.parent)
+        fd, temporary = tempfile.mkstemp(prefix=_staging(path.name), dir=path.parent)
     except OSError as error:
         raise _unwritable(path, error) from None
     try:
@@ -51,7 +61,8 @@ def new_folder(target: Path, error: type[UhopError] = UhopError) -> Iterator[Pat
         raise error(f"{target}: exists and is not an empty folder; choose a new output path")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        sweep(target.parent)
+        staging = Path(tempfile.mkdtemp(prefix=_staging(target.name), dir=target.parent))
     except OSError as failure:
         raise _unwritable(target, failure) from None
     try:
@@ -75,9 +86,58 @@ def check_writable(target: Path) -> None:
     if not folder.is_dir():
         raise OutputError(f"{target}: cannot be written: {folder} is not a folder; choose a writable path")
     try:
-        Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=folder)).rmdir()
+        Path(tempfile.mkdtemp(prefix=_staging(target.name), dir=folder)).rmdir()
     except OSError as error:
         raise _unwritable(target, error) from None
+
+
+def temporary_folder(kind: str) -> tempfile.TemporaryDirectory:
+    """A temporary folder `uhop-KIND-PID-XXXXXXXX` in the system's temporary folder (removed by the object's
+    `cleanup`, or at the end of a `with` block), once the ones a killed process left there are removed."""
+    folder = Path(tempfile.gettempdir())
+    sweep(folder, _SCRATCH)
+    return tempfile.TemporaryDirectory(prefix=f"uhop-{kind}-{os.getpid()}-", dir=folder)
+
+
+def sweep(folder: Path, pattern: re.Pattern = _STAGING) -> None:
+    """Remove what a process killed midway left in `folder`: entries named by `pattern` (a staging file or
+    folder beside its target, by default) whose process runs no more, or older than `STALE_AFTER`. Each
+    folder is swept once per process; what cannot be removed is left."""
+    key = os.path.abspath(folder)
+    if key in _swept:
+        return
+    _swept.add(key)
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        match = pattern.fullmatch(entry.name)
+        try:
+            if match and not (_running(int(match[1])) and time.time() - entry.stat(follow_symlinks=False).st_mtime
+                              < STALE_AFTER):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+        except OSError:
+            continue  # removed meanwhile by another process, or not ours to remove
+
+
+def _running(pid: int) -> bool:
+    """Whether a process with this id runs on this host."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
+
+
+def _staging(name: str) -> str:
+    """The prefix of a staging entry for `name`, naming this process (see `sweep`)."""
+    return f".{name}.uhop-{os.getpid()}-"
 
 
 def _unwritable(path: Path, error: OSError) -> OutputError:
@@ -101,12 +161,130 @@ def _midway(path: Path, error: OSError) -> OutputError:
                        "(free some space, or choose another path)", exit_code=1)
 
 
-def read_npz(path: str | os.PathLike) -> dict:
-    """The arrays of an `.npz` file by name (no pickled objects)."""
+def read_npz(path: str | os.PathLike | IO[bytes], error: type[UhopError] = InputError, where: object = None) -> dict:
+    """The arrays of an `.npz` file by name. Arrays of Python objects are never unpickled: such an array, or a
+    file that is no `.npz`, is an `error` naming `where` (default: `path`)."""
+    import zipfile
+
     import numpy as np
 
-    with np.load(path, allow_pickle=False) as data:
-        return {name: data[name] for name in data.files}
+    where = path if where is None else where
+    name = None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {}
+            for name in data.files:
+                arrays[name] = data[name]
+            return arrays
+    except ValueError as failure:
+        if name is not None and "allow_pickle" in str(failure):
+            raise error(f"{where}: array {name!r} holds Python objects, which are never unpickled; store "
+                        "numeric arrays only (numpy.savez of plain arrays)") from None
+        raise error(f"{where}: cannot read its arrays ({failure}); write it with numpy.savez") from None
+    except (OSError, EOFError, zipfile.BadZipFile, AttributeError, TypeError) as failure:
+        raise error(f"{where}: not a readable .npz ({type(failure).__name__}: {failure}); write it with "
+                    "numpy.savez") from None
+
+
+# -- external data: ONNX tensors whose bytes live in another file -----------------------------------------------
+
+def check_external_data(model: bytes, folder: Path | None, where: object, error: type[UhopError] = ModelError,
+                        remedy: str = "load the model from its file path instead") -> bool:
+    """Whether the serialized ONNX `model` keeps tensors' data in other files, once each such file is checked:
+    a relative path that stays inside `folder` once links are resolved, a regular file holding the bytes the
+    tensor names. Anything else is an `error` naming `where`; without a `folder` (a model given as bytes, or
+    one a runtime reads from bytes and would resolve against the working directory), any such tensor is,
+    with `remedy`. Reads the protobuf wire format itself: no onnx needed (a board has none)."""
+    found = external_tensors(model, where, error)
+    if found and folder is None:
+        name, entries = found[0]
+        raise error(f"{where}: tensor {name!r} keeps its data in another file ({entries.get('location')!r}); "
+                    f"{remedy}")
+    root = folder.resolve() if folder is not None else None
+    for name, entries in found:
+        location = entries.get("location", "")
+        target = (root / location).resolve()
+        if not location or Path(location).is_absolute() or not target.is_relative_to(root):
+            raise error(f"{where}: external data of tensor {name!r} points outside the model's folder "
+                        f"({location!r}); keep external data files beside the model")
+        if not target.is_file():
+            raise error(f"{where}: external data file {location!r} of tensor {name!r} is missing")
+        try:
+            end = int(entries.get("offset") or 0) + int(entries.get("length") or 0)
+        except ValueError:
+            raise error(f"{where}: external data of tensor {name!r} has offset {entries.get('offset')!r} and "
+                        f"length {entries.get('length')!r}, which are not numbers") from None
+        if end > target.stat().st_size or end < 0:
+            raise error(f"{where}: external data of tensor {name!r} runs past the end of {location!r}")
+    return bool(found)
+
+
+# The fields of ONNX's messages (onnx.proto) that lead to a tensor: message -> {field number: message it holds}.
+_LEADS = {
+    "model": {7: "graph", 25: "function"},
+    "graph": {1: "node", 5: "tensor", 15: "sparse"},
+    "function": {7: "node"},
+    "node": {5: "attribute"},
+    "attribute": {5: "tensor", 6: "graph", 10: "tensor", 11: "graph", 22: "sparse", 23: "sparse"},
+    "sparse": {1: "tensor", 2: "tensor"},
+    "tensor": {13: "entry"},
+}
+_TENSOR_NAME, _DATA_LOCATION, _EXTERNAL = 8, 14, 1
+
+
+def external_tensors(model: bytes, where: object = "model", error: type[UhopError] = ModelError
+                     ) -> list[tuple[str, dict[str, str]]]:
+    """(name, external_data entries) of each tensor of a serialized ONNX model (initializers, tensor
+    attributes, sparse tensors, in every subgraph and function) whose `data_location` is EXTERNAL: its data
+    lives in another file. Bytes that are no protobuf are an `error`."""
+    data = memoryview(model)
+    tensors: list[dict] = []
+    pending: list[tuple[str, int, int, dict | None]] = [("model", 0, len(data), None)]  # (message, span, record)
+    while pending:
+        kind, at, end, record = pending.pop()
+        if kind == "tensor":
+            record = {"name": "", "location": 0, "entries": []}
+            tensors.append(record)
+        while at < end:
+            key, at = _varint(data, at, end, where, error)
+            number, wire = key >> 3, key & 7
+            if wire == 0:
+                value, at = _varint(data, at, end, where, error)
+                if kind == "tensor" and number == _DATA_LOCATION:
+                    record["location"] = value
+            elif wire == 2:
+                size, at = _varint(data, at, end, where, error)
+                if at + size > end:
+                    raise error(f"{where}: not an ONNX model or truncated (a field runs past its message)")
+                if kind == "entry" or kind == "tensor" and number == _TENSOR_NAME:
+                    record[number] = bytes(data[at:at + size]).decode("utf-8", "replace")
+                elif number in _LEADS.get(kind, {}):
+                    inner = _LEADS[kind][number]
+                    entry = {} if inner == "entry" else None
+                    if entry is not None:
+                        record["entries"].append(entry)
+                    pending.append((inner, at, at + size, entry))
+                at += size
+            elif wire in (1, 5):
+                at += 8 if wire == 1 else 4
+            else:
+                raise error(f"{where}: not an ONNX model (protobuf wire type {wire})")
+        if at > end:
+            raise error(f"{where}: not an ONNX model or truncated (a field runs past its message)")
+    return [(t.get(_TENSOR_NAME, ""), {e.get(1, ""): e.get(2, "") for e in t["entries"]})
+            for t in tensors if t["location"] == _EXTERNAL]
+
+
+def _varint(data: memoryview, at: int, end: int, where: object, error: type[UhopError]) -> tuple[int, int]:
+    value = shift = 0
+    while at < end and shift < 64:
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at += 1
+        if not byte & 0x80:
+            return value, at
+        shift += 7
+    raise error(f"{where}: not an ONNX model or truncated (a number runs past its message)")
 
 
 def write_archive(folder: Path, out: Path, first: tuple[str, ...] = ()) -> None:

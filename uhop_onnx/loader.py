@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
@@ -12,6 +11,7 @@ from google.protobuf.message import DecodeError, Message
 from onnx import external_data_helper, shape_inference
 
 from .errors import ModelError, first_line
+from .files import check_external_data, external_tensors
 from .graph import outer_inputs
 
 log = logging.getLogger(__name__)
@@ -28,15 +28,23 @@ def load(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.ModelProto:
     """
     if isinstance(model, onnx.ModelProto):
         proto, where, folder = _copy(model), "model", None
+        try:
+            data = proto.SerializeToString()
+        except ValueError as error:  # past protobuf's 2 GB
+            raise ModelError(f"model: cannot be serialized ({first_line(error)}); save it with its weights as "
+                             "external data and load it from its path") from None
     elif isinstance(model, bytes):
-        proto, where, folder = _parse(model, "model"), "model", None
+        data, where, folder = model, "model", None
+        proto = _parse(data, where)
     else:
         path = Path(model)
         if not path.is_file():
             raise ModelError(f"{path}: no such file")
-        proto, where, folder = _parse(path.read_bytes(), str(path)), str(path), path.resolve().parent
+        data, where, folder = path.read_bytes(), str(path), path.resolve().parent
+        proto = _parse(data, where)
     _check_versions(proto, where)
-    _load_external_data(proto, folder, where)
+    if check_external_data(data, folder, where):
+        read_external_data(proto, folder, where)
     name_nodes(proto.graph)
     _check_structure(proto.graph, where)
     _check_sizes(proto.graph, where)
@@ -135,43 +143,18 @@ def _check_versions(model: onnx.ModelProto, where: str) -> None:
             )
 
 
-def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    """Every tensor of a graph and its subgraphs: initializers and tensor attributes."""
-    yield from graph.initializer
-    yield from (s.values for s in graph.sparse_initializer)
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.HasField("t"):
-                yield attr.t
-            yield from attr.tensors
-            for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
-                yield from _tensors(sub)
-
-
-def _load_external_data(model: onnx.ModelProto, folder: Path | None, where: str) -> None:
-    external = [t for t in _tensors(model.graph) if external_data_helper.uses_external_data(t)]
-    if not external:
-        return
-    if folder is None:
-        raise ModelError(f"{where}: tensors use external data; load the model from its file path instead")
-    for tensor in external:
-        info = external_data_helper.ExternalDataInfo(tensor)
-        location = Path(info.location)
-        target = (folder / location).resolve()
-        if location.is_absolute() or not target.is_relative_to(folder):
-            raise ModelError(
-                f"{where}: external data of tensor {tensor.name!r} points outside the model's folder "
-                f"({info.location!r}); keep external data files beside the model"
-            )
-        if not target.is_file():
-            raise ModelError(f"{where}: external data file {info.location!r} of tensor {tensor.name!r} is missing")
-        end = (info.offset or 0) + (info.length or 0)
-        if end > target.stat().st_size:
-            raise ModelError(f"{where}: external data of tensor {tensor.name!r} runs past the end of {info.location!r}")
+def read_external_data(model: onnx.ModelProto, folder: Path, where: object, error: type = ModelError) -> None:
+    """Read into `model` the data its tensors keep in files of `folder`, once `files.check_external_data`
+    accepted them, so that no runtime resolves those paths again (a sparse tensor's is refused: onnx reads
+    none)."""
     try:
         external_data_helper.load_external_data_for_model(model, str(folder))
-    except (OSError, ValueError) as error:
-        raise ModelError(f"{where}: cannot read external data ({first_line(error)})") from None
+    except (OSError, ValueError) as failure:
+        raise error(f"{where}: cannot read external data ({first_line(failure)})") from None
+    left = external_tensors(model.SerializeToString(), where, error)
+    if left:
+        raise error(f"{where}: tensor {left[0][0]!r} keeps its data in another file, which is read only for "
+                    "initializers and tensor attributes; store it in the model")
 
 
 def _check_sizes(graph: onnx.GraphProto, where: str) -> None:

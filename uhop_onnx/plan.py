@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import PlanError
 from .providers.base import label
-from .files import new_folder, read_npz
+from .files import check_external_data, new_folder, read_npz
 from .dtypes import TensorSig
 from .metadata import ModelMetadata
 from .samples import shapes_text
@@ -175,9 +175,12 @@ class Plan:
 
     def stage_model(self, stage: Stage):
         """The stage's ONNX model, read from the plan folder when not in memory, once its bytes match the
-        sha256 the plan recorded."""
+        sha256 the plan recorded and any data it keeps in other files lies in the plan folder (then read
+        into it: no runtime resolves those paths, against the working directory, itself)."""
         if stage.model is None:
             import onnx
+
+            from .loader import read_external_data
 
             if self.folder is None:
                 raise PlanError(f"stage {stage.file!r} has no model in memory and the plan has no folder")
@@ -186,10 +189,14 @@ class Plan:
             if hashlib.sha256(data).hexdigest() != stage.sha256:
                 raise PlanError(f"{path}: refused: the stage file does not match its sha256 in {PLAN_FILE} "
                                 "(replaced or changed since the plan was saved); re-run `uhop-onnx optimize`")
+            external = check_external_data(data, self.folder, path, PlanError)
             try:
-                stage.model = onnx.load_from_string(data)
+                model = onnx.load_from_string(data)
             except Exception as error:  # noqa: BLE001 - not a protobuf
                 raise PlanError(f"{path}: cannot read stage model ({error})") from None
+            if external:
+                read_external_data(model, self.folder, path, PlanError)
+            stage.model = model
         return stage.model
 
     def fell_back(self, index: int) -> str:
@@ -240,7 +247,7 @@ class Plan:
             stored = _read(folder / CONSTANTS_FILE)
             if hashlib.sha256(stored).hexdigest() != data.constants_sha256:
                 raise PlanError(f"{folder / CONSTANTS_FILE}: refused: does not match constants_sha256 in {PLAN_FILE}")
-            arrays = read_npz(io.BytesIO(stored))
+            arrays = read_npz(io.BytesIO(stored), PlanError, folder / CONSTANTS_FILE)
             missing = sorted(set(data.constants) - set(arrays))
             if missing:
                 raise PlanError(f"{folder / CONSTANTS_FILE}: has no array {', '.join(missing)}")

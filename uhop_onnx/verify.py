@@ -39,32 +39,50 @@ def verify_bundle(path: str | os.PathLike, key: KeySource | None = None, allow_u
     hash match, every stage run here matches its reference, and at least one stage ran here (unless
     `allow_unrun`). Without a key, `signature` says whether the bundle is signed: its hashes then prove only
     that no file was corrupted, not who made them."""
-    with unpacked(path) as folder:
-        report: dict[str, Any] = {"bundle": str(path), "signature": _signature(folder, path, key), "files": [],
-                                  "stages": [], "outputs": None, "ok": False}
+    report: dict[str, Any] = {"bundle": str(path), "signature": None, "files": [], "stages": [], "outputs": None,
+                              "ok": False}
+
+    def signature_first(folder: Path) -> None:  # in an archive, before any member but the manifest is written
+        report["signature"] = _signature(folder, path, key)
         if report["signature"].get("ok") is False:
+            raise BundleError(report["signature"]["error"])
+
+    try:
+        with unpacked(path, signature_first) as folder:
+            if report["signature"] is None:  # a folder: nothing was unpacked
+                signature_first(folder)
+            return _verified(folder, report, key is not None, allow_unrun)
+    except BundleError:
+        if report["signature"] is not None and report["signature"].get("ok") is False:
             return report
-        manifest = read_manifest(folder)
-        report["files"] = check_files(folder, manifest)
-        if report["files"]:  # never load what does not match the manifest
-            return report
-        constants = read_npz(folder / manifest["constants"]) if manifest.get("constants") else {}
-        with ExitStack() as compiled:  # every stage's runner is closed once the samples ran
-            checked = [compiled.enter_context(Checked(folder, stage, key is not None)) for stage in manifest["stages"]]
-            executor = Executor([Stage.from_json(s) for s in manifest["stages"]], checked,
-                                [TensorSig(**t) for t in manifest["inputs"]], [t["name"] for t in manifest["outputs"]],
-                                constants)
-            got = dict(zip(executor.outputs, executor.run(None, read_npz(folder / manifest["samples"]["inputs"]))))
-        report["stages"] = [{"index": k, "provider": stage["provider"], "precision": stage.get("precision", "fp32"),
-                             "tolerance": stage["tolerance"], **c.entry}
-                            for k, (stage, c) in enumerate(zip(manifest["stages"], checked))]
-        expected = read_npz(folder / manifest["samples"]["outputs"])
-        report["outputs"] = {name: compare_within(got[name], want, manifest["tolerance"])
-                             for name, want in expected.items()}
-        report["unrun"] = not any(s["ran"] for s in report["stages"])
-        report["ok"] = (all(s["ok"] is not False for s in report["stages"])
-                        and all(o["ok"] for o in report["outputs"].values()) and (allow_unrun or not report["unrun"]))
+        raise
+
+
+def _verified(folder: Path, report: dict[str, Any], trusted: bool, allow_unrun: bool) -> dict[str, Any]:
+    """`verify_bundle`'s report on the bundle in `folder`, once its signature passed (`trusted` when a key
+    checked it)."""
+    manifest = read_manifest(folder)
+    report["files"] = check_files(folder, manifest)
+    if report["files"]:  # never load what does not match the manifest
         return report
+    constants = read_npz(folder / manifest["constants"], BundleError) if manifest.get("constants") else {}
+    with ExitStack() as compiled:  # every stage's runner is closed once the samples ran
+        checked = [compiled.enter_context(Checked(folder, stage, trusted)) for stage in manifest["stages"]]
+        executor = Executor([Stage.from_json(s) for s in manifest["stages"]], checked,
+                            [TensorSig(**t) for t in manifest["inputs"]], [t["name"] for t in manifest["outputs"]],
+                            constants)
+        feeds = read_npz(folder / manifest["samples"]["inputs"], BundleError)
+        got = dict(zip(executor.outputs, executor.run(None, feeds)))
+    report["stages"] = [{"index": k, "provider": stage["provider"], "precision": stage.get("precision", "fp32"),
+                         "tolerance": stage["tolerance"], **c.entry}
+                        for k, (stage, c) in enumerate(zip(manifest["stages"], checked))]
+    expected = read_npz(folder / manifest["samples"]["outputs"], BundleError)
+    report["outputs"] = {name: compare_within(got[name], want, manifest["tolerance"])
+                         for name, want in expected.items()}
+    report["unrun"] = not any(s["ran"] for s in report["stages"])
+    report["ok"] = (all(s["ok"] is not False for s in report["stages"])
+                    and all(o["ok"] for o in report["outputs"].values()) and (allow_unrun or not report["unrun"]))
+    return report
 
 
 def _signature(folder, path, key: KeySource | None) -> dict[str, Any]:

@@ -4,13 +4,14 @@
     outputs = bundle.run(None, {"input": x})
 
 or `python -m uhop_onnx.bundle run BUNDLE --inputs in.npz [--output out.npz] [--key PUB]`. Every file is
-checked against the manifest's sha256 before anything is loaded; with a key, the manifest's signature first.
+checked against the manifest's sha256 before anything is loaded; with a key, the manifest's signature first
+(in an archive, before any other member is unpacked).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,13 @@ class Bundle:
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None, key: KeySource | None = None,
                  allowed_delegates: Iterable[str | os.PathLike] = ()):
-        self.folder, self._scratch = open_bundle(path)
+        self.folder, self._scratch = open_bundle(path, None if key is None else signed_by(path, key))
         self.manifest, self.signed = open_checked(self.folder, path, key)
         stages = self.manifest["stages"]
         runners = [load_stage(self.folder, s, threads, exclusive=len(stages) == 1, trusted=self.signed,
                               allowed_delegates=allowed_delegates) for s in stages]
-        constants = read_npz(self.folder / self.manifest["constants"]) if self.manifest.get("constants") else {}
+        constants = (read_npz(self.folder / self.manifest["constants"], BundleError) if self.manifest.get("constants")
+                     else {})
         self._executor = Executor([Stage.from_json(s) for s in stages], runners, self.get_inputs(), [o.name for o in self.get_outputs()], constants)
         # Stages whose runtime built them for fixed shapes (`.rknn`, `.tflite` of a model with free dimensions)
         # run only at the shapes the bundle was exported at.
@@ -74,6 +76,12 @@ def open_checked(folder: Path, path: str | os.PathLike, key: KeySource | None) -
     if key is not None:
         check_signature(folder, path, key)
     return read_checked(folder, path), key is not None
+
+
+def signed_by(path: str | os.PathLike, key: KeySource) -> Callable[[Path], None]:
+    """`check_signature` of the bundle from `path` by `key`, for `open_bundle` to run on an archive before it
+    writes anything but the manifest and its signature."""
+    return lambda folder: check_signature(folder, path, key)
 
 
 def check_signature(folder: Path, path: str | os.PathLike, key: KeySource) -> None:

@@ -1,24 +1,29 @@
 """A bundle's manifest: its schema, file hashes and sizes, and safe unpacking of archives. Imports no runtime.
 
 The manifest is checked field by field with plain code (a board has only numpy): every violation is a
-`BundleError` naming the field. An archive is read manifest first; each later member must be a file the
-manifest names, of the size it records, before a byte of it is written.
+`BundleError` naming the field. An archive is read manifest first (its signature checked next, when a key is
+given, before any other member is written); each later member must be a file the manifest names, of the size
+it records, before a byte of it is written, and of the sha256 it records as it streams.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import json
 import os
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Iterator, Mapping
+import zlib
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
 
 from uhop_onnx.errors import BundleError, BundleNotFound
+from uhop_onnx.files import check_external_data, temporary_folder
 from uhop_onnx.providers import REGISTRY
 
 SCHEMA = "uhop-onnx.bundle/3"  # /3: stages' precisions, and tolerances of the precision gate's form
@@ -82,7 +87,9 @@ def read_checked(folder: Path, path: str | os.PathLike) -> dict[str, Any]:
 
 
 def check_files(folder: Path, manifest: Mapping[str, Any]) -> list[str]:
-    """Problems with the bundle's files: missing, changed, links, or unlisted; empty when all match."""
+    """Problems with the bundle's files: missing, changed, links, unlisted, or an ONNX model keeping data in
+    another file (a runtime given its bytes would resolve that path against the working directory); empty
+    when all match."""
     problems = []
     listed = manifest["files"]
     for name, entry in listed.items():
@@ -97,7 +104,25 @@ def check_files(folder: Path, manifest: Mapping[str, Any]) -> list[str]:
         name = path.relative_to(folder).as_posix()
         if name not in listed and name not in (MANIFEST, SIGNATURE) and (path.is_symlink() or not path.is_dir()):
             problems.append(f"{name}: not listed in the manifest")
+    if not problems:
+        for name in sorted(onnx_files(manifest)):
+            try:
+                check_external_data((folder / name).read_bytes(), None, name, BundleError,
+                                    "a bundle's ONNX files hold their weights themselves (refused)")
+            except BundleError as error:
+                problems.append(str(error))
     return problems
+
+
+def onnx_files(manifest: Mapping[str, Any]) -> set[str]:
+    """The bundle's ONNX models: files named `.onnx`, and each stage's reference, the model it was built from
+    and an `onnx` artifact's files."""
+    names = {name for name in manifest["files"] if name.endswith(".onnx")}
+    for stage in manifest["stages"]:
+        names |= {stage["reference"], *filter(None, [stage.get("built_from")])}
+        if stage["artifact"]["format"] == "onnx":
+            names |= set(stage["artifact"]["files"])
+    return names
 
 
 # -- the schema ----------------------------------------------------------------------------------------------
@@ -241,17 +266,18 @@ def validate(manifest: Mapping[str, Any], where: object) -> None:
 
 # -- folders and archives ------------------------------------------------------------------------------------
 
-def open_bundle(path: str | os.PathLike) -> tuple[Path, tempfile.TemporaryDirectory | None]:
+def open_bundle(path: str | os.PathLike, check: Check | None = None
+                ) -> tuple[Path, tempfile.TemporaryDirectory | None]:
     """The bundle's folder: `path` itself, or a `.tar.gz` unpacked safely into a temporary folder (returned
-    too, to keep it alive)."""
+    too, to keep it alive); `check` as for `extract`."""
     path = Path(path)
     if path.is_dir():
         return path, None
     if not path.is_file():
         raise BundleNotFound(f"{path}: no such bundle folder or archive")
-    scratch = tempfile.TemporaryDirectory(prefix="uhop-bundle-")
+    scratch = temporary_folder("bundle")
     try:
-        extract(path, Path(scratch.name))
+        extract(path, Path(scratch.name), check)
     except BaseException:
         scratch.cleanup()
         raise
@@ -259,9 +285,9 @@ def open_bundle(path: str | os.PathLike) -> tuple[Path, tempfile.TemporaryDirect
 
 
 @contextmanager
-def unpacked(path: str | os.PathLike) -> Iterator[Path]:
+def unpacked(path: str | os.PathLike, check: Check | None = None) -> Iterator[Path]:
     """`open_bundle` for the length of a `with` block."""
-    folder, scratch = open_bundle(path)
+    folder, scratch = open_bundle(path, check)
     try:
         yield folder
     finally:
@@ -269,44 +295,104 @@ def unpacked(path: str | os.PathLike) -> Iterator[Path]:
             scratch.cleanup()
 
 
-def extract(archive: Path, folder: Path) -> None:
+def extract(archive: Path, folder: Path, check: Check | None = None) -> None:
     """Unpack a `.tar.gz` written by `export`: the manifest first (at most `MANIFEST_LIMIT` bytes), then its
-    signature if any, then only plain files the manifest lists, each of the size it records, once each.
-    Folders are made as the files need them; anything else is refused before it is written."""
+    signature if any, then only plain files the manifest lists, each of the size it records, once each, its
+    sha256 checked as it streams; the first that differs stops it. `check(folder)` (a signature check, say)
+    runs once the manifest and its signature are written, before any other member. Nothing past what the
+    manifest declares is decompressed, nor written beyond the free space. Folders are made as the files
+    need them; anything else is refused before it is written."""
     try:
-        with tarfile.open(archive, "r|gz") as tar:
-            manifest = None
-            seen: set[str] = set()
-            for member in tar:
-                name = member.name.removeprefix("./")
-                if member.isdir():
-                    continue
-                if not member.isfile():
-                    raise BundleError(f"{archive}: refused: member {member.name!r} is a link or special file")
-                if manifest is None:
-                    if name != MANIFEST:
-                        raise BundleError(f"{archive}: refused: the first member is {member.name!r}, not {MANIFEST}")
-                    if member.size > MANIFEST_LIMIT:
-                        raise BundleError(f"{archive}: refused: {MANIFEST} of {member.size} bytes "
-                                          f"(at most {MANIFEST_LIMIT})")
-                    data = tar.extractfile(member).read()
-                    manifest = parse(data, f"{archive}: {MANIFEST}")
-                    (folder / MANIFEST).write_bytes(data)
-                    continue
-                expected = SIGNATURE_LIMIT if name == SIGNATURE else manifest["files"].get(name, {}).get("size")
-                if expected is None:
-                    raise BundleError(f"{archive}: refused: member {member.name!r} is not listed in the manifest")
-                if name in seen:
-                    raise BundleError(f"{archive}: refused: member {member.name!r} appears twice")
-                if member.size != expected and not (name == SIGNATURE and member.size <= expected):
-                    raise BundleError(f"{archive}: refused: member {member.name!r} is {member.size} bytes; "
-                                      f"the manifest records {expected}")
-                seen.add(name)
-                target = folder / _relative(name, f"{archive}: member")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with tar.extractfile(member) as source, open(target, "xb") as sink:
-                    shutil.copyfileobj(source, sink)
-            if manifest is None:
-                raise BundleError(f"{archive}: refused: no {MANIFEST} in the archive")
-    except (tarfile.TarError, OSError, EOFError) as error:
+        with gzip.open(archive, "rb") as packed:
+            stream = _Bounded(packed, MANIFEST_LIMIT + _SLACK, archive)
+            with tarfile.open(fileobj=stream, mode="r|") as tar:
+                _members(tar, archive, folder, stream, check)
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as error:
         raise BundleError(f"{archive}: not a readable .tar.gz bundle ({error})") from None
+
+
+Check = Callable[[Path], None]
+_SLACK = 64 << 10  # bytes an archive may hold past its members' data: headers, padding, end records
+
+
+def _members(tar: tarfile.TarFile, archive: Path, folder: Path, stream: _Bounded, check: Check | None) -> None:
+    manifest = None
+    seen: set[str] = set()
+    for member in tar:
+        name = member.name.removeprefix("./")
+        if member.isdir():
+            continue
+        if not member.isfile():
+            raise BundleError(f"{archive}: refused: member {member.name!r} is a link or special file")
+        if manifest is None:
+            manifest = _first(tar, member, archive, folder)
+            stream.limit = _declared(manifest, archive, folder)
+            continue
+        if check is not None and name != SIGNATURE:
+            check(folder)
+            check = None
+        expected = SIGNATURE_LIMIT if name == SIGNATURE else manifest["files"].get(name, {}).get("size")
+        if expected is None:
+            raise BundleError(f"{archive}: refused: member {member.name!r} is not listed in the manifest")
+        if name in seen:
+            raise BundleError(f"{archive}: refused: member {member.name!r} appears twice")
+        if member.size != expected and not (name == SIGNATURE and member.size <= expected):
+            raise BundleError(f"{archive}: refused: member {member.name!r} is {member.size} bytes; "
+                              f"the manifest records {expected}")
+        seen.add(name)
+        target = folder / _relative(name, f"{archive}: member")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        with tar.extractfile(member) as source, open(target, "xb") as sink:
+            for chunk in iter(lambda: source.read(1 << 20), b""):
+                digest.update(chunk)
+                sink.write(chunk)
+        if name != SIGNATURE and digest.hexdigest() != manifest["files"][name]["sha256"]:
+            raise BundleError(f"{archive}: refused: member {member.name!r} does not match its sha256 in the "
+                              "manifest (changed or corrupted)")
+    if manifest is None:
+        raise BundleError(f"{archive}: refused: no {MANIFEST} in the archive")
+    if check is not None:
+        check(folder)
+
+
+def _first(tar: tarfile.TarFile, member: tarfile.TarInfo, archive: Path, folder: Path) -> dict[str, Any]:
+    """The manifest, the archive's first member, parsed and written to `folder`."""
+    if member.name.removeprefix("./") != MANIFEST:
+        raise BundleError(f"{archive}: refused: the first member is {member.name!r}, not {MANIFEST}")
+    if member.size > MANIFEST_LIMIT:
+        raise BundleError(f"{archive}: refused: {MANIFEST} of {member.size} bytes (at most {MANIFEST_LIMIT})")
+    data = tar.extractfile(member).read()
+    manifest = parse(data, f"{archive}: {MANIFEST}")
+    (folder / MANIFEST).write_bytes(data)
+    return manifest
+
+
+def _declared(manifest: Mapping[str, Any], archive: Path, folder: Path) -> int:
+    """How many bytes the archive may decompress to, by its manifest; a `BundleError` when its files would not
+    fit in `folder`'s free space."""
+    sizes = [entry["size"] for entry in manifest["files"].values()]
+    free = shutil.disk_usage(folder).free
+    if sum(sizes) > free:
+        raise BundleError(f"{archive}: refused: its manifest declares {sum(sizes)} bytes of files, more than the "
+                          f"{free} bytes free in {folder.parent}; free some space or set TMPDIR")
+    blocks = sum(-(-size // 512) * 512 for size in (*sizes, MANIFEST_LIMIT, SIGNATURE_LIMIT))
+    return blocks + 2048 * (len(sizes) + 2) + _SLACK
+
+
+class _Bounded(io.RawIOBase):
+    """A stream that refuses to read past `limit` bytes of `source`."""
+
+    def __init__(self, source: IO[bytes], limit: int, archive: Path):
+        self.source, self.limit, self.archive, self.count = source, limit, archive, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.source.read(size if size >= 0 else self.limit + 1 - self.count)
+        self.count += len(data)
+        if self.count > self.limit:
+            raise BundleError(f"{self.archive}: refused: it unpacks to more than the {self.limit} bytes its "
+                              "manifest declares")
+        return data
