@@ -110,10 +110,10 @@ def test_positional_order_and_provider_names_of_onnxruntime():
     model = cnn().SerializeToString()
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2
-    session = uhop_onnx.InferenceSession(model, options, ["CPUExecutionProvider"], profile=False)
+    session = uhop_onnx.InferenceSession(model, options, ["CPUExecutionProvider"], profile=False, policy="literal")
     assert session.get_providers() == ["ort-cpu"] and session.threads == 2
     assert session.get_session_options() is options
-    listed = uhop_onnx.InferenceSession(model, ["CPUExecutionProvider"], profile=False)
+    listed = uhop_onnx.InferenceSession(model, ["CPUExecutionProvider"], profile=False, policy="literal")
     assert listed.get_providers() == ["ort-cpu"]
     with pytest.raises(InputError, match="sess_options must be an onnxruntime.SessionOptions"):
         uhop_onnx.InferenceSession(model, {"threads": 2}, profile=False)
@@ -121,14 +121,10 @@ def test_positional_order_and_provider_names_of_onnxruntime():
         uhop_onnx.InferenceSession(model, None, ["CPUExecutionProvider"], [{}, {}], profile=False)
 
 
-def test_provider_options_are_mapped_and_absent_providers_skipped():
-    from uhop_onnx.providers import parse_spec, resolve
+def test_absent_providers_are_skipped():
+    """(ONNX Runtime's names and options: tests/test_provider_names.py.)"""
+    from uhop_onnx.providers import resolve
 
-    assert parse_spec(("OpenVINOExecutionProvider", {"device_type": "GPU_FP16"})) == ("openvino", {"device": "GPU"})
-    assert parse_spec(("TensorrtExecutionProvider", {"device_id": "1", "trt_fp16_enable": "True"})) == (
-        "ort-tensorrt", {"device_id": 1, "fp16": True})
-    with pytest.raises(ProviderError, match="CUDAExecutionProvider: option\\(s\\) gpu_mem_limit have no meaning here"):
-        parse_spec(("CUDAExecutionProvider", {"gpu_mem_limit": "1"}))
     absent = [a.id for a in uhop_onnx.devices() if not a.present and a.id.startswith("ort-")]
     if not absent:
         pytest.skip("every ONNX Runtime provider is present here")

@@ -65,7 +65,7 @@ def own_session() -> Iterator[None]:
     Runtime's own."""
     real = load().InferenceSession
     with _restore_lock:
-        swapped = {m: m.InferenceSession for m in _ort_modules() if m.InferenceSession is not real}
+        swapped = {m: m.InferenceSession for m in _ort_modules() if _assigned(m.InferenceSession)}
         for module in swapped:
             module.InferenceSession = real
         try:
@@ -74,6 +74,12 @@ def own_session() -> Iterator[None]:
             for module, assigned in swapped.items():
                 if module.InferenceSession is real:
                     module.InferenceSession = assigned
+
+
+def _assigned(value: object) -> bool:
+    """Whether a module's `InferenceSession` is something a program put there, not ONNX Runtime's own (the
+    Python class, or the native one its `capi` modules hold)."""
+    return not str(getattr(value, "__module__", "")).startswith("onnxruntime.")
 
 
 def _ort_modules() -> list[ModuleType]:
