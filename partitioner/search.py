@@ -51,7 +51,7 @@ from uhop_onnx.cache import JsonTable
 from uhop_onnx.errors import MeasurementError, ProviderError, StageError, first_line
 from uhop_onnx.executor import Executor, hand_over
 from uhop_onnx.inputs import feeds_digest
-from uhop_onnx.measure import Measurement, Profiler, build, faster
+from uhop_onnx.measure import LATE, Measurement, Profiler, build, faster
 from uhop_onnx.plan import Stage
 from uhop_onnx.providers import Provider, Runner
 from uhop_onnx.report import stages_summary
@@ -131,17 +131,17 @@ class _Searching:
         units = blocks(self.graph, self.support, self.pinned)
         allowed = [allowed_providers(self.graph, self.support, self.pinned, b) for b in units]
         classes = boundary_classes(self.graph, units)
-        candidates = {"first-supported": greedy}
-        for label in labels:
-            candidates[f"{label} first"] = self._prefer([label, *(q for q in labels if q != label)])
-        candidates = _unique(candidates)
+        own = {label: self._prefer([label, *(q for q in labels if q != label)]) for label in labels}
+        candidates = _unique({"first-supported": greedy} | {f"{label} first": own[label] for label in labels})
         self._step(f"timing {len(candidates)} whole plans (each provider first)")
         whole = self._measure_plans(candidates)
         best = self._simplest(candidates, whole)
         fastest = min(whole, key=lambda name: whole[name].ms)
-        if not self._accepts(fastest, candidates[fastest]):
+        if whole[fastest].ok and not self._accepts(fastest, candidates[fastest]):
             best = self._mix(candidates, whole, fastest, best, units)
-        block_costs = self._block_costs(units, allowed, self._ranked(labels, whole))
+        named = {choice: name for name, choice in candidates.items()}
+        ranked = sorted(labels, key=lambda label: whole[named[own[label]]].ms)  # the fastest own plan first
+        block_costs = self._block_costs(units, allowed, ranked)
         measured = [[p for p in ps if block_costs[k][p].ok] for k, ps in enumerate(allowed)]
         entry: dict[str, dict[int, Measurement]] = {}
         boundary: dict[tuple[str, str], dict[int, Measurement]] = {}
@@ -189,6 +189,12 @@ class _Searching:
         fastest), unless another is faster beyond the noise, twice; `MeasurementError` when none was timed
         or the gate accepts none."""
         timed = sorted((name for name, m in whole.items() if m.ok), key=lambda name: whole[name].ms)
+        late = [name for name, m in whole.items() if m.error == LATE]
+        if not timed and late:
+            log.warning("no whole plan could be timed within the budget; the plan is %s, unmeasured (give a "
+                        "larger budget)", late[0])
+            self.complete = False
+            return late[0]
         if not timed:
             raise self._none_timed(candidates, whole)
         accepted = [name for name in timed if self._accepts(name, candidates[name])]
@@ -197,7 +203,7 @@ class _Searching:
                                    + ", ".join(sorted(timed)))
         best = min(accepted, key=lambda name: (_stage_count(candidates[name]), whole[name].ms))
         challenger = next((name for name in accepted if faster(whole[name], whole[best])), None)
-        if challenger is not None and self._confirmed(candidates, whole, challenger, best):
+        if challenger is not None and self._in_time() and self._confirmed(candidates, whole, challenger, best):
             best = challenger
         return self._told(best, candidates, whole)
 
@@ -223,10 +229,6 @@ class _Searching:
             if not faster(result[challenger], result[best]):
                 return False
         return True
-
-    def _ranked(self, labels: Sequence[str], whole: Mapping[str, Measurement]) -> list[str]:
-        """The providers, the one whose own plan was fastest first (a failed one last)."""
-        return sorted(labels, key=lambda label: whole.get(f"{label} first", Measurement.failed("")).ms)
 
     def _accepts(self, name: str, choice: Choice) -> bool:
         """Whether the gate (if any) accepts the choice's outputs; remembered by candidate name."""
@@ -422,7 +424,7 @@ class _Searching:
             else:
                 whole.setdefault(name, Measurement.failed("not timed: outside the accuracy tolerance"))
                 high = middle
-        if not passed:
+        if not passed or not self._in_time():
             return best
         result = self._measure_plans({**passed, best: candidates[best]})
         whole.update(result)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import uhop_onnx
 from uhop_onnx.models import cnn, mlp, resnet
 from uhop_onnx.measure import Measurement, Profiler
+from uhop_onnx.measure import faster as uhop_faster
 from uhop_onnx.errors import CheckError, MeasurementError
 from uhop_onnx.partitioner.path import cheapest_path
 from uhop_onnx.partitioner.search import _moves
@@ -470,3 +471,51 @@ def test_a_node_that_fails_the_check_of_a_listed_provider_may_go_to_the_last_res
     model = cnn()
     placed = _placed(uhop_onnx.optimize(model, providers=["fake-conv"], profiler=Profiler(clock=clock, warmup=1)))
     assert {n.op_type for n in model.graph.node if placed[n.name] == "ort-cpu"} == {"Gemm"}
+
+
+def test_a_plan_within_noise_of_the_simplest_is_not_preferred(monkeypatch, clock, tmp_path):
+    """Without a cost to enter a stage, each provider is a little faster at one op: the searched mix is cheaper by
+    its figures, but by less than the noise margin, so the one-stage plan is kept."""
+    install(monkeypatch, clock, conv={"Conv": 0.99, "Gemm": 1.0, "Relu": 0.0},
+            gemm={"Conv": 1.0, "Gemm": 0.99, "Relu": 0.0}, call_ms=0.0)
+    plan = optimize(cnn(), clock, tmp_path)
+    candidates = plan.profile["candidates"]
+    assert candidates["searched"]["stages"].count(" > ") > 0
+    assert candidates["searched"]["ms"] < candidates[plan.profile["chosen"]]["ms"]
+    assert len(plan.stages) == 1
+
+
+def test_faster_compares_round_by_round():
+    def figure(*medians):
+        return Measurement(min(medians), (max(medians) - min(medians)) / min(medians), len(medians),
+                           medians=medians)
+
+    simple = figure(10.0, 10.2, 10.1, 13.0, 10.0)
+    assert not uhop_faster(figure(9.9, 10.3, 9.8, 12.0, 9.95), simple), "one round slower: within the noise"
+    assert uhop_faster(figure(9.0, 9.1, 9.0, 11.5, 9.0), simple), "a slow round slows both alike"
+    assert not uhop_faster(Measurement(9.0, 0.3, 5), Measurement(10.0, 0.3, 5)), "apart: beyond the larger spread"
+    assert uhop_faster(Measurement(9.0, 0.05, 5), Measurement(10.0, 0.05, 5))
+
+
+def test_with_no_time_left_the_search_keeps_a_whole_plan(monkeypatch, clock, tmp_path):
+    """At budget 0 only each provider's own plan is timed (one round each): a one-stage plan is chosen, no
+    block is measured, and the profile says the search stopped at its budget."""
+    install(monkeypatch, clock, conv={"Conv": 1.0, "Gemm": 20.0}, gemm={"Conv": 20.0, "Gemm": 1.0})
+    plan = optimize(cnn(), clock, tmp_path, budget=0)
+    assert len(plan.stages) == 1 and plan.profile["complete"] is False
+    assert plan.profile["measured"] == 0 and not any(b["ms"] for b in plan.profile["blocks"])
+    assert "searched" not in plan.profile["candidates"]
+
+
+def test_the_budget_bounds_the_whole_call():
+    """Real providers and clock, a cold cache: optimize(budget=5) returns well within three times the budget
+    (it aims at 5 s plus the measurement under way) with a plan that runs."""
+    import time
+
+    model = resnet()
+    started = time.monotonic()
+    plan = uhop_onnx.optimize(model, budget=5)
+    assert time.monotonic() - started < 15
+    assert plan.profile["budget_s"] == 5
+    feeds = random_feeds(model)
+    assert_matches(uhop_onnx.InferenceSession(plan).run(None, feeds), reference(model, feeds))

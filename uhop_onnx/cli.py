@@ -2,7 +2,8 @@
 
 Exit codes: 0 success, 1 a failed check (a stage that failed, a mismatch), 2 bad usage or input. Tables fit
 80 columns (summaries first; `--wide` for the rest); every text from outside (names, reasons, paths) is printed
-as text, never as rich markup. The runtimes' own logs show only with `-v`.
+as text, never as rich markup. The runtimes' own logs show only with `-v`; warnings are one line each. Progress
+goes to stderr, hidden by `--quiet` and `--json`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import json
 import logging
 import os
 import sys
+import time
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,13 +24,14 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, ProgressColumn, SpinnerColumn, Task, TextColumn
 from rich.table import Table
+from rich.text import Text
 
 from .errors import UhopError
 from .kernels_cli import app as kernels_app
 from .providers.rknn.cli import app as rknn_setup
-from .report import candidate_accuracy, ms_order, ms_text, precision_text
+from .report import candidate_error, effort_text, interval_text, ms_order, ms_text, precision_text, stages_summary
 from .samples import shapes_text
 from .serve.cli import serve
 
@@ -39,6 +43,7 @@ err = Console(stderr=True)
 ProvidersOption = Annotated[str | None, typer.Option("--providers", "-p", help="Comma-separated provider ids, in "
                             "preference order (openvino:GPU picks a device). Default: every provider present.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
 WideOption = Annotated[bool, typer.Option("--wide", help="Every column and row, not only the summary.")]
 ShapeOption = Annotated[list[str] | None, typer.Option("--shape", help="NAME:DIMS (1x3x224x224) of an input to "
                         "generate; repeatable.")]
@@ -76,19 +81,55 @@ def _measured_at(shape: list[str] | None, inputs: Path | None, precision: str = 
     return chosen
 
 
+IMPORTED = time.monotonic()  # what `optimize --budget` counts from, when run as the command
 VERBOSE = ("-v", "--verbose")
+LAUNCHED: float | None = None  # when the command started (main() sets it); None when called as a library
 
 
 def main() -> None:
     """The command; `-v` is taken anywhere on the line (`uhop-onnx run model.onnx -v`), as trtexec takes it."""
+    global LAUNCHED
+    LAUNCHED = IMPORTED
     args = sys.argv[1:]
-    if any(a in VERBOSE for a in args):
+    verbose = any(a in VERBOSE for a in args)
+    if verbose:
         args = ["-v", *(a for a in args if a not in VERBOSE)]
+    warnings.formatwarning = _one_line
+    with _runtimes_silenced(not verbose):
+        try:
+            app(args=args)
+        except UhopError as error:
+            err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
+            sys.exit(error.exit_code)
+
+
+def _one_line(message, category, filename, lineno, line=None) -> str:
+    """A warning as `warning: its first line` (where in uhop-onnx it was raised is no news to the user)."""
+    text = str(message).strip().splitlines()
+    return f"warning: {text[0] if text else category.__name__}\n"
+
+
+@contextmanager
+def _runtimes_silenced(silenced: bool) -> Iterator[None]:
+    """While `silenced`, what native code writes to file descriptor 2 (LiteRT's "Created TensorFlow Lite
+    XNNPACK delegate" line, runtimes' C++ logs) goes nowhere, while Python's `sys.stderr` (progress,
+    warnings, errors) still reaches the terminal through a copy of the descriptor."""
+    if not silenced:
+        yield
+        return
+    sys.stderr.flush()
+    kept, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    original = sys.stderr
+    sys.stderr = open(kept, "w", buffering=1, encoding=original.encoding, errors="backslashreplace", closefd=False)
+    os.dup2(null, 2)
+    os.close(null)
     try:
-        app(args=args)
-    except UhopError as error:
-        err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
-        sys.exit(error.exit_code)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(kept, 2)
+        os.close(kept)
+        sys.stderr = original
 
 
 @app.callback()
@@ -122,16 +163,43 @@ def _print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
+class _Clock(ProgressColumn):
+    """Seconds elapsed and, under a `budget`, seconds left: `12 s, 18 s left`; nothing on the best-plan line."""
+
+    def __init__(self, budget: float | None):
+        super().__init__()
+        self.budget = budget
+
+    def render(self, task: Task) -> Text:
+        if task.fields.get("best"):
+            return Text("")
+        elapsed = task.elapsed or 0.0
+        left = "" if self.budget is None else f", {max(self.budget - elapsed, 0):.0f} s left"
+        return Text(f"{elapsed:.0f} s{left}", style="progress.elapsed")
+
+
 @contextmanager
-def _steps(title: str, enabled: bool = True) -> Iterator[Any]:
-    """A transient spinner with the current step, on stderr; yields the step callback."""
+def _steps(title: str, enabled: bool = True, budget: float | None = None) -> Iterator[Any]:
+    """A transient spinner on stderr with the current step, seconds elapsed (and left of `budget`), and on
+    a second line the best plan so far (a step starting with `partitioner.search.BEST`); yields the step
+    callback."""
     if not enabled:
         yield lambda step: None
         return
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+    from .partitioner.search import BEST
+
+    with Progress(SpinnerColumn(finished_text=" "), TextColumn("{task.description}"), _Clock(budget),
                   console=err, transient=True) as progress:
         task = progress.add_task(title)
-        yield lambda step: progress.update(task, description=f"{title}: {step}")
+        best = progress.add_task("", visible=False, total=1, completed=1, best=True)
+
+        def step(text: str) -> None:
+            if text.startswith(BEST):
+                progress.update(best, description=escape(text), visible=True)
+            else:
+                progress.update(task, description=escape(f"{title}: {text}"))
+
+        yield step
 
 
 @app.command()
@@ -171,12 +239,12 @@ def _fit(table: Table, *long: int) -> Table:
 def inspect(model: Path, providers: ProvidersOption = None, threads: ThreadsOption = None,
             unsupported: Annotated[bool, typer.Option("--unsupported", help="List the nodes some provider cannot "
                                                       "run, with the reason.")] = False,
-            wide: WideOption = False, as_json: JsonOption = False) -> None:
+            wide: WideOption = False, as_json: JsonOption = False, quiet: QuietOption = False) -> None:
     """Show a model's ops and how many nodes each provider can run; --unsupported lists the nodes some provider
     cannot run and why, --wide every node against every provider."""
     from .optimizer import analyze
 
-    with _steps("inspecting", not as_json) as step:
+    with _steps("inspecting", not (as_json or quiet)) as step:
         a = analyze(model, _providers(providers), threads=threads, progress=step)
     labels = [p.label for p in a.providers]
     nodes = []
@@ -235,20 +303,22 @@ def optimize(model: Path, output: Annotated[Path, typer.Option("--output", "-o",
              providers: ProvidersOption = None,
              no_profile: Annotated[bool, typer.Option("--no-profile", help="Place without timing.")] = False,
              threads: ThreadsOption = None,
-             budget: Annotated[float, typer.Option("--budget", min=0, help="Seconds the measured search may "
-                                                   "spend improving the plan.")] = 60.0,
+             budget: Annotated[float, typer.Option("--budget", min=0, help="Seconds optimize may take in all: "
+                                                   "it stops measuring then and keeps the best plan found.")]
+             = 60.0,
              litert_fp16: LiteRtFp16Option = False, shape: MeasuredShapeOption = None,
              inputs: MeasuredInputsOption = None, precision: PrecisionOption = "fp32",
              tolerance: ToleranceOption = None, calibration: CalibrationOption = None,
-             as_json: JsonOption = False) -> None:
+             as_json: JsonOption = False, quiet: QuietOption = False) -> None:
     """Place a model's nodes on providers and write the plan folder."""
     from .files import check_writable
     from .optimizer import optimize as run_optimize
 
     check_writable(output)
-    with _steps("optimizing", not as_json) as step:
+    spent = 0.0 if LAUNCHED is None else time.monotonic() - LAUNCHED  # the budget is the command's
+    with _steps("optimizing", not (as_json or quiet), None if no_profile else budget - spent) as step:
         plan = run_optimize(model, _providers(providers, litert_fp16), profile=not no_profile, threads=threads,
-                            budget=budget, progress=step,
+                            budget=max(budget - spent, 0.0), progress=step,
                             **_measured_at(shape, inputs, precision, tolerance, calibration))
         step("writing the plan")
         plan.save(output)
@@ -287,16 +357,19 @@ def _print_replaced(plan) -> None:
 
 
 def _print_candidates(profile: dict) -> None:
-    gated = any("accuracy" in c for c in profile["candidates"].values())
-    table = Table("whole plan", "ms", "spread", "stages", *(["error vs fp32"] if gated else []),
-                  title=f"whole plans measured ({profile['measured']} figures measured, {profile['cached']} cached, "
-                  f"{profile['seconds']} s)")
-    for name, c in sorted(profile["candidates"].items(), key=lambda kv: ms_order(kv[1]["ms"])):
-        chosen = name == profile["chosen"]
-        figure = ms_text(c["ms"]) if c["ms"] is not None else f"[red]failed:[/] {_short(c.get('error'))}"
-        table.add_row(f"[bold green]{escape(name)} (this plan)[/]" if chosen else escape(name), figure,
-                      f"{c['spread']:.1%}", escape(c["stages"]), *([escape(candidate_accuracy(c))] if gated else []))
-    out.print(_fit(table, 0, 3, 4))
+    """One line per whole plan timed (at 80 columns): its figure, the range of its round medians, its stages
+    (a long plan summarised) and, in a column of its own, why it failed or its error against fp32."""
+    rows = sorted(profile["candidates"].items(), key=lambda kv: ms_order(kv[1]["ms"]))
+    errors = [candidate_error(c) for _, c in rows]
+    table = Table("whole plan", "ms", "range", "stages", *(["error"] if any(errors) else []),
+                  title="whole plans timed (* this plan)", caption=escape(effort_text(profile)))
+    for (name, c), error in zip(rows, errors):
+        label = f"[bold green]* {escape(name)}[/]" if name == profile["chosen"] else escape(name)
+        table.add_row(label, ms_text(c["ms"]), interval_text(c), escape(stages_summary(c["stages"])),
+                      *([f"[red]{_short(error)}[/]" if c["ms"] is None else escape(error)] if any(errors) else []))
+    for column in table.columns:  # one line each: what does not fit ends in an ellipsis (--json has it whole)
+        column.no_wrap, column.overflow = True, "ellipsis"
+    out.print(table)
 
 
 @app.command()
@@ -462,12 +535,12 @@ def bench(model: Path, providers: ProvidersOption = None, threads: ThreadsOption
           budget: Annotated[float, typer.Option(min=0, help="Seconds for the measured search.")] = 60.0,
           shape: MeasuredShapeOption = None, inputs: MeasuredInputsOption = None, precision: PrecisionOption = "fp32",
           tolerance: ToleranceOption = None, calibration: CalibrationOption = None,
-          as_json: JsonOption = False) -> None:
+          as_json: JsonOption = False, quiet: QuietOption = False) -> None:
     """Time raw runtimes, each provider alone and the optimized plan, each in its own process, side by side.
     Exit 1 when a candidate failed (its error in the table and the JSON)."""
     from .bench import bench as run_bench
 
-    with _steps("benchmarking", not as_json) as step:
+    with _steps("benchmarking", not (as_json or quiet)) as step:
         result = run_bench(model, _providers(providers), threads=threads, rounds=rounds, budget=budget, progress=step,
                            **_measured_at(shape, inputs, precision, tolerance, calibration))
     if as_json:
@@ -490,7 +563,7 @@ def _print_bench(result: dict, threads: int | None) -> None:
         overhead = f.get("overhead_vs_raw")
         table.add_row(escape(name), ms_text(f["ms"]) if f["ms"] is not None else f"[red]failed:[/] {_short(f['error'])}",
                       "" if ratio is None else f"{ratio:.3f}", "" if overhead is None else f"{overhead:+.1%}",
-                      escape(_stages_summary(f["stages"])))
+                      "" if len(f["stages"]) <= 1 else escape(stages_summary(" > ".join(f["stages"]))))
     out.print(table)
     for name in result["failed"]:
         if "\n" in result["candidates"][name]["error"]:
@@ -505,15 +578,6 @@ def _short(error: str | None, limit: int = 160) -> str:
     """A table cell's reason: the error's first line, cut to `limit`, with no markup."""
     line = (error or "no figure").strip().splitlines()[0]
     return escape(line if len(line) <= limit else line[:limit - 3] + "...")
-
-
-def _stages_summary(stages: list[str]) -> str:
-    """`ort-cpu x2 > litert x67`, or for a longer plan its providers and stage count."""
-    if len(stages) <= 1:
-        return ""
-    if len(stages) <= 3:
-        return " > ".join(stages)
-    return f"{', '.join(dict.fromkeys(s.split(' x')[0] for s in stages))}: {len(stages)} stages"
 
 
 class ExportFormat(StrEnum):
@@ -540,7 +604,7 @@ def export(model: Path,
            max_delay_ms: Annotated[float | None, typer.Option(min=0, help="Triton only: how long a batch waits "
                                                               "for more requests.")] = None,
            precision: PrecisionOption = "fp32", tolerance: ToleranceOption = None,
-           calibration: CalibrationOption = None, as_json: JsonOption = False) -> None:
+           calibration: CalibrationOption = None, as_json: JsonOption = False, quiet: QuietOption = False) -> None:
     """Write a deployment bundle for a board, or a Triton model repository."""
     if fmt is ExportFormat.triton:
         from .triton import export_triton
@@ -550,7 +614,7 @@ def export(model: Path,
                                      "optimize MODEL -o PLAN --shape ...` and export the plan folder",
                                      param_hint="--shape")
 
-        with _steps("exporting", not as_json):
+        with _steps("exporting", not (as_json or quiet)):
             written = export_triton(model, output, providers=_providers(providers), threads=threads,
                                     max_batch=max_batch, max_delay_ms=max_delay_ms)
         if as_json:
@@ -564,7 +628,7 @@ def export(model: Path,
                                  "intel-npu, or a JSON profile)", param_hint="--target")
     from .export import export_bundle
 
-    with _steps("exporting", not as_json) as step:
+    with _steps("exporting", not (as_json or quiet)) as step:
         written = export_bundle(model, target, output, providers=_providers(providers), threads=threads,
                                 progress=step, sign=sign,
                                 **_measured_at(shape, inputs, precision, tolerance, calibration))

@@ -24,6 +24,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
@@ -35,6 +36,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .errors import InputError, first_line
+from .files import temporary_folder
 from .timing import Clock, Deadline, calls_per_round, round_median
 
 K = TypeVar("K", bound=Hashable)
@@ -158,6 +160,8 @@ def build(jobs: Mapping[K, Callable[[], Callable[[], object]]]) -> tuple[dict[K,
 
 SETTLE_SECONDS = 0.05  # between candidates: worker threads the previous one left spinning go to sleep
 ROUND_SECONDS = 0.05  # a worker's round lasts about this long (3 to 50 calls)
+LATE = "not timed: the budget ran out before it was ready"
+EXIT_SECONDS = 0.5  # a worker told to exit is killed after this long
 # (target, model, feeds, threads) -> a context manager giving (one call, its stages), releasing them on exit
 Build = Callable[..., AbstractContextManager[tuple[Callable[[], object], list[str]]]]
 
@@ -183,7 +187,7 @@ def time_plans_in_processes(plans: Mapping[str, Any], feeds: dict[str, np.ndarra
     """Whole plans timed each in its own process on `feeds`, in alternating rounds -> `Measurement` per name
     (infinite for a plan that failed), with its round medians for `faster`. The plans are saved for their
     workers without reports. Past the `deadline`, no round starts after the third."""
-    with tempfile.TemporaryDirectory(prefix="uhop-plans-") as work:
+    with temporary_folder("plans") as work:
         candidates = []
         for k, (name, plan) in enumerate(plans.items()):
             plan.save(Path(work) / f"plan{k}", report=False)
@@ -197,11 +201,11 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
                     threads: int | None, rounds: int, calls: int | None = None,
                     deadline: Deadline | None = None) -> dict[str, dict]:
     """Each candidate in its own worker process, run on `feeds`; rounds alternate between them, in a
-    rotating order (past the `deadline`, none starts after the third). Per name: `ms` (the minimum of the
-    round medians), `spread`, `round_medians_ms`, `stages` (`openvino x12` per stage) and `error` (one line,
-    or None)."""
+    rotating order. At the `deadline`, a worker not yet ready is stopped (its error says so), and no round
+    starts after the third. Per name: `ms` (the minimum of the round medians), `spread`, `round_medians_ms`,
+    `stages` (`openvino x12` per stage) and `error` (one line, or None)."""
     workers, logs = {}, {}
-    shared = tempfile.NamedTemporaryFile(prefix="uhop-feeds-", suffix=".npz", delete=False)
+    shared = tempfile.NamedTemporaryFile(prefix=f"uhop-feeds-{os.getpid()}-", suffix=".npz", delete=False)
     with shared:
         np.savez(shared, **feeds)
     for c in candidates:
@@ -213,12 +217,26 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
     medians: dict[str, list[float]] = {c.name: [] for c in candidates}
     stages: dict[str, list[str]] = {c.name: [] for c in candidates}
     errors: dict[str, str] = {}
+    late: set[str] = set()
+
+    def stop_the_unready() -> None:
+        for name, worker in workers.items():
+            if name not in stages_told and worker.poll() is None:
+                late.add(name)
+                worker.kill()
+
+    stages_told: set[str] = set()
+    watchdog = threading.Timer(max(deadline.left(), 0.0), stop_the_unready) if deadline else None
+    if watchdog:
+        watchdog.daemon = True
+        watchdog.start()
     try:
         for name, worker in workers.items():
             try:
                 stages[name] = json.loads(_reply(worker, "ready", logs[name]))
+                stages_told.add(name)
             except WorkerFailed as failure:
-                errors[name] = str(failure)
+                errors[name] = LATE if name in late else str(failure)
         names = [c.name for c in candidates if c.name not in errors]
         order = random.Random(0)
         for r in range(rounds if names else 0):
@@ -233,12 +251,20 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
                     workers[name].stdin.flush()
                     medians[name].append(float(_reply(workers[name], "median", logs[name])))
                 except (WorkerFailed, BrokenPipeError) as failure:
-                    errors[name] = str(failure) if isinstance(failure, WorkerFailed) else "the worker exited"
+                    errors[name] = LATE if name in late else str(failure) if isinstance(failure, WorkerFailed) \
+                        else "the worker exited"
     finally:
-        for name, worker in workers.items():
+        if watchdog:
+            watchdog.cancel()
+        for worker in workers.values():
             if worker.poll() is None:
-                worker.stdin.close()
-                worker.wait(timeout=60)
+                worker.stdin.close()  # the worker's cue to release what it compiled and exit
+        for name, worker in workers.items():
+            try:
+                worker.wait(timeout=EXIT_SECONDS)
+            except subprocess.TimeoutExpired:  # a runtime slow to tear down holds nothing we need
+                worker.kill()
+                worker.wait()
             logs[name].close()
         os.unlink(shared.name)
     return {name: {"ms": min(m) if m and name not in errors else None,

@@ -1,0 +1,87 @@
+"""Bounded optimize: `uhop-onnx optimize --budget 30` against the unbounded search, on corpus models.
+
+    python benchmarks/budget.py [--budget 30] [--models timm-resnet18,encoder] [--rounds 9] [--json out.json]
+
+Per model: the wall time of `uhop-onnx optimize --budget B` in its own process (a cold cache of its own), the
+plan it chose, and that plan's latency over the plan of the unbounded search (`--budget 100000`, another cold
+cache), both plans timed each in its own worker process, in alternating rounds (`measure.time_candidates`):
+the ratio is between figures of the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import typer
+
+from uhop_onnx.inputs import parse_shapes, profile_feeds
+from uhop_onnx.measure import Candidate, time_candidates
+from uhop_onnx.plan import Plan
+from uhop_onnx.report import stages_summary
+
+ROOT = Path(__file__).resolve().parent.parent
+UNBOUNDED = 100000.0  # seconds: the search runs to its end
+ENCODER = (str(ROOT / "models" / "example_encoder.onnx"), ["input_ids:1x128"])
+
+
+def corpus_model(name: str) -> tuple[str, list[str]]:
+    """A corpus model exported by the TorchScript exporter (cached), measured at its default shapes."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.corpus_models import exported, import_torchvision, spec
+
+    import_torchvision()
+    return str(exported(spec(name), "torchscript")), []
+
+
+def optimize(model: str, shapes: list[str], budget: float, out: Path, cache: Path) -> float:
+    """Seconds `uhop-onnx optimize` took, in its own process with its own cache."""
+    command = [sys.executable, "-c", "from uhop_onnx.cli import main; main()", "optimize", model, "-o", str(out),
+               "--budget", str(budget), "--quiet", *(a for s in shapes for a in ("--shape", s))]
+    started = time.monotonic()
+    done = subprocess.run(command, env={**os.environ, "UHOP_CACHE_DIR": str(cache)}, capture_output=True, text=True)
+    seconds = time.monotonic() - started
+    if done.returncode:
+        raise SystemExit(f"optimize {model} failed: {done.stderr.strip()[-2000:]}")
+    return seconds
+
+
+def chosen(folder: Path) -> str:
+    plan = Plan.load(folder)
+    stages = " > ".join(f"{s.label} x{len(s.nodes)}" for s in plan.stages)
+    return f"{plan.profile['chosen']} ({stages_summary(stages)})"
+
+
+def main(budget: float = 30.0, models: str = "timm-resnet18,encoder", rounds: int = 9,
+         json_out: Path | None = typer.Option(None, "--json")) -> None:
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="uhop-budget-") as work:
+        for name in models.split(","):
+            model, shapes = ENCODER if name == "encoder" else corpus_model(name)
+            bounded, unbounded = Path(work, name, "bounded"), Path(work, name, "unbounded")
+            wall = optimize(model, shapes, budget, bounded, Path(work, name, "cache-bounded"))
+            wall_unbounded = optimize(model, shapes, UNBOUNDED, unbounded, Path(work, name, "cache-unbounded"))
+            plan = Plan.load(bounded)
+            feeds = profile_feeds(plan.inputs, parse_shapes(shapes) if shapes else None)
+            figures = time_candidates([Candidate("bounded", str(bounded)), Candidate("unbounded", str(unbounded))],
+                                      None, feeds, None, rounds)
+            ms = {k: f["ms"] for k, f in figures.items()}
+            results[name] = {"model": model, "budget_s": budget, "wall_s": round(wall, 1),
+                             "unbounded_wall_s": round(wall_unbounded, 1), "plan": chosen(bounded),
+                             "unbounded_plan": chosen(unbounded), "ms": ms,
+                             "ratio": None if None in ms.values() else round(ms["bounded"] / ms["unbounded"], 3)}
+            r = results[name]
+            print(f"{name}: optimize --budget {budget:g} took {r['wall_s']} s (unbounded {r['unbounded_wall_s']} s); "
+                  f"plan {r['plan']} vs unbounded {r['unbounded_plan']}: {ms['bounded']} ms vs "
+                  f"{ms['unbounded']} ms, ratio {r['ratio']}", flush=True)
+    if json_out:
+        json_out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    typer.run(main)
