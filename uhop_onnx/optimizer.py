@@ -20,7 +20,7 @@ from .errors import InputError, PlanError, UhopError, first_line
 from .graph import Graph, declared_outputs
 from .inputs import Inputs, Shapes, at_shapes, free_inputs, inputs_digest, measured_shapes, profile_feeds
 from .loader import load
-from .measure import Measurement, Profiler, time_plans_in_processes
+from .measure import LATE, Measurement, Profiler, time_plans_in_processes
 from .partitioner.capabilities import capabilities, only_the_rest
 from .partitioner.extract import extract
 from .partitioner.partition import partition
@@ -54,7 +54,7 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
             progress: Callable[[str], None] = lambda step: None, *,
             chosen: list[Provider] | None = None, strict: bool = False,
             resolved: list[Provider] | None = None, shapes: Shapes | None = None, inputs: Inputs | None = None,
-            sample: bool = False) -> Analysis:
+            sample: bool = False, deadline: Deadline | None = None) -> Analysis:
     """Load, check and simplify `model`, and ask every provider which of its nodes it can run.
 
     `chosen` gives the provider objects directly (a target board's, present here or not); a provider not
@@ -91,7 +91,13 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
             log.warning("the model at %s could not be prepared for fixed-shape runtimes: %s",
                         shapes_text(measured_shapes(feeds)), first_line(error))
     support = {}
-    for provider in chosen:
+    for provider in list(chosen):
+        if deadline is not None and deadline.passed and provider not in (chosen[0], chosen[-1]) \
+                and provider.label not in pinned.values():
+            log.warning("%s is left out: the budget ran out before it was asked what it can run (give a larger "
+                        "budget)", provider.label)
+            chosen.remove(provider)
+            continue
         progress(f"asking {provider.label} what it can run")
         if fixed and provider.static_shapes:
             support[provider.label] = fixed.capabilities(graph, provider)
@@ -199,7 +205,7 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     def analysis() -> Analysis:
         try:
             a = analyze(model, providers, assign, threads, progress, resolved=chosen, shapes=shapes,
-                        inputs=measure_on, sample=profile)
+                        inputs=measure_on, sample=profile, deadline=deadline)
         except InputError as error:
             if measure_on is inputs:
                 raise
@@ -292,8 +298,13 @@ def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, pr
 
     if profiler is None:
         def time_plans(choices: Mapping[str, Choice]) -> dict[str, Measurement]:
-            return time_plans_in_processes({name: plan_of(c) for name, c in choices.items()}, a.feeds, threads,
-                                           deadline=deadline)
+            plans = {}
+            for name, c in choices.items():  # a plan not built by the deadline is not timed
+                if deadline.passed:
+                    break
+                plans[name] = plan_of(c)
+            timed = time_plans_in_processes(plans, a.feeds, threads, deadline=deadline) if plans else {}
+            return {name: timed.get(name) or Measurement.failed(LATE) for name in choices}
     else:
         def run_plan(choice: Choice):
             executor = compiled.enter_context(compile_plan(plan_of(choice), threads))
