@@ -3,6 +3,7 @@ is loaded), and `compile_plan` runs it as one model."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -18,12 +19,16 @@ from typing import Any
 import numpy as np
 
 from .dtypes import TensorSig
-from .errors import FreeDimensionError, InputError
+from .errors import FreeDimensionError, InputError, UhopError
 from .executor import Timing
 from .files import atomic_file
 from .graph import TensorInfo
 from .metadata import ModelMetadata
 from .plan import PLAN_FILE, Plan
+from .adapt import Decisions, Serving, whole_model
+from .cache import cache_dir, code_fingerprint, device_fingerprint, model_digest
+from .loader import load, model_name
+from .providers import LAST_RESORT, resolve
 from .runtime import compile_plan
 
 log = logging.getLogger(__name__)
@@ -33,7 +38,15 @@ class InferenceSession:
     """A model (a path, its bytes, an `onnx.ModelProto`), a `Plan` or a plan folder, compiled stage by stage
     on its providers; called as `onnxruntime.InferenceSession` is.
 
-    `run(output_names, feeds)` returns what ONNX Runtime returns for the same model. The second and third
+    `run(output_names, feeds)` returns what ONNX Runtime returns for the same model. A model given as such
+    adapts (`adapt`, the default unless `profile=False`, `shapes`, `inputs`, `precision` or a plan is given,
+    which measure or place once): construction compiles one starter plan (the plan an earlier process decided
+    on for this model, host and providers, else the model as ONNX Runtime would run it for the providers
+    named) and returns; the session then learns from its own calls which plan is fastest per shape bucket
+    (see `adapt.Serving`; `session.adaptation` says what was tried, `adapt_budget` bounds the background
+    seconds). `session.plan` is the plan that served the latest call. `policy="literal"` (or the session
+    config entry `uhop.policy`) makes ONNX Runtime's EP names plain aliases of its runtimes; `uhop.adapt`
+    = `0` turns adapting off. The second and third
     positional places are ONNX Runtime's: `sess_options` (an `onnxruntime.SessionOptions`: its
     `intra_op_num_threads`, `enable_profiling`, `profile_file_prefix` and `log_severity_level` are read; a
     list there is taken as `providers`), `providers` (ids, ONNX Runtime's EP names, or `(name, options)`
@@ -52,7 +65,8 @@ class InferenceSession:
                  provider_options: Sequence[Mapping[str, Any]] | None = None, *, assign: Mapping[str, str] | None = None,
                  profile: bool = True, threads: int | None = None, fallback: bool = False, strict: bool = False,
                  shapes: Mapping[str, Sequence[int]] | None = None, inputs: Any = None, precision: str = "fp32",
-                 tolerance: float | None = None, calibration: Any = None, **optimize_options: Any):
+                 tolerance: float | None = None, calibration: Any = None, adapt: bool | None = None,
+                 policy: str | None = None, adapt_budget: float = 60.0, **optimize_options: Any):
         if isinstance(sess_options, (list, tuple)):
             if providers is not None:
                 raise InputError("providers given twice: as the second argument and as providers=")
@@ -60,25 +74,55 @@ class InferenceSession:
         options = _read_session_options(sess_options)
         if threads is None:
             threads = options["threads"]
+        policy = policy or options["policy"]
+        if adapt is None:
+            adapt = options["adapt"]
         source = path_or_bytes
-        if isinstance(source, Plan):
-            self.plan = source
-        elif isinstance(source, (str, os.PathLike)) and (Path(source) / PLAN_FILE).is_file():
-            self.plan = Plan.load(source)
+        given_plan = isinstance(source, Plan) or (
+            isinstance(source, (str, os.PathLike)) and (Path(source) / PLAN_FILE).is_file())
+        by_default = profile and shapes is None and inputs is None and precision == "fp32"
+        if adapt and given_plan:
+            raise InputError("adapt=True needs the model itself, not a plan: give the .onnx file, or drop adapt")
+        specs = _with_options(providers, provider_options)
+        if given_plan:
+            plan = source if isinstance(source, Plan) else Plan.load(source)
+            self._serving = Serving(plan, lambda p: compile_plan(p, threads), "plan")
+        elif adapt if adapt is not None else by_default:
+            self._serving = adaptive(source, specs, threads, policy, budget_s=adapt_budget, assign=assign,
+                                     strict=strict, **optimize_options)
         else:
-            self.plan = _optimize(source, providers=_with_options(providers, provider_options), assign=assign,
-                                  profile=profile, threads=threads, strict=strict, shapes=shapes, inputs=inputs,
-                                  precision=precision, tolerance=tolerance, calibration=calibration,
-                                  **optimize_options)
-        self.fallback = fallback
+            plan = _optimize(source, providers=specs, assign=assign, profile=profile, threads=threads,
+                             strict=strict, shapes=shapes, inputs=inputs, precision=precision, tolerance=tolerance,
+                             calibration=calibration, policy=policy, **optimize_options)
+            self._serving = Serving(plan, lambda p: compile_plan(p, threads), "plan")
         self.threads = threads if threads is not None else self.plan.threads
         self._sess_options = sess_options
-        self._executor = compile_plan(self.plan, self.threads, fallback)
-        self._close = weakref.finalize(self, self._executor.close)
+        self._serving.fallback = fallback
+        self._close = weakref.finalize(self, self._serving.close)
+        log.info("session for %s runs %s", self.plan.model_name, self.plan.summary())
         self._trace: list[dict[str, Any]] | None = [] if options["profiling"] else None
         self._profile_prefix = options["profile_prefix"]
         self._started = time.perf_counter()
         self._lock = threading.Lock()
+
+    @property
+    def plan(self) -> Plan:
+        """The plan that served the latest call (before any, the one the session started on)."""
+        return self._serving.plan
+
+    @property
+    def adaptation(self) -> dict[str, dict[str, Any]]:
+        """Per shape bucket: its calls, the plan serving it, the candidates tried with their figures (`ms`,
+        and `interval`: their time over the serving plan's) and states, and the decision."""
+        return self._serving.adaptation
+
+    @property
+    def fallback(self) -> bool:
+        return self._serving.fallback
+
+    @fallback.setter
+    def fallback(self, on: bool) -> None:
+        self._serving.fallback = on
 
     # onnxruntime's getters
 
@@ -93,7 +137,7 @@ class InferenceSession:
         found: dict[str, TensorSig] = {}
         for stage in self.plan.stages:
             for value in self.plan.stage_model(stage).graph.input:
-                if value.name in self._executor.overridable and value.name not in found:
+                if value.name in self._serving.executor.overridable and value.name not in found:
                     info = TensorInfo.from_type_proto(value.type)
                     found[value.name] = TensorSig(value.name, info.type, None if info.shape is None else list(info.shape))
         return list(found.values())
@@ -125,11 +169,11 @@ class InferenceSession:
 
     def enable_fallback(self) -> None:
         """From the next call, a stage that fails is re-run on `ort-cpu` (with one warning)."""
-        self.fallback = self._executor.fallback = True
+        self.fallback = True
 
     def disable_fallback(self) -> None:
         """From the next call, a stage that fails raises `StageError`."""
-        self.fallback = self._executor.fallback = False
+        self.fallback = False
 
     def close(self) -> None:
         """Release every stage's runtime now (it happens anyway when the session is garbage-collected); do not
@@ -192,22 +236,22 @@ class InferenceSession:
 
     def _run(self, output_names, feeds, host: bool = True, timings: list[Timing] | None = None) -> list[Any]:
         if self._trace is None and timings is None:
-            return self._executor.run(output_names, feeds, host=host)
+            return self._serving.run(output_names, feeds, host=host)[0]
         timings = [] if timings is None else timings
         start = time.perf_counter()
-        results = self._executor.run(output_names, feeds, host=host, timings=timings)
+        results, plan = self._serving.run(output_names, feeds, host=host, timings=timings)
         if self._trace is not None:
-            self._record(start, time.perf_counter(), timings)
+            self._record(plan, start, time.perf_counter(), timings)
         return results
 
-    def _record(self, start: float, end: float, timings: list[Timing]) -> None:
+    def _record(self, plan: Plan, start: float, end: float, timings: list[Timing]) -> None:
         def event(name: str, cat: str, begin: float, finish: float, args: dict[str, Any]) -> dict[str, Any]:
             return {"cat": cat, "pid": os.getpid(), "tid": threading.get_ident(), "ph": "X", "name": name,
                     "ts": round((begin - self._started) * 1e6), "dur": round((finish - begin) * 1e6), "args": args}
 
         events = [event("model_run", "Session", start, end, {})]
         for k, begin, finish in timings:
-            stage = self.plan.stages[k]
+            stage = plan.stages[k]
             events.append(event(f"stage_{k}", "Node", begin, finish, {
                 "provider": stage.label, "nodes": len(stage.nodes), "first_node": stage.nodes[0]}))
         with self._lock:
@@ -248,7 +292,8 @@ class IOBinding:
         return list(self.outputs)
 
     def copy_outputs_to_cpu(self) -> list[np.ndarray]:
-        return [value.numpy() for value in self.outputs]
+        """Copies of the outputs, owning their memory (an `OrtValue`'s `numpy()` is only a view of it)."""
+        return [np.array(value.numpy(), copy=True) for value in self.outputs]
 
     def clear_binding_inputs(self) -> None:
         self.inputs.clear()
@@ -280,10 +325,65 @@ def _optimize(source: Any, **options: Any) -> Plan:
             return optimize(source, progress=log.info, **{**options, "profile": False})
 
 
+def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, *, budget_s: float,
+             assign: Mapping[str, str] | None, strict: bool, **optimize_options: Any) -> Serving:
+    """An adapting session's `Serving`. It starts on the plan an earlier process decided on for this model,
+    host and providers (the most called bucket's), else on the model placed on the runtimes `specs` name, as
+    ONNX Runtime would run it (`ort-cpu` when none are named). Its candidates, prepared in the background,
+    are each provider present (under `policy`) first with the others after it, then the measured search's
+    plan at the bucket's real inputs."""
+    decisions = decisions_for(source, specs, threads, policy, assign)
+    decided = decisions.read()
+    first = resolve(["ort-cpu"] if specs is None else specs[:1], threads, strict, policy="literal")[0]
+    if decided:
+        label, starter, _ = next(iter(decided.values()))
+    elif first.id == LAST_RESORT and not assign:  # ONNX Runtime runs every node: nothing to place
+        loaded = load(source)
+        label, starter = first.label, whole_model(loaded, model_name(source, loaded), first)
+    else:
+        from .optimizer import optimize
+
+        starter = optimize(source, providers=specs, assign=assign, profile=False, threads=threads, strict=strict,
+                           policy="literal")
+        label = max(starter.get_providers(), key=lambda p: sum(len(s.nodes) for s in starter.stages if s.provider == p))
+
+    def candidates(stopped: Callable[[], bool]) -> dict[str, Callable[[Mapping[str, np.ndarray]], Plan]]:
+        from .optimizer import analyze, first_then_rest, optimize
+
+        with warnings.catch_warnings():  # what resolving the providers warns of was said at the start
+            warnings.simplefilter("ignore")
+            chosen = resolve(specs, threads, strict, policy=policy)
+        a = analyze(source, specs, assign, threads, resolved=chosen)
+
+        def search(sample: Mapping[str, np.ndarray]) -> Plan:
+            def progress(step: str) -> None:
+                if stopped():
+                    raise UhopError("stopped: the session closed or the program is ending")
+
+            return optimize(source, providers=specs, assign=assign, threads=threads, strict=strict, policy=policy,
+                            inputs=dict(sample), budget=min(30.0, budget_s), progress=progress, **optimize_options)
+
+        return {**{p.label: (lambda sample, label=p.label: first_then_rest(a, label, threads)) for p in a.providers},
+                "search": search}
+
+    return Serving(starter, lambda plan: compile_plan(plan, threads), label, candidates, budget_s=budget_s,
+                   decisions=decisions, decided=decided)
+
+
+def decisions_for(source: Any, specs: list | None, threads: int | None, policy: str,
+                  assign: Mapping[str, str] | None) -> Decisions:
+    """Where sessions keep their decisions for this model (by content), host, uhop-onnx's code, providers,
+    policy and pins."""
+    key = json.dumps([model_digest(source), device_fingerprint(threads), code_fingerprint(), repr(specs), policy,
+                      dict(assign or {})], sort_keys=True)
+    return Decisions(cache_dir() / "sessions" / hashlib.sha256(key.encode()).hexdigest()[:32])
+
+
 def _read_session_options(so: Any) -> dict[str, Any]:
     """What uhop-onnx takes from an `onnxruntime.SessionOptions` (or None)."""
     if so is None:
-        return {"threads": None, "profiling": False, "profile_prefix": "onnxruntime_profile_"}
+        return {"threads": None, "profiling": False, "profile_prefix": "onnxruntime_profile_", "adapt": None,
+                "policy": "device"}
     if not hasattr(so, "intra_op_num_threads"):
         raise InputError(f"sess_options must be an onnxruntime.SessionOptions (or a list of providers), "
                          f"got {type(so).__name__}")
@@ -291,8 +391,20 @@ def _read_session_options(so: Any) -> dict[str, Any]:
         from .providers.ort import set_log_severity
 
         set_log_severity(so.log_severity_level)
+    adapt = _config_entry(so, "uhop.adapt")
+    if adapt not in (None, "0", "1"):
+        raise InputError(f"session config entry uhop.adapt is {adapt!r}; use '0' (keep one plan) or '1' (adapt)")
     return {"threads": so.intra_op_num_threads or None, "profiling": bool(so.enable_profiling),
-            "profile_prefix": so.profile_file_prefix or "onnxruntime_profile_"}
+            "profile_prefix": so.profile_file_prefix or "onnxruntime_profile_",
+            "adapt": None if adapt is None else adapt == "1", "policy": _config_entry(so, "uhop.policy") or "device"}
+
+
+def _config_entry(so: Any, key: str) -> str | None:
+    """A session config entry of an `onnxruntime.SessionOptions`, None when it was not added."""
+    try:
+        return so.get_session_config_entry(key)
+    except (AttributeError, RuntimeError):  # onnxruntime raises for a key never added
+        return None
 
 
 def _with_options(providers: Sequence | None, provider_options: Sequence[Mapping[str, Any]] | None) -> list | None:

@@ -1,0 +1,218 @@
+"""Adaptive sessions: a session starts on one plan, tries candidates on its own calls per shape bucket, swaps
+only for one faster beyond noise, keeps the decision for the next process, and stays correct throughout."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+
+import uhop_onnx
+from uhop_onnx.adapt import EXPLORE_AFTER, FIRST_CALLS, MIN_PAIRS, Decisions, Serving
+from uhop_onnx.cache import cache_dir
+from uhop_onnx.models import BUILDERS
+from uhop_onnx.optimizer import optimize
+from uhop_onnx.runtime import compile_plan
+from uhop_onnx.session import decisions_for
+
+from .conftest import assert_matches, random_feeds, reference
+
+ENCODER = str(Path(__file__).parents[1] / "models" / "example_encoder.onnx")  # free batch and sequence axes
+
+
+def _wait(condition, seconds: float = 120.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the background work did not finish in time"
+        time.sleep(0.05)
+
+
+def _settled(serving_or_session) -> bool:
+    states = [c["state"] for b in serving_or_session.adaptation.values() for c in b["candidates"]]
+    return bool(states) and not any(s in ("compiling", "trying") for s in states)
+
+
+class _Slowed:
+    """An executor whose calls take `delay` seconds longer: a known difference for the decision rule."""
+
+    def __init__(self, executor, delay: float):
+        self._executor, self._delay = executor, delay
+
+    def run(self, *args, **kwargs):
+        time.sleep(self._delay)
+        return self._executor.run(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._executor, name)
+
+
+def _serving(model, starter_delay: float, candidate_delay: float, tmp_path, **options) -> Serving:
+    """A `Serving` whose starter (ort-cpu) and one candidate (the same model on openvino) are slowed by the
+    given delays."""
+    starter = optimize(model, providers=["ort-cpu"], profile=False)
+    candidate = optimize(model, providers=["openvino"], profile=False)
+
+    def compile(plan):
+        delay = starter_delay if plan is starter else candidate_delay
+        return _Slowed(compile_plan(plan), delay)
+
+    return Serving(starter, compile, "ort-cpu", lambda stopped: {"openvino": lambda sample: candidate}, **options)
+
+
+def _call(serving: Serving, feeds, calls: int):
+    for _ in range(calls):
+        outputs, _ = serving.run(None, feeds)
+    return outputs
+
+
+def test_a_faster_candidate_replaces_the_serving_plan_and_is_kept(tmp_path):
+    model = BUILDERS["cnn"]()
+    feeds = random_feeds(model)
+    decisions = Decisions(tmp_path / "decisions")
+    serving = _serving(model, 0.03, 0.0, tmp_path, decisions=decisions)
+    _call(serving, feeds, EXPLORE_AFTER)
+    _wait(lambda: "openvino" in str(serving.adaptation) and _trying_or_done(serving))
+    for _ in range(4 * MIN_PAIRS):
+        assert_matches(serving.run(None, feeds)[0], reference(model, feeds))
+        if _settled(serving):
+            break
+    bucket = next(iter(serving.adaptation.values()))
+    assert bucket["candidates"][0]["state"] == "faster", bucket
+    assert bucket["serving"] == "openvino" and "replaced ort-cpu" in bucket["decision"]
+    low, high = bucket["candidates"][0]["interval"]
+    assert low <= high < 1.0
+    _wait(lambda: decisions.table.read())
+    label, plan, calls = decisions.read()[bucket["bucket"]]
+    assert label == "openvino" and plan.get_providers() == ["openvino"] and calls >= MIN_PAIRS
+    assert serving.run(None, feeds)[1].get_providers() == ["openvino"]
+    serving.close()
+
+
+def _trying_or_done(serving: Serving) -> bool:
+    states = [c["state"] for b in serving.adaptation.values() for c in b["candidates"]]
+    return bool(states) and "compiling" not in states
+
+
+def test_a_much_slower_candidate_is_dropped_after_its_first_calls(tmp_path):
+    model = BUILDERS["cnn"]()
+    feeds = random_feeds(model)
+    serving = _serving(model, 0.0, 0.1, tmp_path)
+    _call(serving, feeds, EXPLORE_AFTER)
+    _wait(lambda: _trying_or_done(serving))
+    _call(serving, feeds, 12)
+    bucket = next(iter(serving.adaptation.values()))
+    assert bucket["candidates"][0]["state"].startswith("dropped"), bucket
+    assert bucket["candidates"][0]["calls"] == FIRST_CALLS  # stopped after its first calls, not a full trial
+    assert bucket["serving"] == "ort-cpu" and "kept ort-cpu" in bucket["decision"]
+    serving.close()
+
+
+def test_a_candidate_whose_outputs_differ_is_refused(tmp_path):
+    model = BUILDERS["cnn"]()
+    other = BUILDERS["cnn"](seed=9)  # the same graph with other weights
+    feeds = random_feeds(model)
+    starter = optimize(model, providers=["ort-cpu"], profile=False)
+    wrong = optimize(other, providers=["ort-cpu"], profile=False)
+    serving = Serving(starter, compile_plan, "ort-cpu", lambda stopped: {"wrong": lambda sample: wrong})
+    _call(serving, feeds, EXPLORE_AFTER)
+    _wait(lambda: _settled(serving))
+    candidate = next(iter(serving.adaptation.values()))["candidates"][0]
+    assert candidate["state"] == "failed" and "differs from the serving plan" in candidate["error"]
+    serving.close()
+
+
+def test_shape_buckets_are_exact_then_rounded_up_to_powers_of_two():
+    starter = optimize(ENCODER, providers=["ort-cpu"], profile=False)
+    serving = Serving(starter, compile_plan, "ort-cpu", lambda stopped: {})
+    for seq in range(1, 13):
+        serving.run(None, {"input_ids": np.arange(seq, dtype=np.int64)[None] % 100})
+    keys = list(serving.adaptation)
+    assert "input_ids: 1x3" in keys and "input_ids: 1x16" in keys and "input_ids: 1x9" not in keys
+    serving.close()
+
+
+def test_session_starts_on_onnx_runtime_then_adapts_and_stays_correct_from_many_threads():
+    model = BUILDERS["mobilenet"]()
+    feeds = [random_feeds(model, seed) for seed in range(4)]
+    expected = [reference(model, f) for f in feeds]
+    session = uhop_onnx.InferenceSession(model.SerializeToString(), providers=["ort-cpu", "openvino"],
+                                         adapt_budget=20.0)
+    assert session.get_providers() == ["ort-cpu"] and len(session.plan.stages) == 1
+    errors, calls = [], [0] * 4
+
+    def client(k: int) -> None:
+        try:
+            deadline = time.monotonic() + 120
+            while not _settled(session) and time.monotonic() < deadline:
+                assert_matches(session.run(None, feeds[k]), expected[k])
+                calls[k] += 1
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    adaptation = session.adaptation
+    assert len(adaptation) == 1
+    bucket = next(iter(adaptation.values()))
+    assert bucket["calls"] == sum(calls)
+    labels = {c["label"] for c in bucket["candidates"]}
+    assert "openvino" in labels, bucket
+    session.close()
+
+
+def test_adapt_off_keeps_one_plan():
+    model = BUILDERS["cnn"]()
+    feeds = random_feeds(model)
+    options = onnxruntime.SessionOptions()
+    options.add_session_config_entry("uhop.adapt", "0")
+    session = uhop_onnx.InferenceSession(model.SerializeToString(), options, profile=False)
+    for _ in range(EXPLORE_AFTER + 2):
+        assert_matches(session.run(None, feeds), reference(model, feeds))
+    assert session.adaptation == {}
+    options.add_session_config_entry("uhop.adapt", "maybe")
+    with pytest.raises(uhop_onnx.InputError, match="uhop.adapt"):
+        uhop_onnx.InferenceSession(model.SerializeToString(), options)
+
+
+def test_a_plan_is_not_adapted_unless_asked(tmp_path):
+    model = BUILDERS["cnn"]()
+    plan = optimize(model, providers=["ort-cpu"], profile=False)
+    session = uhop_onnx.InferenceSession(plan)
+    session.run(None, random_feeds(model))
+    assert session.adaptation == {}
+    with pytest.raises(uhop_onnx.InputError, match="needs the model"):
+        uhop_onnx.InferenceSession(plan, adapt=True)
+
+
+def test_a_kept_decision_starts_the_next_session_and_a_damaged_one_is_dropped(tmp_path, caplog):
+    model = BUILDERS["cnn"]()
+    path = tmp_path / "cnn.onnx"
+    onnx.save(model, path)
+    feeds = random_feeds(model)
+    bucket = f"{model.graph.input[0].name}: 1x3x32x32"
+    folder = decisions_for(str(path), None, None, "device", None).folder
+    Decisions(folder).keep(bucket, "openvino", optimize(model, providers=["openvino"], profile=False), 10)
+    again = uhop_onnx.InferenceSession(str(path))
+    assert again.get_providers() == ["openvino"]  # it starts on what was decided
+    assert_matches(again.run(None, feeds), reference(model, feeds))
+    again.close()
+    entry = next(iter(Decisions(folder).table.read().values()))
+    stage = next((folder / entry["plan"]).glob("*.onnx"))
+    data = bytearray(stage.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    stage.write_bytes(bytes(data))
+    with caplog.at_level("WARNING"):
+        third = uhop_onnx.InferenceSession(str(path))
+    assert third.get_providers() == ["ort-cpu"] and "dropped and decided again" in caplog.text
+    assert_matches(third.run(None, feeds), reference(model, feeds))
+    third.close()
+    assert str(cache_dir()) in str(folder)  # kept in the cache, under its cap

@@ -1,0 +1,463 @@
+"""Adaptive serving: a session's calls, grouped by shape bucket, are shared out between the plan serving them
+and candidate plans compiled in the background; a candidate replaces the serving plan of its bucket only when
+it is faster beyond noise on the same interleaved calls, and that decision is kept for the next process.
+
+`Serving` is the whole mechanism; without candidates it is one compiled plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from .cache import JsonTable
+from .compare import compare_within
+from .errors import UhopError, first_line
+from .executor import Executor, Timing
+from .graph import Graph, declared_outputs
+from .metadata import ModelMetadata
+from .plan import Plan, Stage
+from .providers import Provider
+
+log = logging.getLogger(__name__)
+
+EXPLORE_AFTER = 3  # calls at a bucket before its candidates are prepared
+FIRST_CALLS = 5  # a candidate's calls before the 1.5x rule judges it
+DROP_RATIO = 1.5  # a candidate this much slower than the serving plan stops at once
+MIN_PAIRS, MAX_PAIRS = 12, 60  # interleaved calls before a verdict; after the last, "within noise"
+EXACT_BUCKETS = 8  # distinct shape sets kept exact; beyond, free axes are rounded up to powers of two
+FP32_CHECK = {"rtol": 2e-4, "atol": 2e-5}  # two fp32 plans, each within rtol 1e-4, atol 1e-5 of ONNX Runtime
+
+Recipe = Callable[[Mapping[str, np.ndarray]], Plan]  # a bucket's sample feeds -> a candidate plan
+
+
+class Arm:
+    """A compiled plan that serves calls; closed once retired and no call runs on it."""
+
+    def __init__(self, label: str, plan: Plan, executor: Executor):
+        self.label, self.plan, self.executor = label, plan, executor
+        self.running = 0
+        self.retired = False
+
+    def release(self) -> None:
+        """Close the executor if the arm is retired and idle (called under the serving lock)."""
+        if self.retired and self.running == 0 and self.executor is not None:
+            executor, self.executor = self.executor, None
+            executor.close()
+
+
+@dataclass
+class Trial:
+    """A candidate's record at one bucket: its calls, each paired with the serving plan's call of the same
+    round, and its state: compiling, trying, faster, slower, within noise, dropped or failed."""
+
+    label: str
+    arm: Arm | None = None
+    state: str = "compiling"
+    pairs: list[tuple[float, float]] = field(default_factory=list)  # (its ms, the serving plan's ms)
+    error: str = ""
+
+    def ratio_interval(self) -> tuple[float, float, float]:
+        """The median of its/serving time ratios and a distribution-free 95% interval for it."""
+        ratios = sorted(mine / theirs for mine, theirs in self.pairs)
+        n = len(ratios)
+        k = max(0, math.floor(n / 2 - 0.98 * math.sqrt(n)))
+        return float(np.median(ratios)), ratios[k], ratios[n - 1 - k]
+
+    def to_json(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"label": self.label, "state": self.state, "calls": len(self.pairs),
+                                 "ms": None, "interval": None}
+        if self.pairs:
+            median, low, high = self.ratio_interval()
+            entry["ms"] = round(float(np.median([mine for mine, _ in self.pairs])), 4)
+            entry["interval"] = [round(low, 3), round(high, 3)]  # of its time over the serving plan's
+        if self.error:
+            entry["error"] = self.error
+        return entry
+
+
+@dataclass
+class Bucket:
+    """The calls at one shape bucket: the arm serving them, the candidates' trials, what was decided."""
+
+    key: str
+    current: Arm
+    calls: int = 0
+    turn: int = 0
+    last_ms: float = 0.0  # the serving arm's latest call, paired with the candidates' calls of that round
+    serving_ms: list[float] = field(default_factory=list)
+    trials: dict[str, Trial] = field(default_factory=dict)
+    decision: str | None = None
+    sample: dict[str, np.ndarray] | None = None
+
+    def arms(self) -> list[Arm]:
+        """The serving arm, then each candidate on trial, in turn order."""
+        return [self.current, *(t.arm for t in self.trials.values() if t.state == "trying" and t.arm)]
+
+
+class Serving:
+    """Runs calls on the plan serving each shape bucket. Given `candidates` (called once, on the background
+    thread, with `stopped`: label -> a function building a candidate plan from a bucket's sample feeds), a bucket called `EXPLORE_AFTER` times has each candidate
+    compiled on a background thread (at nice 10, within `budget_s` seconds of work in all), checked against
+    the serving plan on the sample, and then interleaved with it on real calls. A candidate more than 1.5x
+    slower after its first calls stops at once; one faster beyond noise (the upper end of the interval of
+    its paired time ratios below 1) replaces the serving plan of that bucket, atomically: each call runs
+    wholly on one plan. `decisions` keeps each replacement; `decided` (bucket -> (label, plan, calls), read
+    from them) are the plans earlier processes decided on, compiled when their bucket is first called and
+    checked again like any other. `run` is thread safe."""
+
+    def __init__(self, starter: Plan, compile: Callable[[Plan], Executor], label: str,
+                 candidates: Callable[[Callable[[], bool]], Mapping[str, Recipe]] | None = None, *,
+                 budget_s: float = 60.0,
+                 tolerance: Mapping[str, float] = FP32_CHECK,
+                 decisions: Decisions | None = None, decided: Mapping[str, tuple[str, Plan, int]] | None = None):
+        self._compile, self._candidates = compile, candidates
+        self._recipes: Mapping[str, Recipe] | None = None  # the candidates, once the background work asked
+        self._budget_s, self._tolerance, self.decisions = budget_s, dict(tolerance), decisions
+        self._lock = threading.Lock()
+        self._fallback = False
+        self.starter = self._arm(label, starter)
+        self._arms: dict[str, Arm] = {label: self.starter}
+        self._decided = dict(decided or {})  # bucket -> (label, plan, calls) decided by an earlier process
+        self._buckets: dict[str, Bucket] = {}
+        self._exact: set[tuple] = set()
+        self._last = self.starter
+        self._jobs: queue.Queue[Bucket | None] = queue.Queue()
+        self._spent = 0.0
+        self._closed = False
+        self._worker: threading.Thread | None = None
+
+    # what the session reads
+
+    @property
+    def plan(self) -> Plan:
+        """The plan that served the latest call (the starter before any)."""
+        return self._last.plan
+
+    @property
+    def executor(self) -> Executor:
+        return self._last.executor or self.starter.executor
+
+    @property
+    def fallback(self) -> bool:
+        return self._fallback
+
+    @fallback.setter
+    def fallback(self, on: bool) -> None:
+        with self._lock:
+            self._fallback = on
+            for arm in self._arms.values():
+                if arm.executor is not None:
+                    arm.executor.fallback = on
+
+    @property
+    def adaptation(self) -> dict[str, dict[str, Any]]:
+        """Per shape bucket: `{"bucket", "calls", "serving", "candidates": [...], "decision"}`."""
+        with self._lock:
+            return {key: {"bucket": key, "calls": b.calls, "serving": b.current.label,
+                          "candidates": [t.to_json() for t in b.trials.values()], "decision": b.decision}
+                    for key, b in self._buckets.items()}
+
+    # running
+
+    def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any], *, host: bool = True,
+            timings: list[Timing] | None = None) -> tuple[list[Any], Plan]:
+        """The outputs, and the plan that computed them."""
+        bucket = self._bucket(feeds) if self._candidates is not None else None
+        with self._lock:
+            arm = self.starter if bucket is None else self._turn(bucket)
+            arm.running += 1
+            self._last = arm
+        start = time.perf_counter()
+        try:
+            results = arm.executor.run(output_names, feeds, host=host, timings=timings)
+        finally:
+            ms = (time.perf_counter() - start) * 1e3
+            with self._lock:
+                arm.running -= 1
+                arm.release()
+        if bucket is not None:
+            self._record(bucket, arm, ms, feeds)
+        return results, arm.plan
+
+    def _bucket(self, feeds: Mapping[str, Any]) -> Bucket:
+        shapes = tuple((name, tuple(np.shape(value))) for name, value in feeds.items())
+        with self._lock:
+            if shapes not in self._exact and len(self._exact) >= EXACT_BUCKETS:
+                shapes = tuple((name, tuple(_pow2(d) for d in dims)) for name, dims in shapes)
+            else:
+                self._exact.add(shapes)
+            key = ", ".join(f"{name}: {'x'.join(map(str, dims)) or 'scalar'}" for name, dims in shapes)
+            if key not in self._buckets:
+                self._buckets[key] = Bucket(key, self._starting_arm(key))
+            return self._buckets[key]
+
+    def _starting_arm(self, key: str) -> Arm:
+        """The arm an earlier process decided on for this bucket, else the starter (under the lock)."""
+        if key not in self._decided:
+            return self.starter
+        label, plan, _ = self._decided.pop(key)
+        try:
+            arm = self._arms.get(label) or self._arm(label, plan)
+        except Exception as error:  # noqa: BLE001 - a kept decision that no longer compiles is only skipped
+            log.warning("%s: the plan decided earlier (%s) does not compile (%s); starting on %s",
+                        key, label, first_line(error), self.starter.label)
+            return self.starter
+        self._arms[label] = arm
+        return arm
+
+    def _turn(self, bucket: Bucket) -> Arm:
+        """The arm for this call: the candidates on trial take turns with the serving arm (under the lock)."""
+        arms = bucket.arms()
+        arm = arms[bucket.turn % len(arms)]
+        bucket.turn = (bucket.turn + 1) % len(arms)
+        return arm
+
+    def _record(self, bucket: Bucket, arm: Arm, ms: float, feeds: Mapping[str, Any]) -> None:
+        with self._lock:
+            bucket.calls += 1
+            if arm is bucket.current:
+                bucket.last_ms = ms
+                bucket.serving_ms.append(ms)
+            else:
+                trial = next((t for t in bucket.trials.values() if t.arm is arm and t.state == "trying"), None)
+                if trial is not None and bucket.last_ms > 0:
+                    trial.pairs.append((ms, bucket.last_ms))
+                    self._judge(bucket, trial)
+            explore = bucket.calls == EXPLORE_AFTER and not self._closed and self._spent < self._budget_s
+            if explore:
+                bucket.sample = {name: np.array(value, copy=True) for name, value in feeds.items()}
+        if explore:
+            self._start_worker()
+            self._jobs.put(bucket)
+
+    def _judge(self, bucket: Bucket, trial: Trial) -> None:
+        """A trial's verdict once its calls say enough; the bucket's decision once no trial runs (under the lock)."""
+        n = len(trial.pairs)
+        median, low, high = trial.ratio_interval()
+        if n >= FIRST_CALLS and median > DROP_RATIO:
+            trial.state = f"dropped: {median:.2f}x the serving plan's time"
+        elif n >= MIN_PAIRS and high < 1.0:
+            trial.state = "faster"
+        elif n >= MIN_PAIRS and low > 1.0:
+            trial.state = "slower"
+        elif n >= MAX_PAIRS:
+            trial.state = "within noise"
+        else:
+            return
+        log.debug("%s: %s is %s (%.3f [%.3f, %.3f] over %d calls)", bucket.key, trial.label, trial.state,
+                  median, low, high, n)
+        self._settle(bucket)
+
+    def _settle(self, bucket: Bucket) -> None:
+        """When no candidate is compiling or on trial, the fastest one found faster serves (under the lock)."""
+        if any(t.state in ("compiling", "trying") for t in bucket.trials.values()):
+            return
+        faster = [t for t in bucket.trials.values() if t.state == "faster"]
+        for trial in bucket.trials.values():
+            if trial not in faster and trial.arm is not None:
+                self._retire(trial.arm)
+        if not faster:
+            bucket.decision = bucket.decision or f"kept {bucket.current.label}: no candidate was faster beyond noise"
+            return
+        best = min(faster, key=lambda t: t.ratio_interval()[0])
+        median, low, high = best.ratio_interval()
+        old = bucket.current
+        bucket.current, bucket.turn = best.arm, 0
+        bucket.decision = (f"{best.label} replaced {old.label}: {median:.3f}x its time "
+                           f"(95% interval {low:.3f}-{high:.3f}) over {len(best.pairs)} interleaved calls")
+        log.info("%s at %s: %s", best.arm.plan.model_name, bucket.key, bucket.decision)
+        for trial in faster:
+            if trial is not best:
+                self._retire(trial.arm)
+        self._retire(old)
+        if self.decisions is not None:
+            threading.Thread(target=self.decisions.keep, args=(bucket.key, best.label, best.arm.plan, bucket.calls),
+                             name="uhop-adapt-keep").start()
+
+    def _retire(self, arm: Arm) -> None:
+        """Close `arm` once no bucket serves with it or tries it and no call runs on it (under the lock)."""
+        used = any(arm is b.current or any(t.arm is arm and t.state == "trying" for t in b.trials.values())
+                   for b in self._buckets.values())
+        if arm is self.starter or used:
+            return
+        arm.retired = True
+        self._arms.pop(arm.label, None)
+        arm.release()
+
+    # the background work
+
+    def stopped(self) -> bool:
+        """Whether background work should stop: the session closed, or the program is ending."""
+        return self._closed or not threading.main_thread().is_alive()
+
+    def _start_worker(self) -> None:
+        # Not a daemon: a runtime interrupted inside native code as the interpreter ends aborts the process.
+        # It stops at its next step once the main thread has finished (see `stopped`).
+        with self._lock:
+            if self._worker is None and not self._closed:
+                self._worker = threading.Thread(target=self._work, name="uhop-adapt")
+                self._worker.start()
+
+    def _next_job(self) -> Bucket | None:
+        while not self.stopped():
+            try:
+                return self._jobs.get(timeout=0.2)
+            except queue.Empty:
+                continue
+        return None
+
+    def _work(self) -> None:
+        try:  # a background thread of its own priority (Linux: niceness is per thread)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (AttributeError, OSError):
+            pass
+        while (bucket := self._next_job()) is not None:
+            if self._recipes is None:
+                started = time.perf_counter()
+                try:
+                    self._recipes = dict(self._candidates(self.stopped))
+                except Exception as error:  # noqa: BLE001 - without candidates the session keeps its plan
+                    log.warning("no candidate plans can be prepared (%s); the session keeps its plan",
+                                first_line(error))
+                    self._recipes = {}
+                self._spent += time.perf_counter() - started
+            for label, recipe in self._recipes.items():
+                if self.stopped() or self._spent >= self._budget_s:
+                    break
+                if label == bucket.current.label or label in bucket.trials:
+                    continue
+                with self._lock:
+                    trial = bucket.trials[label] = Trial(label)
+                started = time.perf_counter()
+                try:
+                    arm = self._prepared(trial, recipe, bucket)
+                except Exception as error:  # noqa: BLE001 - a candidate may fail in any way; it only stops
+                    trial.state, trial.error = "failed", first_line(error)
+                    log.info("%s: candidate %s failed: %s", bucket.key, label, trial.error)
+                    arm = None
+                self._spent += time.perf_counter() - started
+                with self._lock:
+                    if arm is not None and trial.state == "compiling":
+                        trial.arm, trial.state = arm, "trying"
+                    self._settle(bucket)
+            with self._lock:
+                bucket.sample = None
+                self._settle(bucket)
+
+    def _prepared(self, trial: Trial, recipe: Recipe, bucket: Bucket) -> Arm | None:
+        """The candidate's arm, compiled (or shared with another bucket), run twice on the bucket's sample and
+        checked there against the serving plan's outputs; None when its plan is one that is already tried."""
+        with self._lock:
+            arm = self._arms.get(trial.label)
+        if arm is None:
+            plan = recipe(bucket.sample)
+            same = next((a.label for a in list(self._arms.values()) if _same_stages(a.plan, plan)), None)
+            if same is not None:
+                trial.state = f"same plan as {same}"
+                return None
+            arm = self._arm(trial.label, plan)
+            with self._lock:
+                self._arms[trial.label] = arm
+        want = bucket.current.executor.run(None, bucket.sample)
+        for _ in range(2):
+            got = arm.executor.run(None, bucket.sample)
+        for name, a, b in zip(arm.executor.outputs, got, want):
+            verdict = compare_within(a, b, self._tolerance)
+            if not verdict["ok"]:
+                with self._lock:
+                    self._retire(arm)
+                raise UhopError(f"output {name!r} differs from the serving plan's "
+                                f"({verdict.get('error') or verdict['max_abs_error']})")
+        return arm
+
+    def _arm(self, label: str, plan: Plan) -> Arm:
+        executor = self._compile(plan)
+        executor.fallback = self._fallback
+        return Arm(label, plan, executor)
+
+    def close(self) -> None:
+        """Stop the background work and release every plan's runtimes."""
+        with self._lock:
+            self._closed = True
+            arms, self._arms = list(self._arms.values()), {}
+        self._jobs.put(None)
+        for arm in arms:
+            if arm.executor is not None:
+                arm.executor.close()
+                arm.executor = None
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _same_stages(a: Plan, b: Plan) -> bool:
+    return a.model_hash == b.model_hash and [(s.label, s.nodes) for s in a.stages] == [(s.label, s.nodes) for s in b.stages]
+
+
+def whole_model(loaded: onnx.ModelProto, name: str, provider: Provider) -> Plan:
+    """`loaded` (as `uhop_onnx.load` gives it) as one stage on `provider`, unsimplified: what the runtime
+    itself would run, built without placing anything."""
+    graph = Graph.from_model(loaded)
+    stage = Stage(provider=provider.id, options=dict(provider.options), nodes=[n.name for n in loaded.graph.node],
+                  inputs=[i.name for i in loaded.graph.input], outputs=list(graph.outputs),
+                  file=f"stage_00_{provider.id}.onnx", declared=declared_outputs(loaded), model=loaded)
+    return Plan(model_name=name, model_hash=hashlib.sha256(loaded.SerializeToString(deterministic=True)).hexdigest(),
+                inputs=[graph.signature(n) for n in graph.inputs], outputs=[graph.signature(n) for n in graph.outputs],
+                providers=[{"id": provider.id, "options": dict(provider.options),
+                            "version": provider.availability.version}],
+                stages=[stage], metadata=ModelMetadata.of(loaded), placement="whole")
+
+
+class Decisions:
+    """What earlier processes decided for one model, host and set of providers: per shape bucket, the label
+    and the plan (saved beside `decisions.json` in `folder`) that replaced the starter. A kept plan that no
+    longer loads (changed, truncated) is dropped with a warning and decided again."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.table = JsonTable(folder / "decisions.json", check=_decision)
+
+    def read(self) -> dict[str, tuple[str, Plan, int]]:
+        """Bucket -> (label, plan, calls seen when it was decided), most called first."""
+        kept = {}
+        for bucket, entry in sorted(self.table.read().items(), key=lambda item: -item[1]["calls"]):
+            try:
+                plan = Plan.load(self.folder / entry["plan"])
+                for stage in plan.stages:  # each stage file read now, against its sha256
+                    plan.stage_model(stage)
+            except UhopError as error:
+                log.warning("the plan decided earlier for %s is dropped and decided again: %s", bucket,
+                            first_line(error))
+            else:
+                kept[bucket] = (entry["label"], plan, entry["calls"])
+        return kept
+
+    def keep(self, bucket: str, label: str, plan: Plan, calls: int) -> None:
+        name = f"{hashlib.sha256(bucket.encode()).hexdigest()[:12]}-{uuid.uuid4().hex[:8]}"
+        try:
+            plan.save(self.folder / name, report=False)
+        except (UhopError, OSError) as error:  # a full disk: the decision is only not kept
+            log.warning("could not keep the decision for %s in %s: %s", bucket, self.folder, first_line(error))
+            return
+        self.table.update({bucket: {"label": label, "plan": name, "calls": calls}})
+
+
+def _decision(entry: Any) -> None:
+    if not (isinstance(entry, dict) and isinstance(entry.get("label"), str) and isinstance(entry.get("calls"), int)
+            and isinstance(entry.get("plan"), str) and "/" not in entry["plan"] and not entry["plan"].startswith(".")):
+        raise TypeError(f"{entry!r} is not {{label, plan, calls}}")
