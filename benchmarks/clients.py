@@ -1,0 +1,134 @@
+"""Real programs: the libraries of tests/clients/ (they call onnxruntime themselves and ship their models), stock
+and under uhop, side by side.
+
+    python benchmarks/clients.py [--rounds 3] [--clients rapidocr_pages,...] [--json out.json]
+
+Each library runs in a process of its own per mode, the modes alternating within each round: `stock` (ONNX
+Runtime), `uhop` (the plain swap `onnxruntime.InferenceSession = uhop_onnx.InferenceSession`, on an empty cache:
+a program's first start). Each process reports its import time (the library, and uhop with it), its init time (the
+library's object made and its first call, where the library makes its sessions), and its steady per-call latency
+(the median of the calls after the first half, so that an adapting session has had its warm-up); the figure of a
+mode is the minimum over rounds. Ratios are uhop / stock, between figures of the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "clients"))
+import run as clients  # noqa: E402 -- tests/clients/run.py: the clients' registry and driver
+
+MODES = ("stock", "uhop")
+# Calls timed per process after the first (which is part of init): a few seconds of calls each.
+CALLS = {"rapidocr_pages": 3, "magika_files": 6, "silero_speech": 8, "nudenet_pictures": 30}
+WHAT = {"rapidocr_pages": "OCR of a page (det, cls, rec)", "magika_files": "types of 25 files",
+        "silero_speech": "VAD of 11 s of speech (339 runs)", "nudenet_pictures": "one picture (YOLOv8n)"}
+
+
+def worker(name: str, mode: str) -> None:
+    """One process's figures for client `name` in `mode`, printed as JSON on the last line."""
+    start = time.perf_counter()
+    if mode == "uhop":
+        clients.swap_in_uhop()
+    else:
+        import onnxruntime  # noqa: F401 -- timed as uhop's import is
+    client = clients.load(name)
+    imported = time.perf_counter()
+    app = client.build()
+    x = client.inputs()[0]
+    client.call(app, x)
+    ready = time.perf_counter()
+    calls = []
+    for _ in range(CALLS[name]):
+        t = time.perf_counter()
+        client.call(app, x)
+        calls.append(time.perf_counter() - t)
+    sessions = client.sessions(app)
+    print(json.dumps({"import_s": imported - start, "init_s": ready - imported,
+                      "call_ms": 1e3 * statistics.median(calls[len(calls) // 2:]),
+                      "providers": {k: describe(s) for k, s in sessions.items()}}))
+
+
+def describe(session) -> str:
+    """The providers a session runs on, with its number of stages where it has a plan."""
+    providers = "+".join(dict.fromkeys(p.removesuffix("ExecutionProvider") for p in session.get_providers()))
+    plan = getattr(session, "plan", None)
+    return f"{providers} ({len(plan.stages)} stages)" if plan is not None and len(plan.stages) > 1 else providers
+
+
+def measure(name: str, mode: str) -> dict:
+    """Runs the worker for `name` in `mode` in a fresh process (uhop: on an empty cache)."""
+    with tempfile.TemporaryDirectory(prefix="uhop-clients-") as cache:
+        done = subprocess.run([sys.executable, __file__, "--worker", name, mode], capture_output=True, text=True,
+                              env={**os.environ, "UHOP_CACHE_DIR": cache}, timeout=900)
+    if done.returncode:
+        return {"error": (done.stderr.strip().splitlines() or ["exit status %d" % done.returncode])[-1]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(rounds: int = 3, clients_: str = typer.Option(",".join(CALLS), "--clients"),
+         json_out: Path | None = typer.Option(None, "--json")) -> None:
+    console = Console(width=200)
+    names = [n for n in clients_.split(",") if not clients.missing(n)]
+    for n in set(clients_.split(",")) - set(names):
+        console.print(f"[yellow]{n} skipped: {clients.missing(n)}")
+    load_before = os.getloadavg()[0]
+    runs = {n: {m: [] for m in MODES} for n in names}
+    for r in range(rounds):
+        for n in names:
+            for mode in MODES if r % 2 == 0 else MODES[::-1]:
+                runs[n][mode].append(measure(n, mode))
+                console.print(f"round {r + 1}/{rounds} {n} {mode}: {runs[n][mode][-1]}")
+    best = {n: {m: best_of(runs[n][m]) for m in MODES} for n in names}
+    table = Table("library", "one call", "import s stock / uhop", "init s stock / uhop", "init ratio",
+                  "per call ms stock / uhop", "per call ratio", "uhop's providers",
+                  title=f"{rounds} alternating rounds, each library and mode in its own process, uhop on an empty "
+                        "cache; minimum over rounds",
+                  caption=f"{cpu_model()}, {os.cpu_count()} cores; load average {load_before:.1f} before, "
+                          f"{os.getloadavg()[0]:.1f} after")
+    for n in names:
+        s, u = best[n]["stock"], best[n]["uhop"]
+        if "error" in s or "error" in u:
+            table.add_row(n, WHAT[n], "", "", "", "", "", (s.get("error") or u.get("error"))[:120])
+            continue
+        table.add_row(n, WHAT[n], f"{s['import_s']:.2f} / {u['import_s']:.2f}",
+                      f"{s['init_s']:.2f} / {u['init_s']:.2f}", f"{u['init_s'] / s['init_s']:.2f}",
+                      f"{s['call_ms']:.1f} / {u['call_ms']:.1f}", f"{u['call_ms'] / s['call_ms']:.3f}",
+                      "; ".join(f"{k}: {v}" for k, v in u["providers"].items()))
+    console.print(table)
+    if json_out:
+        json_out.write_text(json.dumps({"runs": runs, "best": best}, indent=1))
+
+
+def best_of(figures: list[dict]) -> dict:
+    """Per figure, the minimum over the rounds that ran; the first error where none ran."""
+    ok = [f for f in figures if "error" not in f]
+    if not ok:
+        return figures[0]
+    return {"import_s": min(f["import_s"] for f in ok), "init_s": min(f["init_s"] for f in ok),
+            "call_ms": min(f["call_ms"] for f in ok), "providers": ok[-1]["providers"]}
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        worker(*sys.argv[2:])
+    else:
+        typer.run(main)
