@@ -169,3 +169,22 @@ def test_the_command_runs_without_the_serve_extra_and_serve_names_it(tmp_path):
     said = " ".join(serve.stderr.split())  # rich wraps long lines
     assert serve.returncode == 2, said
     assert "pip install 'uhop-onnx[serve]'" in said and "starlette is not installed" in said
+
+
+def test_quiet_optimize_says_nothing_and_the_runtimes_speak_only_with_v(model_path, tmp_path):
+    """`optimize --quiet` writes nothing on stderr (no progress, no runtime's line); running a LiteRT plan
+    shows LiteRT's own "XNNPACK delegate" line only with -v."""
+    plan = tmp_path / "plan"
+    result = uhop("optimize", str(model_path), "-o", str(plan), "--providers", "litert,ort-cpu", "--budget", "20",
+                  "--quiet")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert uhop_onnx_plan_providers(plan) <= {"litert", "ort-cpu"}
+    litert = tmp_path / "litert"
+    assert uhop("optimize", str(model_path), "-o", str(litert), "--no-profile", "--providers", "litert",
+                "-q").returncode == 0
+    assert "XNNPACK" not in uhop("run", str(litert)).stderr
+    assert "XNNPACK" in uhop("run", str(litert), "-v").stderr
+
+
+def uhop_onnx_plan_providers(folder) -> set[str]:
+    return {stage["provider"] for stage in json.loads((folder / "plan.json").read_text())["stages"]}

@@ -64,3 +64,42 @@ def test_a_saved_plan_holds_the_picture_without_graphviz(plan, tmp_path, monkeyp
 def test_graphviz_draws_the_graph_where_dot_exists(plan, tmp_path):
     plan.save(tmp_path / "plan")
     assert ET.parse(tmp_path / "plan" / "graph.svg").getroot().tag == f"{SVG}svg"
+
+
+PROFILE = {"chosen": "ort-cpu first", "measured": 40, "cached": 12, "seconds": 29.8, "budget_s": 30.0,
+           "complete": False, "candidates": {
+               "ort-cpu first": {"ms": 2.5, "spread": 0.1, "interval": [2.5, 2.75], "stages": "ort-cpu x58"},
+               "searched": {"ms": 2.6, "spread": 0.3, "interval": [2.6, 3.4],
+                            "stages": " > ".join(["kernels x2", "openvino x1"] * 20)},
+               "litert first": {"ms": None, "spread": 0.0, "interval": None, "stages": "litert x58",
+                                "error": "stage 0 (litert, 58 nodes from 'conv') failed: " + "why " * 60}}}
+
+
+def test_a_long_plan_is_summarised():
+    from uhop_onnx.report import stages_summary
+
+    assert stages_summary("ort-cpu x2 > litert x67") == "ort-cpu x2 > litert x67"
+    assert stages_summary(" > ".join(["kernels x2"] * 29)) == "kernels x58 over 29 stages"
+    assert stages_summary("kernels x2 > openvino x1 > kernels x3 > openvino x4") == \
+        "kernels x5, openvino x5 over 4 stages"
+
+
+def test_whole_plans_are_one_line_each_at_80_columns(monkeypatch):
+    """A failed candidate's error has a column of its own, and no row wraps; the report says the search
+    stopped at its budget."""
+    import io
+
+    from rich.console import Console
+
+    from uhop_onnx import cli
+    from uhop_onnx.report import effort_text
+
+    printed = io.StringIO()
+    monkeypatch.setattr(cli, "out", Console(file=printed, width=80))
+    cli._print_candidates(PROFILE)
+    lines = printed.getvalue().splitlines()
+    assert max(map(len, lines)) <= 80
+    rows = [line for line in lines if line.startswith("│")]
+    assert len(rows) == 3 and sum("failed" in row for row in rows) == 1
+    assert any("kernels x40, openvi" in row for row in rows), "a long plan is summarised"
+    assert "stopped at the budget" in effort_text(PROFILE)

@@ -357,19 +357,30 @@ def _print_replaced(plan) -> None:
 
 
 def _print_candidates(profile: dict) -> None:
-    """One line per whole plan timed (at 80 columns): its figure, the range of its round medians, its stages
-    (a long plan summarised) and, in a column of its own, why it failed or its error against fp32."""
+    """One line per whole plan timed, at the console's width: its figure, the range of its round medians, its
+    stages (a long plan summarised) and, in a column of its own, why it failed or its error against fp32;
+    stages and errors that do not fit are cut with an ellipsis (`--json` has them whole)."""
     rows = sorted(profile["candidates"].items(), key=lambda kv: ms_order(kv[1]["ms"]))
-    errors = [candidate_error(c) for _, c in rows]
-    table = Table("whole plan", "ms", "range", "stages", *(["error"] if any(errors) else []),
-                  title="whole plans timed (* this plan)", caption=escape(effort_text(profile)))
-    for (name, c), error in zip(rows, errors):
-        label = f"[bold green]* {escape(name)}[/]" if name == profile["chosen"] else escape(name)
-        table.add_row(label, ms_text(c["ms"]), interval_text(c), escape(stages_summary(c["stages"])),
-                      *([f"[red]{_short(error)}[/]" if c["ms"] is None else escape(error)] if any(errors) else []))
-    for column in table.columns:  # one line each: what does not fit ends in an ellipsis (--json has it whole)
-        column.no_wrap, column.overflow = True, "ellipsis"
+    cells = [[("* " if name == profile["chosen"] else "") + name, ms_text(c["ms"]), interval_text(c),
+              stages_summary(c["stages"]), candidate_error(c)] for name, c in rows]
+    headers = ["whole plan", "ms", "range", "stages", "error"][:5 if any(row[4] for row in cells) else 4]
+    widths = [max(len(h), *(len(row[k]) for row in cells)) for k, h in enumerate(headers)]
+    room = max(out.width, 60) - 3 * len(headers) - 1  # what borders and padding leave
+    widths[3] = min(widths[3], max(room - sum(widths[:3]) - (len(headers) > 4) * 16, 12))
+    if len(headers) > 4:
+        widths[4] = max(room - sum(widths[:4]), 12)
+    table = Table(*headers, title="whole plans timed (* this plan)", caption=escape(effort_text(profile)))
+    for row, (name, c) in zip(cells, rows):
+        texts = [_cut(text, width) for text, width in zip(row, widths)]
+        style = "bold green" if name == profile["chosen"] else "red" if c["ms"] is None else ""
+        table.add_row(*(Text(text, style=style if k in (0, 4) else "") for k, text in enumerate(texts)))
+    for column, width in zip(table.columns, widths):
+        column.no_wrap, column.width = True, width
     out.print(table)
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 @app.command()
