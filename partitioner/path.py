@@ -37,4 +37,4 @@ def cheapest_path(allowed: Sequence[Sequence[P]], costs: Sequence[Mapping[P, Mea
                 options.append((total + extra, [*path, p]))
             step[p] = min(options, key=lambda o: o[0])
         best = step
-    return min(best.values(), key=lambda o: o[0])[1]
+    return min(best.values(), key=lambda o: o[0])[1] if best else []  # no blocks: a graph of no nodes

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 import numpy as np
 
 from uhop_onnx.errors import BundleError, ProviderError, first_line
+from uhop_onnx.host import bounded_threads
 from uhop_onnx.inputs import at_shapes, free_inputs, shape_values
 
 from .capability import CapabilityTable, Support
@@ -191,7 +192,7 @@ class Provider(ABC):
         if threads is not None and threads < 1:
             raise ProviderError(f"threads must be a positive integer, got {threads}")
         self.options = options
-        self.threads = threads
+        self.threads = bounded_threads(threads)
 
     @property
     def label(self) -> str:

@@ -496,7 +496,7 @@ def _set(path: str, value):
 
 @pytest.mark.parametrize("path, value, message", [
     ("stages", {}, r"field stages: Input should be a valid array"),
-    ("stages", [], r"field stages: List should have at least 1 item"),
+    ("stages", [], r"field plan: no stage, constant or input gives output\(s\) 'output'"),
     ("stages.0.file", KeyError, r"field stages\[0\]\.file: Field required"),
     ("stages.0.file", "../../outside.onnx", r"field stages\[0\]\.file: '\.\./\.\./outside\.onnx' must be a plain"),
     ("stages.0.file", "/etc/passwd", r"field stages\[0\]\.file: '/etc/passwd' must be a plain"),

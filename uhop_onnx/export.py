@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
@@ -42,7 +41,7 @@ from .bundle import signature
 from .dtypes import TensorSig
 from .errors import InputError, ProviderError, UhopError, first_line
 from .executor import Executor
-from .files import check_writable, new_folder, read_npz, write_archive, writing
+from .files import check_writable, new_folder, read_npz, temporary_folder, write_archive, writing
 from .graph import Graph, declared_outputs
 from .inputs import Inputs, Shapes, at_shapes, free_inputs, read_inputs
 from .optimizer import analyze, build_plan, place_measured, with_precisions
@@ -82,7 +81,7 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
     is gated here where its stages run here (see the module's docstring). Each manifest stage records its
     `precision`; a reduced-precision one, whether it was `gated` here and, as its `tolerance`, the gate's
     (`{"scaled": tolerance}`), which `verify_bundle` checks with the gate's rule."""
-    tolerance, samples, measure_on = read_choice(precision, tolerance, calibration, shapes, inputs)
+    tolerance, samples, measure_on = read_choice(precision, tolerance, calibration, shapes, inputs, model)
     out = Path(out)
     archive = out.name.endswith(".tar.gz")
     if out.exists() and (archive or out.is_file() or any(out.iterdir())):
@@ -116,7 +115,7 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
         models = {label: e.at(a.provider(label).precision) for label, e in _entries(a, entries).items()}
         plan, gated = _place_static(a, models, threads, progress)
         plan.placement = f"static cost model of target {profile.name}"
-    with writing(out), (tempfile.TemporaryDirectory() if archive else new_folder(out)) as staging:
+    with writing(out), (temporary_folder("export") if archive else new_folder(out)) as staging:
         staging = Path(staging)
         manifest = _write(staging, a, plan, profile, _entries(a, entries), progress, gated)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")

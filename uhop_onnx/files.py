@@ -10,7 +10,6 @@ import re
 import shutil
 import tarfile
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,9 +17,8 @@ from typing import IO
 
 from .errors import InputError, ModelError, OutputError, UhopError
 
-STALE_AFTER = 24 * 3600  # seconds: staging this old is stale even while its pid runs (reused by another process)
 _STAGING = re.compile(r"\..+\.uhop-(\d+)-[a-z0-9_]{8}")  # `.NAME.uhop-PID-XXXXXXXX`, beside its target
-_SCRATCH = re.compile(r"uhop-[a-z0-9]+-(\d+)-[a-z0-9_]{8}")  # `uhop-KIND-PID-XXXXXXXX`, in the temporary folder
+_SCRATCH = re.compile(r"uhop-[a-z0-9]+-(\d+)-[a-z0-9_]{8}(\.npz)?")  # `uhop-KIND-PID-XXXXXXXX`, in the temp folder
 _swept: set[str] = set()
 
 
@@ -101,8 +99,8 @@ def temporary_folder(kind: str) -> tempfile.TemporaryDirectory:
 
 def sweep(folder: Path, pattern: re.Pattern = _STAGING) -> None:
     """Remove what a process killed midway left in `folder`: entries named by `pattern` (a staging file or
-    folder beside its target, by default) whose process runs no more, or older than `STALE_AFTER`. Each
-    folder is swept once per process; what cannot be removed is left."""
+    folder beside its target, by default) whose process runs no more on this host. Each folder is swept once
+    per process; what cannot be removed is left."""
     key = os.path.abspath(folder)
     if key in _swept:
         return
@@ -113,13 +111,13 @@ def sweep(folder: Path, pattern: re.Pattern = _STAGING) -> None:
         return
     for entry in entries:
         match = pattern.fullmatch(entry.name)
+        if not match or _running(int(match[1])):
+            continue
         try:
-            if match and not (_running(int(match[1])) and time.time() - entry.stat(follow_symlinks=False).st_mtime
-                              < STALE_AFTER):
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                else:
-                    os.unlink(entry.path)
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
         except OSError:
             continue  # removed meanwhile by another process, or not ours to remove
 

@@ -197,7 +197,7 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     the first calibration sample.
     """
     deadline = Deadline.after(budget)
-    tolerance, samples, measure_on = read_choice(precision, tolerance, calibration, shapes, inputs)
+    tolerance, samples, measure_on = read_choice(precision, tolerance, calibration, shapes, inputs, model)
     if precision != "fp32" and not profile:
         raise InputError(f"precision={precision!r} chooses by measuring: it needs profile=True (drop --no-profile)")
     chosen = resolve(providers, threads, strict, policy)

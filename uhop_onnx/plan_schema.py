@@ -3,7 +3,8 @@
 Every field has its type; a stage's options must be options its provider declares, of the types it declares
 (`Provider.option_types`); a stage file is a plain `.onnx` name inside the folder with the sha256 `Plan.save`
 recorded; a LiteRT delegate is a known name or a path the user allowed (never a path taken from the file
-alone). Any violation is a `PlanError` naming the field.
+alone); `threads` more than this host's cores is taken as its cores, with a warning. Any violation is a
+`PlanError` naming the field; a file nested too deep to read is one too.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import json
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from .errors import PlanError
+from .host import bounded_threads
 from .metadata import ModelMetadata
 
 SHA256 = r"^[0-9a-f]{64}$"
@@ -160,7 +163,20 @@ class PlanFile(_Strict):
     shapes: dict[str, list[Annotated[int, Field(ge=0)]]] | None = None  # input -> the shape it was placed at
     tolerance: float | None = Field(default=None, gt=0)  # what a reduced-precision plan was gated with
     accuracy: dict[str, OutputAccuracy] | None = None
-    stages: list[StageEntry] = Field(min_length=1)
+    stages: list[StageEntry]  # none where every output is an input or a constant (a graph of no nodes)
+
+    @field_validator("threads")
+    @classmethod
+    def _within_cores(cls, threads: int | None) -> int | None:
+        return bounded_threads(threads, "plan.json's threads")
+
+    @model_validator(mode="after")
+    def _outputs_given(self) -> PlanFile:
+        given = {name for stage in self.stages for name in stage.outputs} | set(self.constants)
+        missing = [o.name for o in self.outputs if o.name not in given | {i.name for i in self.inputs}]
+        if missing:
+            raise ValueError(f"no stage, constant or input gives output(s) {', '.join(map(repr, missing))}")
+        return self
 
 
 def _type_name(kind: Any) -> str:
@@ -174,6 +190,9 @@ def parse(text: str | bytes, where: object, schema: str, allowed_delegates: Iter
         data = json.loads(text)
     except ValueError as error:
         raise PlanError(f"{where}: not a valid plan: not JSON ({error}); re-run `uhop-onnx optimize`") from None
+    except RecursionError:
+        raise PlanError(f"{where}: not a valid plan: its JSON is nested too deep to read; re-run "
+                        "`uhop-onnx optimize`") from None
     found = data.get("schema") if isinstance(data, dict) else None
     if found != schema:
         raise PlanError(f"{where}: schema {found!r} is not {schema!r}; re-run `uhop-onnx optimize`")

@@ -21,6 +21,7 @@ from uhop_onnx.dtypes import TensorSig
 from uhop_onnx.errors import BundleError, InputError
 from uhop_onnx.executor import Executor
 from uhop_onnx.files import read_npz
+from uhop_onnx.host import bounded_threads
 from uhop_onnx.plan import Stage
 from uhop_onnx.providers import REGISTRY
 
@@ -92,10 +93,11 @@ def check_signature(folder: Path, path: str | os.PathLike, key: KeySource) -> No
 
 def load_stage(folder: Path, stage: Mapping[str, Any], threads: int | None, exclusive: bool, trusted: bool = False,
                allowed_delegates: Iterable[str | os.PathLike] = ()):
-    """A stage's runner, loaded by its provider from the artifact (`Provider.load_artifact`); `trusted` only
-    when a signature the loader checked covers the stage's files. A missing runtime is named with its install."""
+    """A stage's runner, loaded by its provider from the artifact (`Provider.load_artifact`) with at most this
+    host's cores as `threads`; `trusted` only when a signature the loader checked covers the stage's files. A
+    missing runtime is named with its install."""
     try:
-        return REGISTRY[stage["provider"]].load_artifact(folder, stage["artifact"], threads, exclusive,
+        return REGISTRY[stage["provider"]].load_artifact(folder, stage["artifact"], bounded_threads(threads), exclusive,
                                                          trusted=trusted, allowed_delegates=allowed_delegates)
     except ImportError as error:
         runtime = stage.get("runtime") or {}

@@ -70,6 +70,8 @@ def parse(data: bytes, where: object) -> dict[str, Any]:
         manifest = json.loads(data)
     except ValueError as error:
         raise BundleError(f"{where}: not valid JSON ({error})") from None
+    except RecursionError:
+        raise BundleError(f"{where}: its JSON is nested too deep to read; re-export the bundle") from None
     if not isinstance(manifest, dict) or manifest.get("schema") not in READABLE:
         found = manifest.get("schema") if isinstance(manifest, dict) else None
         raise BundleError(f"{where}: schema {found!r} is not {SCHEMA!r}; re-export the bundle")
