@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -14,7 +13,7 @@ from .kernels import KernelsProvider
 from .litert import LiteRt
 from .openvino import OpenVino
 from .ort import OrtCpu, OrtCuda, OrtRocm, OrtTensorRT
-from .ort_names import ORT_NAMES, from_ort
+from .ort_names import ORT_NAMES, from_ort, quietly, warn
 from .rknn import Rknn
 
 # Accelerators first; ort-cpu, the last resort, last.
@@ -46,6 +45,7 @@ __all__ = [
     "get_available_providers",
     "listed",
     "parse_spec",
+    "quietly",
     "resolve",
     "from_ort",
 ]
@@ -100,8 +100,8 @@ def resolve(specs: Sequence[ProviderSpec] | None, threads: int | None = None, st
                 chosen.append(provider)
             else:
                 a = provider.availability
-                warnings.warn(f"provider {provider.label!r} is not available here ({a.reason}); skipped. "
-                              f"Pass strict=True to make this an error", UserWarning, stacklevel=3)
+                warn(f"provider {provider.label!r} is not available here ({a.reason}); skipped. "
+                     f"Pass strict=True to make this an error", stacklevel=3)
     if all(p.id != LAST_RESORT for p in chosen):
         last = REGISTRY[LAST_RESORT](None, threads)
         last.appended = specs is not None
@@ -128,7 +128,7 @@ def listed(specs: Sequence[ProviderSpec], threads: int | None, policy: str, stri
             if strict:
                 raise ProviderError(f"ONNX Runtime's {name} has no provider in uhop-onnx; valid: "
                                     f"{', '.join(REGISTRY)} or {', '.join(ORT_NAMES)}")
-            warnings.warn(f"ONNX Runtime's {name} has no provider in uhop-onnx; skipped", UserWarning, stacklevel=3)
+            warn(f"ONNX Runtime's {name} has no provider in uhop-onnx; skipped", stacklevel=3)
             continue
         ident, options = from_ort(name, options)
         named.extend(cpu if device == "cpu" else [create((ident, options), threads)])

@@ -10,8 +10,10 @@ options and refuses none, so every option given to it is ignored.
 from __future__ import annotations
 
 import os
+import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,5 +119,25 @@ def from_ort(name: str, options: Mapping[str, Any]) -> tuple[str, dict[str, Any]
             except (TypeError, ValueError) as error:
                 raise InputError(f"{name}: option {key}={value!r} is malformed: {error}") from None
         else:
-            warnings.warn(f"{name}: option {key!r} has no meaning in uhop-onnx; ignored", UserWarning, stacklevel=4)
+            warn(f"{name}: option {key!r} has no meaning in uhop-onnx; ignored", stacklevel=4)
     return entry.ident, converted
+
+
+_QUIET = threading.local()
+
+
+@contextmanager
+def quietly() -> Iterator[None]:
+    """Within it, on this thread only, reading providers warns of nothing (a session reading its providers
+    again in the background, after it warned once)."""
+    _QUIET.on = True
+    try:
+        yield
+    finally:
+        _QUIET.on = False
+
+
+def warn(message: str, stacklevel: int) -> None:
+    """A `UserWarning` about the providers asked for, unless this thread is `quietly` reading them."""
+    if not getattr(_QUIET, "on", False):
+        warnings.warn(message, UserWarning, stacklevel=stacklevel + 1)

@@ -194,7 +194,7 @@ class Serving:
         return results, arm.plan
 
     def _bucket(self, feeds: Mapping[str, Any]) -> Bucket:
-        shapes = tuple((name, tuple(np.shape(value))) for name, value in feeds.items())
+        shapes = tuple((name, _dims(value)) for name, value in feeds.items())
         with self._lock:
             if shapes not in self._exact and len(self._exact) >= EXACT_BUCKETS:
                 shapes = tuple((name, tuple(_pow2(d) for d in dims)) for name, dims in shapes)
@@ -239,7 +239,7 @@ class Serving:
                     self._judge(bucket, trial)
             explore = bucket.calls == EXPLORE_AFTER and not self._closed and self._spent < self._budget_s
             if explore:
-                bucket.sample = {name: np.array(value, copy=True) for name, value in feeds.items()}
+                bucket.sample = {name: _copied(value) for name, value in feeds.items()}
         if explore:
             self._start_worker()
             self._jobs.put(bucket)
@@ -399,6 +399,25 @@ class Serving:
             if arm.executor is not None:
                 arm.executor.close()
                 arm.executor = None
+
+
+def _dims(value: Any) -> tuple[int, ...]:
+    """A feed's shape: an array's, an `OrtValue`'s, a sequence's length; () for anything else."""
+    shape = getattr(value, "shape", None)
+    if callable(shape):  # an OrtValue
+        shape = shape()
+    if shape is None:
+        return (len(value),) if isinstance(value, (list, tuple)) else ()
+    return tuple(shape)
+
+
+def _copied(value: Any) -> Any:
+    """A copy of a feed that the caller may change or free: arrays, `OrtValue`s (read on the host), sequences."""
+    if isinstance(value, (list, tuple)):
+        return [np.array(v, copy=True) for v in value]
+    if callable(getattr(value, "numpy", None)):
+        return np.array(value.numpy(), copy=True)
+    return None if value is None else np.array(value, copy=True)
 
 
 def _pow2(n: int) -> int:

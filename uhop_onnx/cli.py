@@ -28,6 +28,7 @@ from rich.progress import Progress, ProgressColumn, SpinnerColumn, Task, TextCol
 from rich.table import Table
 from rich.text import Text
 
+from .cache_cli import app as cache_app
 from .errors import UhopError
 from .kernels_cli import app as kernels_app
 from .providers.rknn.cli import app as rknn_setup
@@ -91,6 +92,8 @@ def main() -> None:
     global LAUNCHED
     LAUNCHED = IMPORTED
     args = sys.argv[1:]
+    if args[:1] == ["exec"]:  # the program's arguments and output are its own: no -v taken, nothing silenced
+        app(args=args)
     verbose = any(a in VERBOSE for a in args)
     if verbose:
         args = ["-v", *(a for a in args if a not in VERBOSE)]
@@ -754,9 +757,20 @@ def _print_signature(signature: dict) -> None:
 
 # Sub-commands that live beside what they serve.
 setup_app = typer.Typer(help="Install the toolkits some providers need.", no_args_is_help=True)
+@app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             add_help_option=False)
+def exec_program(ctx: typer.Context) -> None:
+    """Run a program with uhop-onnx's InferenceSession in onnxruntime's place, unchanged:
+    `uhop-onnx exec -- python app.py ARGS` (UHOP_PRECISION, UHOP_TOLERANCE set its sessions' precision)."""
+    from .exec import main as run_program
+
+    raise typer.Exit(run_program(ctx.args))
+
+
 setup_app.add_typer(rknn_setup)
 app.add_typer(setup_app, name="setup")
 app.add_typer(kernels_app, name="kernels")
+app.add_typer(cache_app, name="cache")
 app.command("serve")(serve)
 
 

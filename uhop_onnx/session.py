@@ -28,7 +28,7 @@ from .plan import PLAN_FILE, Plan
 from .adapt import Decisions, Serving, whole_model
 from .cache import cache_dir, code_fingerprint, device_fingerprint, model_digest
 from .loader import load, model_name
-from .providers import LAST_RESORT, resolve
+from .providers import LAST_RESORT, quietly, resolve
 from .runtime import compile_plan
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,6 @@ class InferenceSession:
         self._sess_options = sess_options
         self._serving.fallback = fallback
         self._close = weakref.finalize(self, self._serving.close)
-        log.info("session for %s runs %s", self.plan.model_name, self.plan.summary())
         self._trace: list[dict[str, Any]] | None = [] if options["profiling"] else None
         self._profile_prefix = options["profile_prefix"]
         self._started = time.perf_counter()
@@ -350,18 +349,19 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
     def candidates(stopped: Callable[[], bool]) -> dict[str, Callable[[Mapping[str, np.ndarray]], Plan]]:
         from .optimizer import analyze, first_then_rest, optimize
 
-        with warnings.catch_warnings():  # what resolving the providers warns of was said at the start
-            warnings.simplefilter("ignore")
+        with quietly():  # what reading the providers warns of was said at the start
             chosen = resolve(specs, threads, strict, policy=policy)
-        a = analyze(source, specs, assign, threads, resolved=chosen)
+            a = analyze(source, specs, assign, threads, resolved=chosen)
 
         def search(sample: Mapping[str, np.ndarray]) -> Plan:
             def progress(step: str) -> None:
                 if stopped():
                     raise UhopError("stopped: the session closed or the program is ending")
 
-            return optimize(source, providers=specs, assign=assign, threads=threads, strict=strict, policy=policy,
-                            inputs=dict(sample), budget=min(30.0, budget_s), progress=progress, **optimize_options)
+            with quietly():
+                return optimize(source, providers=specs, assign=assign, threads=threads, strict=strict,
+                                policy=policy, inputs=dict(sample), budget=min(30.0, budget_s), progress=progress,
+                                **optimize_options)
 
         return {**{p.label: (lambda sample, label=p.label: first_then_rest(a, label, threads)) for p in a.providers},
                 "search": search}
