@@ -167,9 +167,11 @@ def test_calibration_from_an_npz_a_folder_or_a_dict(tmp_path):
         uhop_onnx.optimize(cnn(), precision="int8", calibration={"x": x})
     model = cnn()
     shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
-    one_more_axis = {"input": np.zeros((2, *shape), np.float32)}  # (samples, 1, C, H, W): a batch axis too many
-    with pytest.raises(InputError, match=r"has rank 5.*stacks its samples on the batch axis"):
-        uhop_onnx.optimize(model, precision="int8", calibration=one_more_axis)
+    one_more_axis = {"input": np.zeros((2, *shape), np.float32)}  # (samples, 1, C, H, W): a sample axis
+    assert [s["input"].shape for s in read_calibration(one_more_axis, {"input": shape})] == [tuple(shape)] * 2
+    two_more_axes = {"input": np.zeros((2, 1, *shape), np.float32)}
+    with pytest.raises(InputError, match=r"has rank 6.*one more axis, of samples.*stacks its samples on the batch"):
+        uhop_onnx.optimize(model, precision="int8", calibration=two_more_axes)
 
 
 def calibration_of(model, count: int, seed: int) -> Calibration:
