@@ -1,4 +1,5 @@
-"""The on-disk cache: where it lives, what identifies this machine, and an atomically rewritten JSON table."""
+"""The on-disk cache: where it lives, what identifies this machine, an atomically rewritten JSON table, files
+known by the hash of their bytes, and a size cap that drops the least recently used entries first."""
 
 from __future__ import annotations
 
@@ -7,11 +8,17 @@ import json
 import logging
 import os
 import platform
-from collections.abc import Callable
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from .errors import InputError
 from .files import atomic_file
 
 log = logging.getLogger(__name__)
@@ -118,3 +125,191 @@ def _report(path: Path, kind: str, problem: str) -> None:
     if (path, kind) not in _REPORTED:
         _REPORTED.add((path, kind))
         log.warning("cache %s %s", path, problem)
+
+
+# Digests of files, remembered beside what identifies one version of a file. The change time is set by the
+# kernel on every write, rename, chmod or utime and no user can set it, so a file replaced by another of the
+# same size and modification time (`cp -p`, `rsync -t`) is hashed again. A file changed within the last
+# RACY_S seconds is hashed every time: time stamps that close may not yet tell two versions apart.
+RACY_S = 2.0
+
+
+def file_digest(path: Path) -> str:
+    """The sha256 of the file's bytes, remembered in the cache (`model-hashes.json`) by its path, device,
+    inode, size, modification and change times."""
+    stat = path.stat()
+    seen = f"{stat.st_dev}:{stat.st_ino}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ctime_ns}"
+    store = JsonTable(cache_dir() / "model-hashes.json", _seen_digest)
+    known = store.get(str(path))
+    if known and known[0] == seen:
+        return known[1]
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if time.time_ns() - stat.st_ctime_ns > RACY_S * 1e9:
+        store.update({str(path): [seen, digest]})
+    return digest
+
+
+def model_digest(model: Any) -> str:
+    """The sha256 of a model's bytes: of a path (`file_digest`), of `bytes`, or of an `onnx.ModelProto`
+    serialized deterministically."""
+    if isinstance(model, bytes):
+        return hashlib.sha256(model).hexdigest()
+    if hasattr(model, "SerializeToString"):
+        return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+    path = Path(model).resolve()
+    try:
+        return file_digest(path)
+    except OSError:
+        return hashlib.sha256(os.fsencode(path)).hexdigest()  # load() names the problem
+
+
+def _seen_digest(entry: Any) -> None:
+    """A model-hashes entry is [dev:inode:size:mtime:ctime, sha256]."""
+    if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(part, str) for part in entry)):
+        raise TypeError(f"{entry!r} is not [dev:inode:size:mtime:ctime, sha256]")
+
+
+# The size cap. An entry is a file or folder directly inside one of the cache's folders (a plan, a quantized
+# stage, a LiteRT conversion, a kernels build, a table), or a file at its top (its kind: the file's name
+# without suffix). Its last use is the latest modification or access time of anything in it (`touch` marks
+# a use).
+DEFAULT_CAP = 2 * 1024**3
+KEPT = ("rknn-venv", "corpus")  # the rknn-toolkit2 environment and the benchmarks' exports: never pruned
+IN_PROGRESS_S = 24 * 3600  # a `.name` or `tmp...` entry younger than this is a write under way, left alone
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: Path
+    kind: str
+    bytes: int
+    used: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": str(self.path), "kind": self.kind, "bytes": self.bytes}
+
+
+def parse_size(text: str, where: str = "UHOP_CACHE_MAX") -> int:
+    """Bytes from `2147483648`, `500M`, `2G` or `1.5GB` (K, M, G, T are powers of 1024)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not match:
+        raise InputError(f"{where}={text!r} is not a size: give bytes, or a number with K, M, G or T (2G, 500M)")
+    return int(float(match[1]) * _UNITS[match[2].upper()])
+
+
+def cache_cap() -> int:
+    """`$UHOP_CACHE_MAX` in bytes, 2 GiB when unset."""
+    text = os.environ.get("UHOP_CACHE_MAX", "").strip()
+    return parse_size(text) if text else DEFAULT_CAP
+
+
+def entries() -> list[Entry]:
+    """The cache's entries, least recently used first (none when the cache folder is absent)."""
+    root = cache_dir()
+    found = [_entry(child, child.stem) for child in _children(root) if child.name not in KEPT and not child.is_dir()]
+    for folder in _children(root):
+        if folder.name not in KEPT and folder.is_dir() and not folder.is_symlink():
+            found += [_entry(child, folder.name) for child in _children(folder)]
+    return sorted((e for e in found if e is not None), key=lambda e: e.used)
+
+
+def _children(folder: Path) -> list[Path]:
+    """`folder`'s entries but writes under way; none when it cannot be read."""
+    try:
+        children = list(folder.iterdir())
+    except OSError:
+        return []
+    return [c for c in children if not (c.name.startswith((".", "tmp")) and _age(c) < IN_PROGRESS_S)]
+
+
+def _age(path: Path) -> float:
+    try:
+        return time.time() - path.lstat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _entry(path: Path, kind: str) -> Entry | None:
+    """`path`'s size and last use; None when it vanished meanwhile."""
+    try:
+        own = path.lstat()
+    except OSError:
+        return None
+    files = list(_walk(path)) if path.is_dir() and not path.is_symlink() else [own]
+    return Entry(path, kind, sum(s.st_size for s in files), max(max(s.st_mtime, s.st_atime) for s in [own, *files]))
+
+
+def _walk(folder: Path) -> Iterator[os.stat_result]:
+    """The stat of every file below `folder` (symbolic links not followed)."""
+    for parent, _, files in os.walk(folder):
+        for name in files:
+            try:
+                yield os.lstat(os.path.join(parent, name))
+            except OSError:
+                continue
+
+
+def touch(path: Path) -> None:
+    """Mark a cache entry as used now (nothing when the cache is read-only)."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def discard(path: Path) -> bool:
+    """Remove a cache entry: renamed aside first, so that no reader sees it half removed. Whether it was."""
+    aside = path.with_name(f".discarded-{uuid.uuid4().hex[:8]}-{path.name}")
+    try:
+        path.rename(aside)
+    except OSError:
+        return False
+    if aside.is_dir():
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        aside.unlink(missing_ok=True)
+    return True
+
+
+def prune(max_bytes: int | None = None) -> dict[str, Any]:
+    """Remove entries, least recently used first, until the cache holds at most `max_bytes` (default
+    `cache_cap()`); a report: folder, cap, bytes before and after, entries removed."""
+    cap = cache_cap() if max_bytes is None else max_bytes
+    found = entries()
+    before = sum(e.bytes for e in found)
+    over = []
+    for entry in found:
+        if before - sum(e.bytes for e in over) <= cap:
+            break
+        over.append(entry)
+    return _removing(over, before, cap)
+
+
+def clear() -> dict[str, Any]:
+    """Remove every entry (what `KEPT` names stays); the report `prune` gives."""
+    found = entries()
+    return _removing(found, sum(e.bytes for e in found), 0)
+
+
+def _removing(chosen: list[Entry], before: int, cap: int) -> dict[str, Any]:
+    removed = [entry for entry in chosen if discard(entry.path)]
+    after = before - sum(e.bytes for e in removed)
+    if removed:
+        log.info("cache %s: removed %d entries (%d bytes); %d bytes left, cap %d", cache_dir(), len(removed),
+                 before - after, after, cap)
+    return {"folder": str(cache_dir()), "cap": cap, "before": before, "bytes": after,
+            "removed": [e.to_json() for e in removed]}
+
+
+def info() -> dict[str, Any]:
+    """The cache folder, its cap, total size, entries and bytes by kind, and what is never pruned."""
+    found = entries()
+    kinds: dict[str, dict[str, int]] = {}
+    for entry in found:
+        kind = kinds.setdefault(entry.kind, {"entries": 0, "bytes": 0})
+        kind["entries"] += 1
+        kind["bytes"] += entry.bytes
+    root = cache_dir()
+    return {"folder": str(root), "cap": cache_cap(), "bytes": sum(e.bytes for e in found), "entries": len(found),
+            "kinds": dict(sorted(kinds.items())), "kept": [name for name in KEPT if (root / name).exists()]}

@@ -15,7 +15,7 @@ from typing import Any
 import onnx
 from onnx import numpy_helper
 
-from .cache import JsonTable, cache_dir, code_fingerprint, device_fingerprint
+from .cache import JsonTable, cache_dir, code_fingerprint, device_fingerprint, discard, model_digest, prune, touch
 from .errors import InputError, PlanError, UhopError, first_line
 from .graph import Graph, declared_outputs
 from .inputs import Inputs, Shapes, at_shapes, free_inputs, inputs_digest, measured_shapes, profile_feeds
@@ -197,7 +197,7 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     the first calibration sample.
     """
     deadline = Deadline.after(budget)
-    tolerance, samples, measure_on = read_choice(precision, tolerance, calibration, shapes, inputs, model)
+    tolerance, samples, measure_on = read_choice(precision, tolerance, calibration, shapes, inputs)
     if precision != "fp32" and not profile:
         raise InputError(f"precision={precision!r} chooses by measuring: it needs profile=True (drop --no-profile)")
     chosen = resolve(providers, threads, strict, policy)
@@ -233,10 +233,14 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     if (folder / PLAN_FILE).is_file():
         try:
             plan = Plan.load(folder)
+            for stage in plan.stages:  # every stage file against its sha256 before the plan is trusted
+                plan.stage_model(stage)
         except UhopError as error:
-            log.warning("cached plan %s is unreadable (%s); measuring again", folder, error)
+            log.warning("cached plan %s fails its check (%s); it is dropped and measured again", folder, error)
+            discard(folder)
         else:
             log.info("reusing the plan measured earlier on this machine: %s", folder)
+            touch(folder)
             return plan
     plan = place_measured(analysis(), threads, budget=budget, profiler=profiler, progress=progress,
                           deadline=deadline)
@@ -245,6 +249,7 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     except (UhopError, OSError) as error:  # a full disk, or another process caching the same plan
         log.warning("could not keep the plan in the cache at %s: %s", folder, error)
     plan.folder = None
+    prune()
     return plan
 
 
@@ -256,32 +261,7 @@ def _plan_key(model: str | os.PathLike | onnx.ModelProto | bytes, chosen: Sequen
     described = [(p.id, p.options, p.availability.version) for p in chosen]
     settings = json.dumps([__version__, code_fingerprint(), device_fingerprint(), described, arguments],
                           sort_keys=True, default=repr)
-    return hashlib.sha256(f"{_model_digest(model)}\0{settings}".encode()).hexdigest()[:32]
-
-
-def _model_digest(model: str | os.PathLike | onnx.ModelProto | bytes) -> str:
-    """The sha256 of a model's bytes; for a file, remembered by path, size and modification time."""
-    if isinstance(model, (onnx.ModelProto, bytes)):
-        data = model if isinstance(model, bytes) else model.SerializeToString(deterministic=True)
-        return hashlib.sha256(data).hexdigest()
-    path = Path(model).resolve()
-    try:
-        stat = path.stat()
-    except OSError:
-        return hashlib.sha256(os.fsencode(path)).hexdigest()  # load() names the problem
-    seen, store = f"{stat.st_size}:{stat.st_mtime_ns}", JsonTable(cache_dir() / "model-hashes.json", _seen_digest)
-    known = store.get(str(path))
-    if known and known[0] == seen:
-        return known[1]
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    store.update({str(path): [seen, digest]})
-    return digest
-
-
-def _seen_digest(entry: Any) -> None:
-    """A model-hashes entry is [size:mtime, sha256]."""
-    if not (isinstance(entry, list) and len(entry) == 2 and all(isinstance(part, str) for part in entry)):
-        raise TypeError(f"{entry!r} is not [size:mtime, sha256]")
+    return hashlib.sha256(f"{model_digest(model)}\0{settings}".encode()).hexdigest()[:32]
 
 
 def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, profiler: Profiler | None = None,
