@@ -98,7 +98,6 @@ class Bucket:
     calls: int = 0
     turn: int = 0
     last_ms: float = 0.0  # the serving arm's latest call, paired with the candidates' calls of that round
-    serving_ms: list[float] = field(default_factory=list)
     trials: dict[str, Trial] = field(default_factory=dict)
     decision: str | None = None
     sample: dict[str, np.ndarray] | None = None
@@ -134,6 +133,7 @@ class Serving:
         self._decided = dict(decided or {})  # bucket -> (label, plan, calls) decided by an earlier process
         self._buckets: dict[str, Bucket] = {}
         self._exact: set[tuple] = set()
+        self._by_shapes: dict[tuple, Bucket] = {}  # exact shapes -> their bucket
         self._last = self.starter
         self._jobs: queue.Queue[Bucket | None] = queue.Queue()
         self._spent = 0.0
@@ -195,7 +195,11 @@ class Serving:
 
     def _bucket(self, feeds: Mapping[str, Any]) -> Bucket:
         shapes = tuple((name, _dims(value)) for name, value in feeds.items())
+        bucket = self._by_shapes.get(shapes)
+        if bucket is not None:
+            return bucket
         with self._lock:
+            exact = shapes
             if shapes not in self._exact and len(self._exact) >= EXACT_BUCKETS:
                 shapes = tuple((name, tuple(_pow2(d) for d in dims)) for name, dims in shapes)
             else:
@@ -203,6 +207,8 @@ class Serving:
             key = ", ".join(f"{name}: {'x'.join(map(str, dims)) or 'scalar'}" for name, dims in shapes)
             if key not in self._buckets:
                 self._buckets[key] = Bucket(key, self._starting_arm(key))
+            if len(self._by_shapes) < 4 * EXACT_BUCKETS:  # the shapes seen most, found without the lock
+                self._by_shapes[exact] = self._buckets[key]
             return self._buckets[key]
 
     def _starting_arm(self, key: str) -> Arm:
@@ -231,7 +237,6 @@ class Serving:
             bucket.calls += 1
             if arm is bucket.current:
                 bucket.last_ms = ms
-                bucket.serving_ms.append(ms)
             else:
                 trial = next((t for t in bucket.trials.values() if t.arm is arm and t.state == "trying"), None)
                 if trial is not None and bucket.last_ms > 0:

@@ -146,6 +146,23 @@ def provider_alone(provider: str, model: str, feeds: dict[str, np.ndarray],
         yield (lambda: session.run(None, feeds)), stage_labels(session.plan)
 
 
+
+@contextmanager
+def adapted(settle: str, model: str, feeds: dict[str, np.ndarray],
+            threads: int | None) -> Iterator[tuple[Callable[[], object], list[str]]]:
+    """A measuring worker's candidate: an adaptive session, called on `feeds` until every shape bucket it saw
+    has decided (at most `settle` seconds), then as it serves; the stages of the plan it decided on."""
+    from .session import InferenceSession
+
+    with closing(InferenceSession(model, threads=threads)) as session:
+        deadline = time.monotonic() + float(settle)
+        while time.monotonic() < deadline:
+            session.run(None, feeds)
+            buckets = session.adaptation.values()
+            if buckets and all(b["decision"] for b in buckets):
+                break
+        yield (lambda: session.run(None, feeds)), stage_labels(session.plan)
+
 def _optimize(request: dict) -> None:
     from .optimizer import optimize
 

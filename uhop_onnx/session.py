@@ -26,7 +26,7 @@ from .graph import TensorInfo
 from .metadata import ModelMetadata
 from .plan import PLAN_FILE, Plan
 from .adapt import Decisions, Serving, whole_model
-from .cache import cache_dir, code_fingerprint, device_fingerprint, model_digest
+from .cache import cache_dir, device_fingerprint, model_digest
 from .loader import load, model_name
 from .providers import LAST_RESORT, quietly, resolve
 from .runtime import compile_plan
@@ -372,9 +372,12 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
 
 def decisions_for(source: Any, specs: list | None, threads: int | None, policy: str,
                   assign: Mapping[str, str] | None) -> Decisions:
-    """Where sessions keep their decisions for this model (by content), host, uhop-onnx's code, providers,
+    """Where sessions keep their decisions for this model (by content), host, uhop-onnx's version, providers,
     policy and pins."""
-    key = json.dumps([model_digest(source), device_fingerprint(threads), code_fingerprint(), repr(specs), policy,
+    from . import __version__
+
+    # uhop-onnx's version, not its source's hash: a kept plan is checked again on live calls, never trusted
+    key = json.dumps([model_digest(source), device_fingerprint(threads), __version__, repr(specs), policy,
                       dict(assign or {})], sort_keys=True)
     return Decisions(cache_dir() / "sessions" / hashlib.sha256(key.encode()).hexdigest()[:32])
 
