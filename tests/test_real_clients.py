@@ -1,12 +1,15 @@
 """Real programs, unchanged: libraries from PyPI that call onnxruntime themselves and ship their own models, each
 run through its public API on real inputs (tests/clients/) stock, under the plain swap
-(`onnxruntime.InferenceSession = uhop_onnx.InferenceSession` before the library is imported) and under
-`python -m uhop_onnx.exec`, each in its own process. The results must be ONNX Runtime's: OCR text the same,
-boxes within a pixel of rounding, labels the same, scores within fp32's tolerance, speech timestamps identical.
+(`onnxruntime.InferenceSession = uhop_onnx.InferenceSession` before the library is imported), under
+`python -m uhop_onnx.exec`, and with sessions placed once at construction over every provider the library's
+device name covers (`patch_onnxruntime(adapt=False)`: the library's calls then run on OpenVINO, LiteRT or the
+kernels where uhop puts them, not only on the ONNX Runtime plan an adapting session starts on), each in its own
+process. The results must be ONNX Runtime's: OCR text the same, boxes within a pixel of rounding, labels the
+same, scores within fp32's tolerance, speech timestamps identical.
 
 The uhop runs of this file share one cache folder: the swap run of each library starts cold (nothing known about
-its models), the exec run that follows starts from what the swap run left, so both paths are covered at the cost
-of one cold start per library.
+its models), the runs that follow start from what it left, so both paths are covered at the cost of one cold
+start per library.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ ROOT = CLIENTS.parent.parent
 MODES = {
     "swap": [str(CLIENTS / "run.py"), "--swap"],
     "exec": ["-m", "uhop_onnx.exec", str(CLIENTS / "run.py")],
+    "placed": [str(CLIENTS / "run.py"), "--placed"],
 }
 PIXEL_KEYS = {"box", "boxes"}  # coordinates rounded to whole pixels by the library: one pixel apart is rounding
 

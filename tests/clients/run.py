@@ -1,13 +1,16 @@
 """Runs one real client through its library's public API and writes what came back as JSON.
 
-    python tests/clients/run.py [--swap] CLIENT OUT.json
+    python tests/clients/run.py [--swap | --placed] CLIENT OUT.json
 
 CLIENT is a module beside this file (`rapidocr_pages`, `magika_files`, `silero_speech`, `nudenet_pictures`):
 `build()` makes the library's object, `inputs()` lists real inputs, `call(app, x)` is one call of the library's
 public API, `sessions(app)` names the sessions the library made. With `--swap`, ONNX Runtime's InferenceSession
 is replaced by uhop's before the library is imported, as a user writes it; run under
-`python -m uhop_onnx.exec`, the library gets uhop's without a line changed. OUT.json also records which class
-made each session and the providers it reports, so that a run that never reached uhop cannot pass as one.
+`python -m uhop_onnx.exec`, the library gets uhop's without a line changed. With `--placed`, the library's
+sessions are uhop's that do not adapt (`patch_onnxruntime(adapt=False)`): each is placed once, when made, over
+every provider its device covers, so that its calls run on the runtimes uhop picked from the first one, not on
+the ONNX Runtime plan an adapting session starts on. OUT.json also records which class made each session and
+the providers it reports, so that a run that never reached uhop cannot pass as one.
 """
 
 from __future__ import annotations
@@ -57,7 +60,11 @@ def describe(sessions: dict) -> dict:
 def main(argv: list) -> None:
     if argv[0] == "--swap":
         swap_in_uhop()
-        argv = argv[1:]
+    elif argv[0] == "--placed":
+        import uhop_onnx
+
+        uhop_onnx.patch_onnxruntime(adapt=False)
+    argv = argv[1:] if argv[0].startswith("--") else argv
     name, out = argv
     client = load(name)
     app = client.build()
