@@ -319,6 +319,10 @@ def test_a_graph_of_no_nodes_is_a_plan_of_no_stages(profile, tmp_path):
     feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}
     got = compile_plan(Plan.load(tmp_path / "plan")).run(None, feeds)
     np.testing.assert_array_equal(got[0], reference(model, feeds)[0])
+    if not profile:  # and a bundle of no stages
+        bundle = uhop_onnx.export_bundle(model, "x86-64", tmp_path / "bundle", providers=["ort-cpu"])
+        np.testing.assert_array_equal(uhop_onnx.load_bundle(bundle).run(None, feeds)[0], feeds["x"])
+        assert uhop_onnx.verify_bundle(bundle)["ok"]
 
 
 # -- staging a killed process left ---------------------------------------------------------------------------

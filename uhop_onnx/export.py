@@ -39,7 +39,7 @@ from .bundle.manifest import (
 )
 from .bundle import signature
 from .dtypes import TensorSig
-from .errors import InputError, ProviderError, UhopError, first_line
+from .errors import BundleError, InputError, ProviderError, UhopError, first_line
 from .executor import Executor
 from .files import check_writable, new_folder, read_npz, temporary_folder, write_archive, writing
 from .graph import Graph, declared_outputs
@@ -256,7 +256,7 @@ def _bundled_model(folder: Path, manifest: Mapping[str, Any]) -> onnx.ModelProto
         list({i.name: i for m in stages for i in m.graph.initializer}.values()))
     if manifest.get("constants"):
         graph.initializer.extend(onnx.numpy_helper.from_array(value, name)
-                                 for name, value in read_npz(folder / manifest["constants"]).items())
+                                 for name, value in read_npz(folder / manifest["constants"], BundleError).items())
     opsets = {o.domain: o.version for m in stages for o in m.opset_import}
     functions = list({(f.domain, f.name): f for m in stages for f in m.functions}.values())
     ir_version = max((m.ir_version for m in stages), default=onnx.IR_VERSION)
@@ -336,7 +336,8 @@ def _write(folder: Path, a: Analysis, plan: Plan, profile: Target, entries: Mapp
     if plan.constants:
         np.savez(folder / "constants.npz", **plan.constants)
     if all(s.precision == "fp32" for s in plan.stages):
-        loosest = {key: max(s["tolerance"][key] for s in stages) for key in ("rtol", "atol")}
+        loosest = {key: max((s["tolerance"][key] for s in stages), default=FP32_TOLERANCE[key])
+                   for key in ("rtol", "atol")}
     else:  # the plan's outputs are held to the tolerance it was gated with
         loosest = {"scaled": a.precision.tolerance}
     return {

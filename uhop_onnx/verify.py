@@ -79,7 +79,7 @@ def _verified(folder: Path, report: dict[str, Any], trusted: bool, allow_unrun: 
     expected = read_npz(folder / manifest["samples"]["outputs"], BundleError)
     report["outputs"] = {name: compare_within(got[name], want, manifest["tolerance"])
                          for name, want in expected.items()}
-    report["unrun"] = not any(s["ran"] for s in report["stages"])
+    report["unrun"] = bool(report["stages"]) and not any(s["ran"] for s in report["stages"])
     report["ok"] = (all(s["ok"] is not False for s in report["stages"])
                     and all(o["ok"] for o in report["outputs"].values()) and (allow_unrun or not report["unrun"]))
     return report
