@@ -61,10 +61,15 @@ def worker(name: str, mode: str) -> None:
 
 
 def describe(session) -> str:
-    """The providers a session runs on, with its number of stages where it has a plan."""
+    """The providers a session runs on (its number of stages where it has several), and for an adapting
+    session the candidates it has tried and where each stands: `ort-cpu [openvino compiling]`."""
     providers = "+".join(dict.fromkeys(p.removesuffix("ExecutionProvider") for p in session.get_providers()))
     plan = getattr(session, "plan", None)
-    return f"{providers} ({len(plan.stages)} stages)" if plan is not None and len(plan.stages) > 1 else providers
+    if plan is not None and len(plan.stages) > 1:
+        providers += f" ({len(plan.stages)} stages)"
+    tried = [f"{c['label']} {c['state']}" for bucket in (getattr(session, "adaptation", None) or {}).values()
+             for c in bucket["candidates"]]
+    return providers + (f" [{', '.join(tried)}]" if tried else "")
 
 
 def measure(name: str, mode: str) -> dict:
