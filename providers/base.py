@@ -11,7 +11,8 @@ import logging
 import os
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from functools import cached_property
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
-from uhop_onnx.errors import BundleError, ProviderError, first_line
+from uhop_onnx.errors import BundleError, InputError, ProviderError, first_line
 from uhop_onnx.host import bounded_threads
 from uhop_onnx.inputs import at_shapes, free_inputs, shape_values
 
@@ -117,19 +118,48 @@ class Pool(Generic[T]):
     def give(self, item: T) -> None:
         self._idle.append(item)
 
+    @contextmanager
+    def borrow(self) -> Iterator[T]:
+        """An object for one call, given back when the call succeeds. One whose call raised is dropped, never
+        handed to the next caller: a runtime may be left broken by a failed call."""
+        item = self.take()
+        yield item
+        self.give(item)
+
+
+SHAPE_LIMIT = 32  # input shapes a fixed-shape runtime builds a stage for, unless $UHOP_MAX_SHAPES says otherwise
+
+
+def shape_limit() -> int:
+    """`$UHOP_MAX_SHAPES`, else `SHAPE_LIMIT`."""
+    text = os.environ.get("UHOP_MAX_SHAPES", "")
+    if not text:
+        return SHAPE_LIMIT
+    if not text.isdigit() or int(text) < 1:
+        raise InputError(f"UHOP_MAX_SHAPES must be a positive integer, got {text!r}")
+    return int(text)
+
+
+def _listing(shapes: Mapping[str, tuple]) -> str:
+    return ", ".join(f"{name} {list(shape)}" for name, shape in shapes.items()) or "these input values"
+
 
 class PerShapeRunner(Runner):
     """A stage on a runtime that builds for fixed shapes, run at whatever its inputs are: one runner built per
     set of input shapes seen and values of its small integer inputs (`shape_values`: shapes, repeats, slice
     bounds another stage computed), `build` taking the stage model fixed at them, with those values as
-    constants (as in the model at fixed shapes that capability was asked of), the last `keep` kept. Safe to
-    call from many threads: a key is built once, and a runner dropped from the cache is left to the calls
-    still using it."""
+    constants (as in the model at fixed shapes that capability was asked of), the last `keep` kept. Each new
+    key costs a conversion, so at most `limit` keys are built (default `$UHOP_MAX_SHAPES`, else
+    `SHAPE_LIMIT`); a call at one more is refused with `InputError`. Safe to call from many threads: a
+    key is built once, and a runner dropped from the cache is left to the calls still using it."""
 
-    def __init__(self, model: onnx.ModelProto, build: Callable[[onnx.ModelProto], Runner], keep: int = 8):
+    def __init__(self, model: onnx.ModelProto, build: Callable[[onnx.ModelProto], Runner], keep: int = 8,
+                 limit: int | None = None):
         from onnx import helper
 
         self.model, self.build, self.keep = model, build, keep
+        self.limit = shape_limit() if limit is None else limit
+        self.built: set[tuple] = set()  # every key a runner was built for
         self.inputs = free_inputs(model)
         declared = {v.name: v.type.tensor_type.elem_type for v in model.graph.input}
         self.values = {name: helper.tensor_dtype_to_np_dtype(declared[name]) for name in shape_values(model)}
@@ -148,7 +178,13 @@ class PerShapeRunner(Runner):
         with self._lock:
             runner = self.runners.get(key)
             if runner is None:
+                if key not in self.built and len(self.built) >= self.limit:
+                    raise InputError(f"a stage on a fixed-shape runtime is built for at most {self.limit} input "
+                                     f"shapes, and has them all; {_listing(shapes)} would be one more: send a "
+                                     "shape it was run at, or raise the limit ($UHOP_MAX_SHAPES; serve "
+                                     "--max-shapes)")
                 runner = self.build(at_shapes(self.model, shapes, values))
+                self.built.add(key)
                 while len(self.runners) >= self.keep:
                     self.runners.pop(next(iter(self.runners)))
                 self.runners[key] = runner

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -86,31 +87,54 @@ def read_model(model_bytes: bytes):
 
 
 class OpenVinoRunner(Runner):
-    """An OpenVINO `CompiledModel` over one stage, with outputs in their declared ONNX dtypes. An infer
-    request serves one call at a time, so concurrent calls each borrow one from a pool."""
+    """An OpenVINO `CompiledModel` over one stage, compiled for `device` with `config`, with outputs in their
+    declared ONNX dtypes. An infer request serves one call at a time, so concurrent calls each borrow one from
+    a pool.
 
-    def __init__(self, compiled, dtypes: Mapping[str, np.dtype]):
-        self.compiled = compiled
-        self.requests = Pool(compiled.create_infer_request, compiled.create_infer_request())
+    A failed call can break the compiled model itself, not only its request: after an empty batch through
+    MaxPool, OpenVINO 2026.4's CPU plugin fails every later call at the shape it last ran, on any request. So
+    the call that failed replaces it (exported and imported again, which keeps no second copy of the weights
+    meanwhile) before it raises; calls under way finish on the old one."""
+
+    def __init__(self, compiled, dtypes: Mapping[str, np.dtype], device: str, config: Mapping[str, Any]):
+        self.device, self.config = device, dict(config)
+        self.current = self._serving(compiled)
         # OpenVINO's binding fills a table on the process's first `Type.to_dtype()` (which `infer` calls); two
         # threads making that first call at once deadlock (one holds the GIL, the other the table's guard).
         compiled.outputs[0].get_element_type().to_dtype()
-        self.outputs = [(port, _onnx_name(port, dtypes)) for port in compiled.outputs]
+        self.outputs = [(port.get_index(), _onnx_name(port, dtypes)) for port in compiled.outputs]
         self.dtypes = dict(dtypes)
+        self._renewing = threading.Lock()
+
+    @staticmethod
+    def _serving(compiled) -> tuple[Any, Pool]:
+        return compiled, Pool(compiled.create_infer_request, compiled.create_infer_request())
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         # Inputs are read in place (inference is synchronous); outputs come as copies the caller may keep.
-        request = self.requests.take()
+        current = self.current
         try:
-            results = request.infer({name: _plain(value) for name, value in feeds.items()}, share_inputs=True)
-        finally:
-            self.requests.give(request)
+            with current[1].borrow() as request:
+                results = request.infer({name: _plain(value) for name, value in feeds.items()}, share_inputs=True)
+        except Exception:
+            self._renew(current)
+            raise
         out = {}
         for port, name in self.outputs:
             value = np.asarray(results[port])
             dtype = self.dtypes.get(name)
             out[name] = value.astype(dtype, copy=False) if dtype is not None else value
         return out
+
+    def _renew(self, failed: tuple[Any, Pool]) -> None:
+        """Serve from a fresh copy of the compiled model that `failed` holds; the first call to fail on it
+        renews it, later ones find it renewed."""
+        import openvino as ov
+
+        with self._renewing:
+            if self.current is failed:
+                self.current = self._serving(ov.Core().import_model(failed[0].export_model(), self.device,
+                                                                    self.config))
 
 
 def _plain(value: Any) -> np.ndarray:
@@ -204,8 +228,9 @@ class OpenVino(Provider):
         import openvino as ov
 
         self.require()
-        compiled = ov.Core().compile_model(read_model(model.SerializeToString()), self.device, self.compile_config())
-        return OpenVinoRunner(compiled, output_dtypes(model))
+        config = self.compile_config()
+        compiled = ov.Core().compile_model(read_model(model.SerializeToString()), self.device, config)
+        return OpenVinoRunner(compiled, output_dtypes(model), self.device, config)
 
     def export_blocker(self) -> str | None:
         return missing_module("openvino", self.install)  # the IR is written by OpenVINO itself
@@ -240,9 +265,10 @@ class OpenVino(Provider):
         options = artifact["options"]
         core = ov.Core()
         provider = cls({"device": options["device"]}, threads).at_precision(options.get("precision", "fp32"))
-        compiled = core.compile_model(core.read_model(folder / artifact["files"][0]), options["device"],
-                                      provider.compile_config())
-        return OpenVinoRunner(compiled, {name: np.dtype(dtype) for name, dtype in options["outputs"].items()})
+        config = provider.compile_config()
+        compiled = core.compile_model(core.read_model(folder / artifact["files"][0]), options["device"], config)
+        return OpenVinoRunner(compiled, {name: np.dtype(dtype) for name, dtype in options["outputs"].items()},
+                              options["device"], config)
 
 
 # A stage's precision -> the device capability that offers it, and the inference precision it compiles at (an

@@ -247,8 +247,12 @@ def test_spans_continue_the_callers_trace(local_url, spans):
     ("/v2/models/mlp/infer", json.dumps({"inputs": json.loads(json_request(np.zeros((4, 64))))["inputs"],
                                          "outputs": [{"name": "logits"}]}).encode(), {}, 400,
      "unknown output 'logits'; the model's outputs: output"),
+    ("/v2/models/mlp/infer", json.dumps({"inputs": json.loads(json_request(np.zeros((4, 64))))["inputs"],
+                                         "outputs": [{"name": ["output"]}]}).encode(), {}, 400,
+     "unknown output ['output']; the model's outputs: output"),
 ], ids=["model", "version", "input-name", "dtype", "shape", "declared-shape", "count", "json", "deep-json", "missing",
-        "oversized", "gzip-bomb", "encoding", "binary-short", "binary-extra", "binary-count", "output-name"])
+        "oversized", "gzip-bomb", "encoding", "binary-short", "binary-extra", "binary-count", "output-name",
+        "output-unhashable"])
 def test_bad_requests_get_protocol_errors_and_the_server_keeps_serving(local_url, model, path, body, headers,
                                                                        status, message):
     before = metric(local_url, "uhop_requests_total", code=status)
@@ -571,6 +575,30 @@ def test_ray_full_queue_answers_503_and_stays_up(two_nodes, slow_plan):
             assert slow.result(timeout=120)[0] == 200
         assert (200, None) in answers and (503, "1") in answers and set(answers) <= {(200, None), (503, "1")}
         assert ask(two_nodes, np.ones((1, 512), np.float32))[0] == 200
+    finally:
+        serve.delete("tower")
+
+
+def test_ray_slow_bodies_hold_no_place_an_honest_request_needs(two_nodes, batch_model):
+    """Ray Serve hands a request to a replica before its body has arrived: twelve bodies that never finish,
+    against a queue of one, leave honest requests answered, and each slow one is cut off or timed out."""
+    from ray import serve
+
+    from uhop_onnx.serve.ray_engine import ray_app
+
+    from .test_serve_trust import send_slowly, status_of
+
+    plan = optimize(batch_model, providers=["ort-cpu"], profile=False, threads=1)
+    limits = Limits(max_queue=1, body_timeout_s=1.0, max_receiving=8)
+    deploy_in_time(ray_app(plan, "tower", num_cpus=0.5, limits=limits), "tower")
+    try:
+        slow = [send_slowly(two_nodes) for _ in range(12)]
+        time.sleep(0.5)  # all of them are arriving
+        honest = [ask(two_nodes, np.ones((2, 64), np.float32))[0] for _ in range(5)]
+        with ThreadPoolExecutor(12) as pool:
+            statuses = list(pool.map(status_of, slow))
+        assert honest == [200] * 5
+        assert set(statuses) <= {408, 503} and 408 in statuses, statuses
     finally:
         serve.delete("tower")
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from uhop_onnx import ortlib
-from uhop_onnx.cache import JsonTable, cache_dir
+from uhop_onnx.cache import JsonTable, cache_dir, prune, touch
 from uhop_onnx.errors import CheckError, ProviderError, missing_module
 from uhop_onnx.files import atomic_file
 from uhop_onnx.inputs import free_inputs
@@ -310,18 +310,21 @@ def _kept(key: str) -> tuple[bytes, float] | None:
     entry = _verified().get(key)
     if entry is None:
         return None
+    path = _conversions() / f"{key}.tflite"
     try:
-        blob = (_conversions() / f"{key}.tflite").read_bytes()
+        blob = path.read_bytes()
     except OSError:
         return None
     if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
         log.warning("litert: %s is not the conversion that was checked; converting again", _conversions() / key)
         return None
+    touch(path)  # used now: the cache cap drops the least recently used first
     return blob, float(entry["error"])
 
 
 def _keep(key: str, blob: bytes, error: float) -> None:
-    """Keep a checked conversion (nothing, with a logged warning, when the cache cannot be written)."""
+    """Keep a checked conversion (nothing, with a logged warning, when the cache cannot be written), the cache
+    then pruned to its cap: each new shape a stage is run at adds one."""
     try:
         with atomic_file(_conversions() / f"{key}.tflite", "wb") as handle:
             handle.write(blob)
@@ -329,6 +332,7 @@ def _keep(key: str, blob: bytes, error: float) -> None:
         log.warning("litert: a checked conversion could not be kept in %s (%s)", _conversions(), problem)
         return
     _verified().update({key: {"sha256": hashlib.sha256(blob).hexdigest(), "error": float(error)}})
+    prune()
 
 
 @cache

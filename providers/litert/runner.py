@@ -45,14 +45,11 @@ class LiteRtRunner(Runner):
         self.outputs = [(d["name"], d["index"]) for d in first.get_output_details()]
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        interpreter = self.interpreters.take()
-        try:
+        with self.interpreters.borrow() as interpreter:
             for name, index, dtype in self.inputs:
                 interpreter.set_tensor(index, np.require(feeds[name], dtype, "C"))
             interpreter.invoke()
             return {name: interpreter.get_tensor(index) for name, index in self.outputs}
-        finally:
-            self.interpreters.give(interpreter)
 
     def close(self) -> None:
         self.interpreters = None

@@ -13,7 +13,13 @@ from typing import Annotated
 import typer
 
 from ..errors import UhopError
-from .limits import DEFAULT_MAX_DELAY_MS, DEFAULT_MAX_REQUEST_BYTES, Limits
+from .limits import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_MAX_DELAY_MS,
+    DEFAULT_MAX_RECEIVING,
+    DEFAULT_MAX_REQUEST_BYTES,
+    Limits,
+)
 from .source import load_plan
 
 log = logging.getLogger(__name__)
@@ -53,6 +59,15 @@ def serve(
     max_queue: Annotated[int, typer.Option(min=1, help="Requests waiting beyond those running; more get 503.")]
     = 64,
     timeout_s: Annotated[float, typer.Option(min=0.001, help="Requests not answered in time get 504.")] = 30.0,
+    body_timeout_s: Annotated[float, typer.Option(
+        min=0.001, help="A request body must arrive within this, else 408; it takes no place among the waiting "
+                        "requests until it has.")] = DEFAULT_BODY_TIMEOUT_S,
+    max_receiving: Annotated[int, typer.Option(
+        min=1, help="Request bodies arriving at once; one more cuts the longest arriving off with 503.")]
+    = DEFAULT_MAX_RECEIVING,
+    max_shapes: Annotated[int | None, typer.Option(
+        min=1, help="Input shapes a stage on a fixed-shape runtime (LiteRT, RKNN) is built for; a request at "
+                    "one more gets 400. Default: $UHOP_MAX_SHAPES, else 32.")] = None,
 ) -> None:
     """Serve the Open Inference Protocol (KServe v2 REST) until SIGINT or SIGTERM, then answer what was
     accepted and stop."""
@@ -64,7 +79,8 @@ def serve(
     if engine is Engine.local and (scaling or num_cpus is not None or per_stage):
         raise UhopError("--autoscaling, --num-cpus and --per-stage apply to --engine ray only")
     limits = Limits(max_request_bytes=max_request_bytes, max_queue=max_queue, timeout_s=timeout_s,
-                    max_batch=max_batch, max_delay_ms=max_delay_ms)
+                    max_batch=max_batch, max_delay_ms=max_delay_ms, body_timeout_s=body_timeout_s,
+                    max_receiving=max_receiving, max_shapes=max_shapes)
     plan, default_name = load_plan(model_or_dir, providers, threads)
     name = model_name or default_name
     configure_tracing()

@@ -10,7 +10,7 @@ from .app import create_app
 from .limits import Limits
 from .batching import Batcher
 from .metrics import Metrics
-from .replicas import Replicas, plan_executor
+from .replicas import Replicas, bounded, plan_executor
 
 
 def local_app(plan: Plan, name: str, replicas: int = 1, threads: int | None = None,
@@ -18,7 +18,8 @@ def local_app(plan: Plan, name: str, replicas: int = 1, threads: int | None = No
     """The ASGI app serving `plan` with `replicas` copies of its compiled stages, so requests overlap."""
     threads = threads if threads is not None else plan.threads
     metrics = Metrics(name)
-    executors = [plan_executor(plan, compile_stages(plan, threads), metrics) for _ in range(replicas)]
+    executors = [plan_executor(plan, [bounded(r, limits.max_shapes) for r in compile_stages(plan, threads)], metrics)
+                 for _ in range(replicas)]
     served = Replicas(executors, plan.inputs, plan.outputs, metrics, limits.max_batch)
     if served.batch:
         served.submit = Batcher(served.run_jobs, limits.max_batch, limits.max_delay_ms / 1e3, replicas).submit

@@ -4,6 +4,9 @@ A request body is a JSON header, optionally followed by raw tensor bytes; the he
 `Inference-Header-Content-Length` HTTP header and each binary input says its `binary_data_size`. Responses
 use the same layout for outputs asked for as binary. The datatype tables and the BYTES packing are
 `tritonclient.utils`'s, so the codec agrees with Triton's own client byte for byte.
+
+JSON has no NaN or infinity: in JSON tensors they are the strings "NaN", "Infinity" and "-Infinity" (which
+`tritonclient` reads back as floats), never the bare tokens Python's `json` writes; requests may use either.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 
 # ONNX element types -> protocol datatypes, for those numpy has no dtype for.
 _ONNX_ONLY = {"bfloat16": "BF16"}
+# How JSON tensors spell the floats JSON has no number for.
+NON_FINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
 
 
 class ProtocolError(InputError):
@@ -33,6 +38,9 @@ class ProtocolError(InputError):
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)
         self.status = status
+
+    def __reduce__(self):  # raised in a worker process, it comes back with its status
+        return type(self), (str(self), self.status)
 
 
 @dataclass(frozen=True)
@@ -108,7 +116,7 @@ def encode_response(model_name: str, request: InferRequest, values: Mapping[str,
     response: dict[str, Any] = {"model_name": model_name, "model_version": "1", "outputs": entries}
     if request.id is not None:
         response["id"] = request.id
-    header = json.dumps(response, separators=(",", ":")).encode()
+    header = json.dumps(response, separators=(",", ":"), allow_nan=False).encode()
     if not blobs:
         return header, {"content-type": "application/json"}
     return b"".join([header, *blobs]), {HEADER_LENGTH: str(len(header)), "content-type": "application/octet-stream"}
@@ -116,6 +124,10 @@ def encode_response(model_name: str, request: InferRequest, values: Mapping[str,
 
 def error_body(message: str) -> bytes:
     return json.dumps({"error": message}).encode()
+
+
+def too_large(limit: int) -> ProtocolError:
+    return ProtocolError(f"the request is larger than the server's limit of {limit} bytes", 413)
 
 
 def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
@@ -198,6 +210,8 @@ def _from_json_data(name: str, data: Any, kind: str, shape: list[int]) -> np.nda
         else:
             array = np.array(data)
             dtype = np.dtype(triton_to_np_dtype(kind))
+            if array.dtype.kind == "U" and dtype.kind == "f":
+                array = _spelled_floats(data)
             if array.dtype.kind not in "biuf" or (array.dtype.kind == "f" and dtype.kind in "biu"):
                 raise TypeError(f"values of type {array.dtype} cannot be {kind}")
             array = array.astype(dtype)
@@ -219,7 +233,7 @@ def _wanted_outputs(request: dict[str, Any], outputs: Sequence[TensorSig]) -> li
     valid = {s.name for s in outputs}
     wanted = []
     for item in asked:
-        if not isinstance(item, dict) or item.get("name") not in valid:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or item["name"] not in valid:
             name = item.get("name") if isinstance(item, dict) else item
             raise ProtocolError(f"unknown output {_short(name)}; {_listing('outputs', outputs)}")
         options = item.get("parameters") or {}
@@ -247,7 +261,25 @@ def _to_json_data(value: np.ndarray, kind: str) -> list:
     flat = value.reshape(-1)
     if kind == "BYTES":
         return [v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in flat]
+    if flat.dtype.kind == "f" and not np.isfinite(flat).all():
+        spelled = flat.astype(np.object_)
+        for text, number in NON_FINITE.items():
+            spelled[np.isnan(flat) if text == "NaN" else flat == number] = text
+        return spelled.tolist()
     return flat.tolist()
+
+
+def _spelled_floats(data: Any) -> np.ndarray:
+    """JSON float data holding strings: those of `NON_FINITE` become their floats; any other string is refused."""
+    values = np.array(data, dtype=np.object_)
+    flat = values.reshape(-1)
+    for i, v in enumerate(flat):
+        if isinstance(v, str):
+            if v not in NON_FINITE:
+                raise TypeError(f"the string {_short(v)} is no number; the only strings a float tensor takes "
+                                f"are {', '.join(NON_FINITE)}")
+            flat[i] = NON_FINITE[v]
+    return values.astype(np.float64)
 
 
 def _listing(what: str, signatures) -> str:

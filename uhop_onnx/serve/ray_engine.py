@@ -4,8 +4,11 @@ only where it needs other hardware than the CPU replicas have.
 Each replica of the plan serves the protocol itself (the same Starlette app as the local engine) behind Ray
 Serve's HTTP proxy and runs the plan's `Executor` in-process, so a request crosses the network only to reach
 a GPU or NPU stage and come back (the tensors travel as numpy arrays, through Ray's object store when large).
-Ray Serve queues what the replicas cannot take yet, up to `max_queue`, then answers 503 with `Retry-After`;
-with `max_batch` its `@serve.batch` gathers the requests each replica runs together.
+A replica takes in every request its app can hold (bodies arriving, requests waiting and running), since Ray
+Serve hands a request to a replica before its body has arrived: a slow body must hold no place of Ray's. The
+app then keeps its limits as on the local engine (408, 503 with `Retry-After`); Ray Serve queues only what
+is beyond them, up to `max_queue`. With `max_batch` its `@serve.batch` gathers the requests each replica runs
+together.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from .app import RETRY_AFTER_S, create_app
 from .limits import Limits
 from .batching import Job
 from .metrics import Metrics, configure_tracing
-from .replicas import Replicas, plan_executor
+from .replicas import Replicas, bounded, plan_executor
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +44,8 @@ NPU_RESOURCE = {"rknn": "rknn", "openvino": "npu"}
 class StageReplica:
     """One plan stage on the hardware it needs, compiled in this replica; runs one call at a time."""
 
-    def __init__(self, plan: Plan, index: int, threads: int | None):
-        self.runner = compile_stage(plan, plan.stages[index], threads)
+    def __init__(self, plan: Plan, index: int, threads: int | None, max_shapes: int | None):
+        self.runner = bounded(compile_stage(plan, plan.stages[index], threads), max_shapes)
         self.lock = asyncio.Lock()
 
     async def __call__(self, feeds: dict) -> dict:
@@ -72,7 +75,7 @@ class PlanReplica:
     def __init__(self, plan: Plan, name: str, remote: list, threads: int | None, limits: Limits):
         configure_tracing()
         metrics = Metrics(name)
-        runners = [compile_stage(plan, stage, threads) if handle is None else Remote(handle)
+        runners = [bounded(compile_stage(plan, stage, threads), limits.max_shapes) if handle is None else Remote(handle)
                    for stage, handle in zip(plan.stages, remote)]
         self.replicas = Replicas([plan_executor(plan, runners, metrics)], plan.inputs, plan.outputs, metrics,
                                  limits.max_batch)
@@ -129,13 +132,15 @@ def ray_app(plan: Plan, name: str, replicas: int = 1, autoscaling: Mapping[str, 
     for k in apart:
         options = {**stage_resources(plan.stages[k], num_cpus, accelerators), **extra.get(k, {})}
         remote[k] = StageReplica.options(name=f"stage_{k}_{plan.stages[k].label.replace(':', '_')}",
-                                         ray_actor_options=options, **scale).bind(plan, k, threads)
+                                         ray_actor_options=options, **scale).bind(plan, k, threads,
+                                                                                  limits.max_shapes)
     env = {key: value for key, value in os.environ.items() if key.startswith("OTEL_")}
     options: dict[str, Any] = {"num_cpus": num_cpus}
     if env:
         options["runtime_env"] = {"env_vars": env}
     return PlanReplica.options(
-        name="plan", ray_actor_options=options, max_ongoing_requests=2 * max(1, limits.max_batch),
+        name="plan", ray_actor_options=options,
+        max_ongoing_requests=limits.max_receiving + limits.max_queue + 2 * max(1, limits.max_batch),
         max_queued_requests=limits.max_queue, graceful_shutdown_timeout_s=limits.timeout_s,
         backpressure_config={"status_code": 503, "retry_after_s": RETRY_AFTER_S}, **scale,
     ).bind(plan, name, remote, threads, limits)

@@ -21,7 +21,7 @@ import numpy as np
 from ..dtypes import TensorSig
 from ..executor import Executor
 from ..plan import Plan
-from ..providers.base import Runner
+from ..providers.base import PerShapeRunner, Runner
 from .batching import Job, batchable, run_together
 from .metrics import Metrics, span
 
@@ -51,6 +51,13 @@ class Timed(Runner):
 
     def close(self) -> None:
         self.runner.close()
+
+
+def bounded(runner: Runner, max_shapes: int | None) -> Runner:
+    """`runner`, built for at most `max_shapes` input shapes when it is built per shape and that is given."""
+    if max_shapes is not None and isinstance(runner, PerShapeRunner):
+        runner.limit = max_shapes
+    return runner
 
 
 def plan_executor(plan: Plan, runners: Sequence[Runner], metrics: Metrics) -> Executor:
