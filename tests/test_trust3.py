@@ -46,6 +46,11 @@ CLI = [sys.executable, "-m", "uhop_onnx.cli"]
 SECRET = np.full(128 * 128, 1234.5, np.float32).tobytes()  # as large as the mlp's largest weight
 
 
+def _model(nodes, inputs, outputs, initializers=()) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)])
+
+
 # -- a stage's external data stays in its folder -------------------------------------------------------------
 
 def _externalise(data: bytes, location: str) -> tuple[bytes, str]:
@@ -106,6 +111,48 @@ def test_a_plan_stage_with_its_data_beside_it_still_runs(tmp_path):
     feeds = random_feeds(mlp())
     got = compile_plan(Plan.load(folder)).run(None, feeds)
     np.testing.assert_allclose(got[0], reference(mlp(), feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+def _pointing(location: str, offset: str = "0") -> TensorProto:
+    tensor = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[2], data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", location), ("offset", offset), ("length", "8")):
+        tensor.external_data.add(key=key, value=value)
+    return tensor
+
+
+def _hidden(where: str, tensor: TensorProto) -> onnx.ModelProto:
+    """x + w, with w a tensor kept where a scan of initializers alone would miss it."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    constant = helper.make_node("Constant", [], ["w"], value=tensor)
+    if where == "attribute":
+        return _model([constant, helper.make_node("Add", ["x", "w"], ["y"])], [x], [y])
+    if where == "subgraph":
+        branch = helper.make_graph([constant], "b", [], [helper.make_tensor_value_info("w", TensorProto.FLOAT, [2])])
+        cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+        return _model([helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)], [cond], [y])
+    body = [constant, helper.make_node("Add", ["x", "w"], ["y"])]
+    function = helper.make_function("local", "AddW", ["x"], ["y"], body, [helper.make_opsetid("", 17)])
+    model = _model([helper.make_node("AddW", ["x"], ["y"], domain="local")], [x], [y])
+    model.functions.append(function)
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    return model
+
+
+@pytest.mark.parametrize("where", ["attribute", "subgraph", "function"])
+@pytest.mark.parametrize("location, offset, message", [
+    ("../secret.bin", "0", "outside the model's folder"), ("/etc/passwd", "0", "outside the model's folder"),
+    ("w\0.bin", "0", "not usable"), ("w.bin", "-4", "runs past the end")])
+def test_external_data_hidden_in_attributes_subgraphs_and_functions_is_checked(where, location, offset, message,
+                                                                                  tmp_path):
+    (tmp_path / "secret.bin").write_bytes(SECRET[:8])
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "w.bin").write_bytes(SECRET[:8])
+    path = folder / "m.onnx"
+    onnx.save(_hidden(where, _pointing(location, offset)), path)
+    with pytest.raises(uhop_onnx.ModelError, match=message):
+        uhop_onnx.load(path)
 
 
 @pytest.fixture(scope="module")
@@ -253,14 +300,10 @@ def test_threads_past_the_hosts_cores_are_bounded(tmp_path):
     executor.close()
 
 
-def _model(nodes, inputs, outputs, initializers=()) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
-    return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)])
-
-
 def test_inputs_too_large_for_this_host_are_named_before_allocating(tmp_path):
     dims = [100000, 100000, 1000]
-    model = _model([helper.make_node("Relu", ["x"], ["y"])], [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+    model = _model([helper.make_node("Relu", ["x"], ["y"])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)])
     path = tmp_path / "huge.onnx"
     onnx.save(model, path)

@@ -201,18 +201,19 @@ def check_external_data(model: bytes, folder: Path | None, where: object, error:
     root = folder.resolve() if folder is not None else None
     for name, entries in found:
         location = entries.get("location", "")
-        target = (root / location).resolve()
+        try:
+            target = (root / location).resolve()
+            offset, length = int(entries.get("offset") or 0), int(entries.get("length") or 0)
+        except (ValueError, OSError) as failure:
+            raise error(f"{where}: external data of tensor {name!r} names {location!r} at offset "
+                        f"{entries.get('offset')!r}, length {entries.get('length')!r}: not usable "
+                        f"({failure})") from None
         if not location or Path(location).is_absolute() or not target.is_relative_to(root):
             raise error(f"{where}: external data of tensor {name!r} points outside the model's folder "
                         f"({location!r}); keep external data files beside the model")
         if not target.is_file():
             raise error(f"{where}: external data file {location!r} of tensor {name!r} is missing")
-        try:
-            end = int(entries.get("offset") or 0) + int(entries.get("length") or 0)
-        except ValueError:
-            raise error(f"{where}: external data of tensor {name!r} has offset {entries.get('offset')!r} and "
-                        f"length {entries.get('length')!r}, which are not numbers") from None
-        if end > target.stat().st_size or end < 0:
+        if offset < 0 or length < 0 or offset + length > target.stat().st_size:
             raise error(f"{where}: external data of tensor {name!r} runs past the end of {location!r}")
     return bool(found)
 
@@ -255,7 +256,7 @@ def external_tensors(model: bytes, where: object = "model", error: type[UhopErro
                 if at + size > end:
                     raise error(f"{where}: not an ONNX model or truncated (a field runs past its message)")
                 if kind == "entry" or kind == "tensor" and number == _TENSOR_NAME:
-                    record[number] = bytes(data[at:at + size]).decode("utf-8", "replace")
+                    record[number] = _text(data[at:at + size], where, error)
                 elif number in _LEADS.get(kind, {}):
                     inner = _LEADS[kind][number]
                     entry = {} if inner == "entry" else None
@@ -271,6 +272,14 @@ def external_tensors(model: bytes, where: object = "model", error: type[UhopErro
             raise error(f"{where}: not an ONNX model or truncated (a field runs past its message)")
     return [(t.get(_TENSOR_NAME, ""), {e.get(1, ""): e.get(2, "") for e in t["entries"]})
             for t in tensors if t["location"] == _EXTERNAL]
+
+
+def _text(data: memoryview, where: object, error: type[UhopError]) -> str:
+    try:
+        return bytes(data).decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{where}: a tensor's name or external data entry {bytes(data[:40])!r} is not valid UTF-8; "
+                    "the file is corrupt") from None
 
 
 def _varint(data: memoryview, at: int, end: int, where: object, error: type[UhopError]) -> tuple[int, int]:
