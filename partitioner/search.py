@@ -70,6 +70,7 @@ NOISY = 0.25  # a cached figure whose spread is above this is measured again
 CHUNK = 8  # blocks measured together between two looks at the deadline
 BEST = "best so far: "  # the progress step that names the best plan so far and its figure
 NOT_MEASURED = "not measured: the budget ran out"
+REJECTED = "not timed: outside the accuracy tolerance"
 PlanTimer = Callable[[Mapping[str, Choice]], dict[str, Measurement]]  # named choices -> their whole figures
 # A choice -> whether its outputs are within the accuracy budget, and its figures (None: nothing to check)
 Gate = Callable[[Choice], tuple[bool, dict[str, Any] | None]]
@@ -209,13 +210,17 @@ class _Searching:
 
     def _challenge(self, candidates: dict[str, Choice], whole: dict[str, Measurement], best: str, name: str,
                    choice: Choice) -> str:
-        """`name` if the plan of `choice` is faster than `best` beyond the noise, twice, and accepted by the
-        gate (it joins the candidates either way); else `best`. A choice timed already is not timed again."""
+        """`name` if the plan of `choice` is accepted by the gate and faster than `best` beyond the noise,
+        twice (it joins the candidates either way); else `best`. A choice timed already is not timed again,
+        nor one the gate rejects."""
         if choice in candidates.values():
             return best
         candidates[name] = choice
+        if not self._accepts(name, choice):
+            whole[name] = Measurement.failed(REJECTED)
+            return best
         self._step(f"timing the {name} plan ({stages_summary(_stage_labels(choice))}) against {best}")
-        if self._confirmed(candidates, whole, name, best, timed=False) and self._accepts(name, choice):
+        if self._confirmed(candidates, whole, name, best, timed=False):
             return self._told(name, candidates, whole)
         return best
 
@@ -422,7 +427,7 @@ class _Searching:
             if self._accepts(name, placement):
                 passed[name], low = placement, middle
             else:
-                whole.setdefault(name, Measurement.failed("not timed: outside the accuracy tolerance"))
+                whole.setdefault(name, Measurement.failed(REJECTED))
                 high = middle
         if not passed or not self._in_time():
             return best

@@ -23,7 +23,7 @@ PROVIDERS = ["openvino", "ort-cpu"] if create("openvino").present else ["ort-cpu
 
 
 def optimize(model):
-    return uhop_onnx.optimize(model, providers=PROVIDERS, budget=5)
+    return uhop_onnx.optimize(model, providers=PROVIDERS, budget=300)
 
 
 def warnings_about(caplog, path) -> list[str]:

@@ -28,8 +28,6 @@ from rich.progress import Progress, ProgressColumn, SpinnerColumn, Task, TextCol
 from rich.table import Table
 from rich.text import Text
 
-from .cache_cli import app as cache_app
-from .cache_cli import app as cache_app
 from .errors import UhopError
 from .kernels_cli import app as kernels_app
 from .providers.rknn.cli import app as rknn_setup
@@ -83,15 +81,16 @@ def _measured_at(shape: list[str] | None, inputs: Path | None, precision: str = 
     return chosen
 
 
-IMPORTED = time.monotonic()  # what `optimize --budget` counts from, when run as the command
+IMPORTED = time.monotonic()
 VERBOSE = ("-v", "--verbose")
-LAUNCHED: float | None = None  # when the command started (main() sets it); None when called as a library
+AS_COMMAND = False  # main() sets it: `optimize --budget` then counts from the process's start
+SAVING = 0.05  # the share of `optimize --budget` kept for writing the plan and exiting
 
 
 def main() -> None:
     """The command; `-v` is taken anywhere on the line (`uhop-onnx run model.onnx -v`), as trtexec takes it."""
-    global LAUNCHED
-    LAUNCHED = IMPORTED
+    global AS_COMMAND
+    AS_COMMAND = True
     args = sys.argv[1:]
     if args[:1] == ["exec"]:  # the program's arguments and output are its own: no -v taken, nothing silenced
         app(args=args)
@@ -105,6 +104,15 @@ def main() -> None:
         except UhopError as error:
             err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
             sys.exit(error.exit_code)
+
+
+def _age() -> float:
+    """Seconds since this process started (from /proc), else since this module was imported."""
+    try:
+        started = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22, in ticks
+        return max(float(Path("/proc/uptime").read_text().split()[0]) - started / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - IMPORTED
 
 
 def _one_line(message, category, filename, lineno, line=None) -> str:
@@ -319,7 +327,7 @@ def optimize(model: Path, output: Annotated[Path, typer.Option("--output", "-o",
     from .optimizer import optimize as run_optimize
 
     check_writable(output)
-    spent = 0.0 if LAUNCHED is None else time.monotonic() - LAUNCHED  # the budget is the command's
+    spent = _age() + SAVING * budget if AS_COMMAND else 0.0  # the budget is the whole command's
     with _steps("optimizing", not (as_json or quiet), None if no_profile else budget - spent) as step:
         plan = run_optimize(model, _providers(providers, litert_fp16), profile=not no_profile, threads=threads,
                             budget=max(budget - spent, 0.0), progress=step,
@@ -771,8 +779,6 @@ def exec_program(ctx: typer.Context) -> None:
 setup_app.add_typer(rknn_setup)
 app.add_typer(setup_app, name="setup")
 app.add_typer(kernels_app, name="kernels")
-app.add_typer(cache_app, name="cache")
-app.add_typer(cache_app, name="cache")
 app.command("serve")(serve)
 
 
