@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
@@ -21,7 +20,7 @@ import numpy as np
 from uhop_onnx import ortlib
 from uhop_onnx.cache import cache_dir
 from uhop_onnx.errors import first_line, missing_module
-from uhop_onnx.files import atomic_file
+from uhop_onnx.files import atomic_file, temporary_folder
 from uhop_onnx.inputs import feeds_digest
 
 
@@ -142,7 +141,7 @@ def _in_files(model, quantize: Callable[[Path, Path, list | None], None], sample
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     # ONNX Runtime's quantizer (and NNCF) make sessions through `onnxruntime.InferenceSession` themselves
-    with ortlib.own_session(), tempfile.TemporaryDirectory(prefix="uhop-quantize-") as folder:
+    with ortlib.own_session(), temporary_folder("quantize") as folder:
         source, prepared, target = (Path(folder) / name for name in ("in.onnx", "pre.onnx", "out.onnx"))
         onnx.save(model, source)
         try:
@@ -219,7 +218,7 @@ def trt_calibration_table(model: onnx.ModelProto, calibration: Calibration, fold
     ranges = calibration.ranges(stage_values(model))
     table = {tensor: TensorData(lowest=np.float32(-peak), highest=np.float32(peak))
              for tensor, peak in ((t, max(abs(lo), abs(hi))) for t, (lo, hi) in ranges.items())}
-    with tempfile.TemporaryDirectory(prefix="uhop-calibrate-") as work:
+    with temporary_folder("calibrate") as work:
         write_calibration_table(table, work)
         with atomic_file(folder / name, "wb") as handle:
             handle.write((Path(work) / "calibration.flatbuffers").read_bytes())

@@ -17,7 +17,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
@@ -28,6 +27,7 @@ import numpy as np
 
 from . import ortlib
 from .errors import UhopError
+from .files import temporary_folder
 from .measure import Candidate, last_line, stage_labels, time_candidates
 
 RAW = {"onnxruntime": "ort-cpu", "openvino": "openvino"}  # raw runtime -> the provider that wraps it
@@ -60,7 +60,7 @@ def bench(model: str | os.PathLike, providers: list[str] | None = None, threads:
     graph = Graph.from_model(load(model))
     feeds = profile_feeds([graph.signature(name) for name in graph.inputs], shapes, inputs)
     present = [p.label for p in resolve(providers, threads)]
-    with tempfile.TemporaryDirectory(prefix="uhop-bench-") as work:
+    with temporary_folder("bench") as work:
         work = Path(work)
         np.savez(work / "feeds.npz", **feeds)
         reduced = {"precision": precision, "tolerance": tolerance,

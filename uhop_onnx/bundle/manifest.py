@@ -265,6 +265,10 @@ def validate(manifest: Mapping[str, Any], where: object) -> None:
 
 # -- folders and archives ------------------------------------------------------------------------------------
 
+Check = Callable[[Path], None]  # run on the folder an archive is unpacked into (a signature check)
+_SLACK = 64 << 10  # bytes an archive may hold past its members' data: headers, padding, end records
+
+
 def open_bundle(path: str | os.PathLike, check: Check | None = None
                 ) -> tuple[Path, tempfile.TemporaryDirectory | None]:
     """The bundle's folder: `path` itself, or a `.tar.gz` unpacked safely into a temporary folder (returned
@@ -310,11 +314,8 @@ def extract(archive: Path, folder: Path, check: Check | None = None) -> None:
         raise BundleError(f"{archive}: not a readable .tar.gz bundle ({error})") from None
 
 
-Check = Callable[[Path], None]
-_SLACK = 64 << 10  # bytes an archive may hold past its members' data: headers, padding, end records
-
-
 def _members(tar: tarfile.TarFile, archive: Path, folder: Path, stream: _Bounded, check: Check | None) -> None:
+    """`extract`'s loop over the archive's members; `stream`'s limit is raised to what the manifest declares."""
     manifest = None
     seen: set[str] = set()
     for member in tar:
