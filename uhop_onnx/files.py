@@ -128,8 +128,8 @@ def _running(pid: int) -> bool:
         os.kill(pid, 0)
     except (ProcessLookupError, OverflowError):
         return False
-    except PermissionError:
-        return True  # another user's
+    except PermissionError:  # another user's
+        pass
     return True
 
 
