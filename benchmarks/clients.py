@@ -31,7 +31,7 @@ import run as clients  # noqa: E402 -- tests/clients/run.py: the clients' regist
 
 MODES = ("stock", "uhop")
 # Calls timed per process after the first (which is part of init): a few seconds of calls each.
-CALLS = {"rapidocr_pages": 3, "magika_files": 6, "silero_speech": 8, "nudenet_pictures": 30}
+CALLS = {"rapidocr_pages": 2, "magika_files": 6, "silero_speech": 8, "nudenet_pictures": 30}
 WHAT = {"rapidocr_pages": "OCR of a page (det, cls, rec)", "magika_files": "types of 25 files",
         "silero_speech": "VAD of 11 s of speech (339 runs)", "nudenet_pictures": "one picture (YOLOv8n)"}
 
