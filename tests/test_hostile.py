@@ -324,19 +324,23 @@ def test_cli(tmp_path):
         folder.mkdir()
         jobs.append({"model": str(case.write(folder)), "out": str(tmp_path / "plans" / f"{index:02d}")})
     before = files_under(tmp_path)
-    driver = (
-        "import io, json, sys, contextlib\n"
+    driver = (  # stderr is caught at its descriptor: the command writes there past the runtimes it silences
+        "import io, json, os, sys, contextlib, tempfile\n"
         "from uhop_onnx.cli import main\n"
         "codes = []\n"
         "for job in json.loads(sys.argv[1]):\n"
         "    sys.argv = ['uhop-onnx', 'optimize', job['model'], '-o', job['out'], '--no-profile', '--json']\n"
-        "    err, out = io.StringIO(), io.StringIO()\n"
-        "    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):\n"
+        "    out, caught, kept = io.StringIO(), tempfile.TemporaryFile(mode='w+'), os.dup(2)\n"
+        "    os.dup2(caught.fileno(), 2)\n"
+        "    sys.stderr = open(2, 'w', buffering=1, closefd=False)\n"
+        "    with contextlib.redirect_stdout(out):\n"
         "        try:\n"
         "            main(); code = 0\n"
         "        except SystemExit as exit:\n"
         "            code = exit.code\n"
-        "    codes.append({'code': code, 'stderr': err.getvalue()})\n"
+        "    sys.stderr.flush(); sys.stderr = sys.__stderr__; os.dup2(kept, 2); os.close(kept)\n"
+        "    caught.seek(0)\n"
+        "    codes.append({'code': code, 'stderr': caught.read()})\n"
         "print(json.dumps(codes))\n"
     )
     done = subprocess.run([sys.executable, "-c", driver, json.dumps(jobs)], capture_output=True, text=True,
