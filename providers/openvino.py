@@ -102,7 +102,9 @@ class OpenVinoRunner(Runner):
         # OpenVINO's binding fills a table on the process's first `Type.to_dtype()` (which `infer` calls); two
         # threads making that first call at once deadlock (one holds the GIL, the other the table's guard).
         compiled.outputs[0].get_element_type().to_dtype()
-        self.outputs = [(port.get_index(), _onnx_name(port, dtypes)) for port in compiled.outputs]
+        # By position among the model's outputs (a renewed copy keeps their order); `port.get_index()` is the
+        # port's index on its own node, 0 for every Result.
+        self.outputs = [(i, _onnx_name(port, dtypes)) for i, port in enumerate(compiled.outputs)]
         self.dtypes = dict(dtypes)
         self._renewing = threading.Lock()
 
