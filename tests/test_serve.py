@@ -348,6 +348,7 @@ def test_serve_command_on_a_model_file_names_the_model_after_its_stem(tmp_path, 
     finally:
         process.terminate()
         process.wait(timeout=20)
+        process.stderr.close()
 
 
 SLOW = 4000  # rows of the slow tower that keep a replica busy for about a second

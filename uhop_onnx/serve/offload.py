@@ -2,24 +2,24 @@
 while large requests are decoded and their answers encoded.
 
 Compressed bodies are inflated, binary tensors and small JSON documents decoded, in a thread: zlib and numpy's
-copies release the GIL. A large JSON document goes to a worker process, since Python's JSON decoder and
-encoder hold the GIL for the whole document (0.8 s for a 23 MiB tensor here), which no thread would hide.
+copies release the GIL. A large JSON document goes to a worker process (`Workers`), since Python's JSON
+decoder and encoder hold the GIL for the whole document (0.8 s for a 23 MiB tensor here), which no thread
+would hide.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import multiprocessing
 import os
 import zlib
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor
 
 import numpy as np
 
 from ..dtypes import TensorSig
 from .protocol import HEADER_LENGTH, InferRequest, ProtocolError, decode_request, encode_response, too_large
+from .workers import Workers
 
 INLINE_JSON_BYTES = 64 * 1024  # a request's JSON beyond this is decoded in a worker process
 INLINE_JSON_VALUES = 4096  # outputs asked for as JSON with more values than this are encoded in one
@@ -32,8 +32,7 @@ class Offload:
 
     def __init__(self, limit: int, workers: int | None = None):
         self.limit = limit
-        self.workers = workers or min(4, max(1, (os.cpu_count() or 1) // 2))
-        self._processes: ProcessPoolExecutor | None = None
+        self.workers = Workers(workers or min(4, max(1, (os.cpu_count() or 1) // 2)))
 
     async def decode(self, body: bytes, headers: Mapping[str, str], inputs: Sequence[TensorSig],
                      outputs: Sequence[TensorSig]) -> InferRequest:
@@ -54,16 +53,13 @@ class Offload:
                                signatures)
 
     def close(self) -> None:
-        if self._processes is not None:
-            self._processes.shutdown(wait=False, cancel_futures=True)
+        self.workers.close()
 
     async def _run(self, heavy: bool, function, *args):
-        executor: Executor | None = None
+        """`function(*args)` in a thread, or when `heavy` in a worker process (a thread waiting for it)."""
         if heavy:
-            if self._processes is None:  # spawned: the server's runtimes keep threads that a fork would copy
-                self._processes = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
-            executor = self._processes
-        return await asyncio.get_running_loop().run_in_executor(executor, function, *args)
+            return await asyncio.to_thread(self.workers.call, function, *args)
+        return await asyncio.to_thread(function, *args)
 
 
 def inflate(body: bytes, encoding: str, limit: int) -> bytes:
