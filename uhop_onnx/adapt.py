@@ -100,6 +100,8 @@ class Bucket:
     last_ms: float = 0.0  # the serving arm's latest call, paired with the candidates' calls of that round
     trials: dict[str, Trial] = field(default_factory=dict)
     decision: str | None = None
+    preparing: bool = False  # its candidates are being compiled, one by one
+    settled: bool = False  # decided, and nothing on trial any more
     sample: dict[str, np.ndarray] | None = None
 
     def arms(self) -> list[Arm]:
@@ -176,9 +178,16 @@ class Serving:
     def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any], *, host: bool = True,
             timings: list[Timing] | None = None) -> tuple[list[Any], Plan]:
         """The outputs, and the plan that computed them."""
-        bucket = self._bucket(feeds) if self._candidates is not None else None
+        if self._candidates is None:  # one plan: nothing to choose or time
+            return self.starter.executor.run(output_names, feeds, host=host, timings=timings), self.starter.plan
+        bucket = self._bucket(feeds)
+        if bucket.settled:  # decided, nothing on trial: its plan serves, untimed (a serving arm is never closed)
+            with self._lock:
+                bucket.calls += 1
+                arm = self._last = bucket.current
+            return arm.executor.run(output_names, feeds, host=host, timings=timings), arm.plan
         with self._lock:
-            arm = self.starter if bucket is None else self._turn(bucket)
+            arm = self._turn(bucket)
             arm.running += 1
             self._last = arm
         start = time.perf_counter()
@@ -189,8 +198,7 @@ class Serving:
             with self._lock:
                 arm.running -= 1
                 arm.release()
-        if bucket is not None:
-            self._record(bucket, arm, ms, feeds)
+        self._record(bucket, arm, ms, feeds)
         return results, arm.plan
 
     def _bucket(self, feeds: Mapping[str, Any]) -> Bucket:
@@ -243,8 +251,11 @@ class Serving:
                     trial.pairs.append((ms, bucket.last_ms))
                     self._judge(bucket, trial)
             explore = bucket.calls == EXPLORE_AFTER and not self._closed and self._spent < self._budget_s
+            if bucket.calls == EXPLORE_AFTER and not explore:
+                bucket.decision, bucket.settled = f"kept {bucket.current.label}: the adapt_budget is spent", True
             if explore:
                 bucket.sample = {name: _copied(value) for name, value in feeds.items()}
+                bucket.preparing = True
         if explore:
             self._start_worker()
             self._jobs.put(bucket)
@@ -269,12 +280,13 @@ class Serving:
 
     def _settle(self, bucket: Bucket) -> None:
         """When no candidate is compiling or on trial, the fastest one found faster serves (under the lock)."""
-        if any(t.state in ("compiling", "trying") for t in bucket.trials.values()):
+        if bucket.preparing or any(t.state in ("compiling", "trying") for t in bucket.trials.values()):
             return
         faster = [t for t in bucket.trials.values() if t.state == "faster"]
         for trial in bucket.trials.values():
             if trial not in faster and trial.arm is not None:
                 self._retire(trial.arm)
+        bucket.settled = True
         if not faster:
             bucket.decision = bucket.decision or f"kept {bucket.current.label}: no candidate was faster beyond noise"
             return
@@ -358,9 +370,8 @@ class Serving:
                 with self._lock:
                     if arm is not None and trial.state == "compiling":
                         trial.arm, trial.state = arm, "trying"
-                    self._settle(bucket)
             with self._lock:
-                bucket.sample = None
+                bucket.sample, bucket.preparing = None, False
                 self._settle(bucket)
 
     def _prepared(self, trial: Trial, recipe: Recipe, bucket: Bucket) -> Arm | None:

@@ -5,6 +5,7 @@ it without onnx (checked against `onnx.helper`'s mappings in the tests)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import NamedTuple
 
 import numpy as np
@@ -52,6 +53,7 @@ _BY_ONNX = {t.onnx: t for t in TABLE}
 _BY_NUMPY = {np.dtype(t.numpy): t for t in TABLE if t.numpy is not None}
 
 
+@cache
 def numpy_dtype(onnx_type: str | int) -> np.dtype | None:
     """`"tensor(float)"`, `"float"` or `TensorProto.FLOAT` -> `float32`; None for types numpy has no dtype for
     (bfloat16, float8) and for unknown ones."""

@@ -92,7 +92,7 @@ class LastResort:
             runner = self.runners[k]
         if first:
             warnings.warn(f"{where} failed ({first_line(error)}); re-running it on {LAST_RESORT} when it fails "
-                          f"(counted in plan.fallbacks)", RuntimeWarning, stacklevel=6)
+                          f"(counted in plan.fallbacks)", RuntimeWarning, stacklevel=7)
         try:
             return check(k, runner.run({name: np.asarray(value) for name, value in feeds.items()}))
         except Exception as again:  # noqa: BLE001 - a runtime may fail in any way; say both failures

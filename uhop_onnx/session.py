@@ -20,7 +20,7 @@ import numpy as np
 
 from .dtypes import TensorSig
 from .errors import FreeDimensionError, InputError, UhopError
-from .executor import Timing
+from .executor import Executor, Timing
 from .files import atomic_file
 from .graph import TensorInfo
 from .metadata import ModelMetadata
@@ -108,6 +108,11 @@ class InferenceSession:
     def plan(self) -> Plan:
         """The plan that served the latest call (before any, the one the session started on)."""
         return self._serving.plan
+
+    @property
+    def _executor(self) -> Executor:
+        """The executor of the plan serving now."""
+        return self._serving.executor
 
     @property
     def adaptation(self) -> dict[str, dict[str, Any]]:
