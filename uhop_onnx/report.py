@@ -121,12 +121,12 @@ def markdown(plan: Plan) -> str:
 
 
 def effort_text(profile: dict) -> str:
-    """`40 block figures measured, 12 from the cache, in 29.8 s of a 30 s budget` (and when the search stopped
-    at its budget, that it did)."""
+    """`40 block figures measured, 12 from the cache; searched 26.1 s (budget 30.0 s in all)` (and when the
+    search stopped at its budget, that it did)."""
     budget = profile.get("budget_s")
-    stopped = "" if profile.get("complete", True) else "; stopped at the budget, the best plan so far kept"
-    return (f"{profile['measured']} block figures measured, {profile['cached']} from the cache, in "
-            f"{profile['seconds']} s" + (f" of a {budget:g} s budget" if budget is not None else "") + stopped)
+    stopped = "; stopped at the budget, the best plan so far kept" if profile.get("complete") is False else ""
+    return (f"{profile['measured']} block figures measured, {profile['cached']} from the cache; searched "
+            f"{profile['seconds']} s" + (f" (budget {budget:.1f} s in all)" if budget is not None else "") + stopped)
 
 
 def stages_summary(stages: str, limit: int = 3) -> str:
