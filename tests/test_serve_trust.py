@@ -40,10 +40,16 @@ def send_slowly(url: str, path: str = "/v2/models/tower/infer") -> socket.socket
     return connection
 
 
-def status_of(connection: socket.socket) -> int:
-    """The status of the answer that arrives on `connection`."""
-    with connection:
-        line = connection.makefile("rb").readline()
+def status_of(connection: socket.socket, closed: bool = True) -> int:
+    """The status of the answer that arrives on `connection`; with `closed`, once the server has closed it (a
+    client still sending must hold nothing of the server's)."""
+    with connection, connection.makefile("rb") as answer:
+        line = answer.readline()
+        try:
+            if closed:
+                answer.read()  # to the end
+        except ConnectionResetError:  # closed with the client's last bytes unread
+            pass
     return int(line.split()[1])
 
 

@@ -86,12 +86,18 @@ def create_app(replicas: Replicas, name: str, limits: Limits = Limits()) -> Star
         finally:
             inside -= 1
 
-    def refused(message: str, status: int) -> Response:
+    def refused(message: str, status: int, unread: bool = False) -> Response:
+        """An error answer; one that cuts a body off (`unread`) closes the connection, so that a client still
+        sending holds nothing of the server's."""
         metrics.request(status)
-        return _error(message, status)
+        response = _error(message, status)
+        if unread:
+            response.headers["connection"] = "close"
+        return response
 
     async def infer(request: Request) -> Response:
         start = time.perf_counter()
+        body = None
         try:
             check_model(request)
             body = await arrivals.read(request)
@@ -102,7 +108,8 @@ def create_app(replicas: Replicas, name: str, limits: Limits = Limits()) -> Star
                                                     limits.timeout_s)
                 content, headers = await offload.encode(name, decoded, values, replicas.outputs)
         except InputError as error:  # a ProtocolError has a status of its own
-            return refused(str(error), getattr(error, "status", 400))
+            status = getattr(error, "status", 400)
+            return refused(str(error), status, unread=body is None and status in (408, 503))
         except StageError as error:
             if isinstance(error.__cause__, InputError):  # a stage that refuses these inputs
                 return refused(str(error), 400)
