@@ -203,3 +203,22 @@ def test_beyond_its_shapes_a_session_with_fallback_runs_the_stage_on_onnx_runtim
                     got = executor.run(None, {"input": x})
             assert_matches(got, reference(model, {"input": x}))
     assert plan.fallbacks[0]["provider"] == "ort-cpu"
+
+
+def test_the_conversions_new_shapes_cost_stay_under_the_cache_cap(monkeypatch, tmp_path):
+    """Each shape a LiteRT stage runs at is a conversion kept in the cache (33 KiB here): six of them stay
+    under a cap of 100 KiB, the least recently used dropped."""
+    from uhop_onnx.runtime import compile_plan
+
+    monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("UHOP_CACHE_MAX", "100K")
+    model = tower(64, 2)
+    plan = optimize(model, providers=["litert"], profile=False)
+    rng = np.random.default_rng(5)
+    with compile_plan(plan) as executor:
+        for n in range(1, 7):
+            x = rng.standard_normal((n, 64)).astype(np.float32)
+            assert_matches(executor.run(None, {"input": x}), reference(model, {"input": x}))
+    kept = [f for f in tmp_path.rglob("*") if f.is_file()]
+    assert len([f for f in kept if f.suffix == ".tflite"]) >= 1
+    assert sum(f.stat().st_size for f in kept) <= 100 * 1024
