@@ -66,7 +66,7 @@ class Executor:
             try:
                 runner = self.runners[0]
                 results = self.checked(0, runner.run(input_feed))
-                return [runner.to_host(results[name]) if host else results[name] for name in wanted]
+                return [hand_over(results[name], runner, None) if host else results[name] for name in wanted]
             except Exception:  # noqa: BLE001 - the checked run below says what was wrong, or falls back
                 pass
         values: dict[str, Any] = {**self._check_feeds(input_feed), **self.constants}
