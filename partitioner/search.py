@@ -204,7 +204,7 @@ class _Searching:
                                    + ", ".join(sorted(timed)))
         best = min(accepted, key=lambda name: (_stage_count(candidates[name]), whole[name].ms))
         challenger = next((name for name in accepted if faster(whole[name], whole[best])), None)
-        if challenger is not None and self._in_time() and self._confirmed(candidates, whole, challenger, best):
+        if challenger is not None and self._confirmed(candidates, whole, challenger, best):
             best = challenger
         return self._told(best, candidates, whole)
 
@@ -227,8 +227,11 @@ class _Searching:
     def _confirmed(self, candidates: Mapping[str, Choice], whole: dict[str, Measurement], challenger: str,
                    best: str, timed: bool = True) -> bool:
         """Whether `challenger` is faster than `best` beyond the noise in a timing of the two together (two,
-        unless already `timed` together once); `whole` keeps their latest figures."""
+        unless already `timed` together once), each started before the deadline; `whole` keeps their latest
+        figures."""
         for _ in range(1 if timed else 2):
+            if not self._in_time():
+                return False
             result = self._measure_plans({challenger: candidates[challenger], best: candidates[best]})
             whole.update(result)
             if not faster(result[challenger], result[best]):
