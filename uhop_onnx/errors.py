@@ -1,6 +1,8 @@
 """The exceptions uhop-onnx raises: one small tree under `UhopError`."""
 
+import os
 import re
+import sys
 from importlib import import_module
 
 
@@ -98,3 +100,13 @@ def missing_module(module: str, install: str) -> str | None:
 
 
 _LOCATION = re.compile(r"Exception from \S+:\d+:")
+
+
+def outside() -> int:
+    """The `stacklevel` for a warning raised in the calling function that points at the first frame outside
+    the `uhop_onnx` package: the user's line that led to it, however deep the call went."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level

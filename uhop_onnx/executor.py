@@ -63,12 +63,14 @@ class Executor:
         `host=False` left where their stage put them. `timings` receives each stage's run time."""
         wanted = self._check_outputs(output_names)
         if self._whole and timings is None:
+            runner = self.runners[0]
             try:
-                runner = self.runners[0]
                 results = self.checked(0, runner.run(input_feed))
-                return [hand_over(results[name], runner, None) if host else results[name] for name in wanted]
-            except Exception:  # noqa: BLE001 - the checked run below says what was wrong, or falls back
-                pass
+            except Exception as error:  # noqa: BLE001 - a runtime may fail in any way; said below
+                checked = self._check_feeds(input_feed)  # a wrong feed is the caller's mistake, said as such
+                converted = any(checked[name] is not input_feed[name] for name in checked)  # lists, OrtValues
+                results = self._run_stage(0, checked) if converted else self._failed(0, error, checked)
+            return [hand_over(results[name], runner, None) if host else results[name] for name in wanted]
         values: dict[str, Any] = {**self._check_feeds(input_feed), **self.constants}
         origin: dict[str, Runner] = {}
         for k in self._all_stages if output_names is None else stages_for(self.stages, wanted):
@@ -89,10 +91,14 @@ class Executor:
         try:
             return self.checked(k, self.runners[k].run(feeds))
         except Exception as error:  # noqa: BLE001 - a runtime may fail in any way; say which stage
-            if self.on_failure is None or not self.fallback:
-                raise StageError(f"stage {k} ({self.stages[k].described}) failed: {first_line(error)}", k,
-                                 self.stages[k].provider) from error
-            return self.on_failure(k, error, feeds, self.checked)
+            return self._failed(k, error, feeds)
+
+    def _failed(self, k: int, error: Exception, feeds: dict[str, Any]) -> dict[str, Any]:
+        """Stage `k` failed on `feeds`: re-run elsewhere while `fallback` is on, else `StageError`."""
+        if self.on_failure is None or not self.fallback:
+            raise StageError(f"stage {k} ({self.stages[k].described}) failed: {first_line(error)}", k,
+                             self.stages[k].provider) from error
+        return self.on_failure(k, error, feeds, self.checked)
 
     def close(self) -> None:
         """Close every runner (the fallback's too); one that fails to close is logged, the others still close."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import StageError, UhopError, first_line
+from .errors import StageError, UhopError, first_line, outside
 from .executor import Check, Executor
 from .graph import declared_outputs
 from .plan import Plan, Stage
@@ -92,7 +92,7 @@ class LastResort:
             runner = self.runners[k]
         if first:
             warnings.warn(f"{where} failed ({first_line(error)}); re-running it on {LAST_RESORT} when it fails "
-                          f"(counted in plan.fallbacks)", RuntimeWarning, stacklevel=7)
+                          f"(counted in plan.fallbacks)", RuntimeWarning, stacklevel=outside())
         try:
             return check(k, runner.run({name: np.asarray(value) for name, value in feeds.items()}))
         except Exception as again:  # noqa: BLE001 - a runtime may fail in any way; say both failures
