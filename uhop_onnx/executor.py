@@ -53,9 +53,10 @@ class Executor:
         # Initializers declared as graph inputs: a feed overrides them, as in ONNX Runtime.
         self.overridable = set(self._last_use) - produced - set(self._signatures)
         self._all_stages = stages_for(self.stages, self.outputs)
-        # One stage that computes every output: the runtime checks the feeds itself, so they are checked here
-        # only when a call fails, to say what was wrong (and to re-run it elsewhere under fallback).
-        self._whole = len(self.stages) == 1 and list(self.stages[0].outputs) == self.outputs and not self.constants
+        # One stage that takes every input and computes every output: the runtime checks the feeds itself, so
+        # they are checked here only when a call fails, to say what was wrong (and to fall back).
+        self._whole = (len(self.stages) == 1 and list(self.stages[0].outputs) == self.outputs and not self.constants
+                       and set(self._signatures) <= set(self.stages[0].inputs))
 
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], *, host: bool = True,
             timings: list[Timing] | None = None) -> list[Any]:
