@@ -5,6 +5,7 @@ them from here, so that the suite holds on every x86-64 CPU (and aarch64) the pa
 from __future__ import annotations
 
 import functools
+import os
 import platform
 
 
@@ -34,8 +35,10 @@ def int8_saturates() -> bool:
     they sum pairs of u8 x s8 products in int16 (`vpmaddubsw`, as ONNX Runtime's documentation says), and a
     CNN's int8 error grows several times. Measured on the test CNN, worst of 8 inputs, in an emulated Haswell:
     ONNX Runtime's QDQ cosine 0.9975 and 0.069 of the gate's scale, OpenVINO's NNCF model 0.9964 and 0.086;
-    with VNNI 0.9999 and 0.013, 0.9997 and 0.021."""
-    return platform.machine().lower() in ("x86_64", "amd64") and "avx512vnni" not in cpu_features()
+    with VNNI 0.9999 and 0.013, 0.9997 and 0.021. OpenVINO's kernels saturate too where oneDNN is held below
+    VNNI (`ONEDNN_MAX_CPU_ISA=AVX2`: cosine 0.9974)."""
+    held = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in ("SSE41", "AVX", "AVX2", "AVX512_CORE")
+    return platform.machine().lower() in ("x86_64", "amd64") and ("avx512vnni" not in cpu_features() or held)
 
 
 # What int8 of the test CNN keeps here, on either runtime: its lowest cosine to fp32, and a gate's tolerance it
