@@ -8,7 +8,8 @@ Runtime), `uhop` (the plain swap `onnxruntime.InferenceSession = uhop_onnx.Infer
 a program's first start). Each process reports its import time (the library, and uhop with it), its init time (the
 library's object made and its first call, where the library makes its sessions), and its steady per-call latency
 (the median of the calls after the first half, so that an adapting session has had its warm-up); the figure of a
-mode is the minimum over rounds. Ratios are uhop / stock, between figures of the same run.
+mode is the minimum over rounds. Ratios are uhop / stock, between figures of the same run; the per-call ratio of
+each round is shown too, since the rounds of a shared machine differ more than the modes may.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def main(rounds: int = 3, clients_: str = typer.Option(",".join(CALLS), "--clien
                 console.print(f"round {r + 1}/{rounds} {n} {mode}: {runs[n][mode][-1]}")
     best = {n: {m: best_of(runs[n][m]) for m in MODES} for n in names}
     table = Table("library", "one call", "import s stock / uhop", "init s stock / uhop", "init ratio",
-                  "per call ms stock / uhop", "per call ratio", "uhop's providers",
+                  "per call ms stock / uhop", "per call ratio", "each round's", "uhop's providers",
                   title=f"{rounds} alternating rounds, each library and mode in its own process, uhop on an empty "
                         "cache; minimum over rounds",
                   caption=f"{cpu_model()}, {os.cpu_count()} cores; load average {load_before:.1f} before, "
@@ -105,12 +106,12 @@ def main(rounds: int = 3, clients_: str = typer.Option(",".join(CALLS), "--clien
     for n in names:
         s, u = best[n]["stock"], best[n]["uhop"]
         if "error" in s or "error" in u:
-            table.add_row(n, WHAT[n], "", "", "", "", "", (s.get("error") or u.get("error"))[:120])
+            table.add_row(n, WHAT[n], "", "", "", "", "", "", (s.get("error") or u.get("error"))[:120])
             continue
         table.add_row(n, WHAT[n], f"{s['import_s']:.2f} / {u['import_s']:.2f}",
                       f"{s['init_s']:.2f} / {u['init_s']:.2f}", f"{u['init_s'] / s['init_s']:.2f}",
                       f"{s['call_ms']:.1f} / {u['call_ms']:.1f}", f"{u['call_ms'] / s['call_ms']:.3f}",
-                      "; ".join(f"{k}: {v}" for k, v in u["providers"].items()))
+                      round_ratios(runs[n], "call_ms"), "; ".join(f"{k}: {v}" for k, v in u["providers"].items()))
     console.print(table)
     if json_out:
         json_out.write_text(json.dumps({"runs": runs, "best": best}, indent=1))
@@ -123,6 +124,12 @@ def best_of(figures: list[dict]) -> dict:
         return figures[0]
     return {"import_s": min(f["import_s"] for f in ok), "init_s": min(f["init_s"] for f in ok),
             "call_ms": min(f["call_ms"] for f in ok), "providers": ok[-1]["providers"]}
+
+
+def round_ratios(runs: dict, figure: str) -> str:
+    """uhop / stock of `figure` in each round where both ran: how far apart the rounds are."""
+    return " ".join(f"{u[figure] / s[figure]:.2f}" for s, u in zip(runs["stock"], runs["uhop"])
+                    if "error" not in s and "error" not in u)
 
 
 def cpu_model() -> str:
