@@ -28,6 +28,7 @@ from rich.progress import Progress, ProgressColumn, SpinnerColumn, Task, TextCol
 from rich.table import Table
 from rich.text import Text
 
+from .cache_cli import app as cache_app
 from .errors import UhopError
 from .kernels_cli import app as kernels_app
 from .providers.rknn.cli import app as rknn_setup
@@ -779,6 +780,7 @@ def exec_program(ctx: typer.Context) -> None:
 setup_app.add_typer(rknn_setup)
 app.add_typer(setup_app, name="setup")
 app.add_typer(kernels_app, name="kernels")
+app.add_typer(cache_app, name="cache")
 app.command("serve")(serve)
 
 
