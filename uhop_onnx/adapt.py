@@ -38,6 +38,8 @@ EXPLORE_AFTER = 3  # calls at a bucket before its candidates are prepared
 FIRST_CALLS = 5  # a candidate's calls before the 1.5x rule judges it
 DROP_RATIO = 1.5  # a candidate this much slower than the serving plan stops at once
 MIN_PAIRS, MAX_PAIRS = 12, 60  # interleaved calls before a verdict; after the last, "within noise"
+WARM_UP = 3  # runs of a compiled candidate on the bucket's sample before it serves
+TRIAL_S = 60.0  # how long the background waits for a trial to end before preparing the next candidate
 EXACT_BUCKETS = 8  # distinct shape sets kept exact; beyond, free axes are rounded up to powers of two
 FP32_CHECK = {"rtol": 2e-4, "atol": 2e-5}  # two fp32 plans, each within rtol 1e-4, atol 1e-5 of ONNX Runtime
 
@@ -111,9 +113,10 @@ class Bucket:
 
 class Serving:
     """Runs calls on the plan serving each shape bucket. Given `candidates` (called once, on the background
-    thread, with `stopped`: label -> a function building a candidate plan from a bucket's sample feeds), a bucket called `EXPLORE_AFTER` times has each candidate
-    compiled on a background thread (at nice 10, within `budget_s` seconds of work in all), checked against
-    the serving plan on the sample, and then interleaved with it on real calls. A candidate more than 1.5x
+    thread, with `stopped`: label -> a function building a candidate plan from a bucket's sample feeds), a
+    bucket called `EXPLORE_AFTER` times has its candidates compiled one at a time on a background thread (at
+    nice 10, within `budget_s` seconds of work in all), each checked against the serving plan on the sample
+    and then interleaved with it on real calls, with no compile beside them. A candidate more than 1.5x
     slower after its first calls stops at once; one faster beyond noise (the upper end of the interval of
     its paired time ratios below 1) replaces the serving plan of that bucket, atomically: each call runs
     wholly on one plan. `decisions` keeps each replacement; `decided` (bucket -> (label, plan, calls), read
@@ -370,9 +373,16 @@ class Serving:
                 with self._lock:
                     if arm is not None and trial.state == "compiling":
                         trial.arm, trial.state = arm, "trying"
+                self._await(trial)
             with self._lock:
                 bucket.sample, bucket.preparing = None, False
                 self._settle(bucket)
+
+    def _await(self, trial: Trial) -> None:
+        """Wait while `trial` runs (up to `TRIAL_S`), so that no compile shares the machine with its calls."""
+        deadline = time.monotonic() + TRIAL_S
+        while trial.state == "trying" and not self.stopped() and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def _prepared(self, trial: Trial, recipe: Recipe, bucket: Bucket) -> Arm | None:
         """The candidate's arm, compiled (or shared with another bucket), run twice on the bucket's sample and
@@ -389,7 +399,7 @@ class Serving:
             with self._lock:
                 self._arms[trial.label] = arm
         want = bucket.current.executor.run(None, bucket.sample)
-        for _ in range(2):
+        for _ in range(WARM_UP):
             got = arm.executor.run(None, bucket.sample)
         for name, a, b in zip(arm.executor.outputs, got, want):
             verdict = compare_within(a, b, self._tolerance)
@@ -444,14 +454,14 @@ def _same_stages(a: Plan, b: Plan) -> bool:
     return a.model_hash == b.model_hash and [(s.label, s.nodes) for s in a.stages] == [(s.label, s.nodes) for s in b.stages]
 
 
-def whole_model(loaded: onnx.ModelProto, name: str, provider: Provider) -> Plan:
-    """`loaded` (as `uhop_onnx.load` gives it) as one stage on `provider`, unsimplified: what the runtime
-    itself would run, built without placing anything."""
+def whole_model(loaded: onnx.ModelProto, name: str, digest: str, provider: Provider) -> Plan:
+    """`loaded` (as `uhop_onnx.load` gives it; `digest`, the sha256 of its bytes) as one stage on `provider`,
+    unsimplified: what the runtime itself would run, built without placing anything."""
     graph = Graph.from_model(loaded)
     stage = Stage(provider=provider.id, options=dict(provider.options), nodes=[n.name for n in loaded.graph.node],
                   inputs=[i.name for i in loaded.graph.input], outputs=list(graph.outputs),
                   file=f"stage_00_{provider.id}.onnx", declared=declared_outputs(loaded), model=loaded)
-    return Plan(model_name=name, model_hash=hashlib.sha256(loaded.SerializeToString(deterministic=True)).hexdigest(),
+    return Plan(model_name=name, model_hash=digest,
                 inputs=[graph.signature(n) for n in graph.inputs], outputs=[graph.signature(n) for n in graph.outputs],
                 providers=[{"id": provider.id, "options": dict(provider.options),
                             "version": provider.availability.version}],
@@ -463,8 +473,8 @@ class Decisions:
     and the plan (saved beside `decisions.json` in `folder`) that replaced the starter. A kept plan that no
     longer loads (changed, truncated) is dropped with a warning and decided again."""
 
-    def __init__(self, folder: Path):
-        self.folder = folder
+    def __init__(self, folder: Path, digest: str = ""):
+        self.folder, self.digest = folder, digest  # the sha256 of the model's bytes
         self.table = JsonTable(folder / "decisions.json", check=_decision)
 
     def read(self) -> dict[str, tuple[str, Plan, int]]:

@@ -20,11 +20,12 @@ MIN_OPSET = 1
 MIN_IR_VERSION = 3
 
 
-def load(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.ModelProto:
+def load(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool = True) -> onnx.ModelProto:
     """Load and check a model; return it with every node named and shapes inferred.
 
     Unnamed nodes become `f"{op_type}_{index}"`; a clash gets a numeric suffix. External data is read only
-    from inside the model's own folder.
+    from inside the model's own folder. With `check=False` the model is only parsed, named and given its
+    external data: for a runtime that checks it itself (ONNX Runtime, running the model as it is).
     """
     if isinstance(model, onnx.ModelProto):
         proto, where, folder = _copy(model), "model", None
@@ -35,17 +36,19 @@ def load(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.ModelProto:
                              "external data and load it from its path") from None
     elif isinstance(model, bytes):
         data, where, folder = model, "model", None
-        proto = _parse(data, where)
+        proto = _parse(data, where, check)
     else:
         path = Path(model)
         if not path.is_file():
             raise ModelError(f"{path}: no such file")
         data, where, folder = path.read_bytes(), str(path), path.resolve().parent
-        proto = _parse(data, where)
+        proto = _parse(data, where, check)
     _check_versions(proto, where)
     if check_external_data(data, folder, where):
         read_external_data(proto, folder, where)
     name_nodes(proto.graph)
+    if not check:
+        return proto
     _check_structure(proto.graph, where)
     _check_sizes(proto.graph, where)
     try:
@@ -95,7 +98,7 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
-def _parse(data: bytes, where: str) -> onnx.ModelProto:
+def _parse(data: bytes, where: str, check: bool = True) -> onnx.ModelProto:
     if not data:
         raise ModelError(f"{where}: the file is empty")
     proto = onnx.ModelProto()
@@ -105,7 +108,8 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
         raise ModelError(f"{where}: not an ONNX model or truncated ({first_line(error)})") from None
     if not proto.HasField("graph") or proto.ir_version == 0:
         raise ModelError(f"{where}: not an ONNX model (no graph or no IR version)")
-    _check_text(proto, where)
+    if check:
+        _check_text(proto, where)
     return proto
 
 

@@ -342,8 +342,8 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
     if decided:
         label, starter, _ = next(iter(decided.values()))
     elif first.id == LAST_RESORT and not assign:  # ONNX Runtime runs every node: nothing to place
-        loaded = load(source)
-        label, starter = first.label, whole_model(loaded, model_name(source, loaded), first)
+        loaded = load(source, check=False)  # ONNX Runtime checks it; uhop's own checks run before any other provider
+        label, starter = first.label, whole_model(loaded, model_name(source, loaded), decisions.digest, first)
     else:
         from .optimizer import optimize
 
@@ -382,9 +382,10 @@ def decisions_for(source: Any, specs: list | None, threads: int | None, policy: 
     from . import __version__
 
     # uhop-onnx's version, not its source's hash: a kept plan is checked again on live calls, never trusted
-    key = json.dumps([model_digest(source), device_fingerprint(threads), __version__, repr(specs), policy,
-                      dict(assign or {})], sort_keys=True)
-    return Decisions(cache_dir() / "sessions" / hashlib.sha256(key.encode()).hexdigest()[:32])
+    digest = model_digest(source)
+    key = json.dumps([digest, device_fingerprint(threads), __version__, repr(specs), policy, dict(assign or {})],
+                     sort_keys=True)
+    return Decisions(cache_dir() / "sessions" / hashlib.sha256(key.encode()).hexdigest()[:32], digest)
 
 
 def _read_session_options(so: Any) -> dict[str, Any]:
