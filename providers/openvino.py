@@ -12,6 +12,7 @@ import numpy as np
 
 from uhop_onnx.errors import missing_module
 
+from . import indices
 from .base import Absent, Artifact, Pool, Provider, Runner, output_dtypes
 from .capability import CapabilityTable, OpRule, Support
 
@@ -224,6 +225,7 @@ class OpenVino(Provider):
             for name in set(filter(None, n.input)) - ranked:
                 verdicts[n.name] = Support(False, f"input {name!r} has unknown rank; OpenVINO needs a known rank",
                                            "runtime")
+        verdicts.update((name, Support(False, reason, "runtime")) for name, reason in indices.unchecked(model).items())
         return verdicts
 
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
@@ -232,7 +234,7 @@ class OpenVino(Provider):
         self.require()
         config = self.compile_config()
         compiled = ov.Core().compile_model(read_model(model.SerializeToString()), self.device, config)
-        return OpenVinoRunner(compiled, output_dtypes(model), self.device, config)
+        return indices.checked(model, OpenVinoRunner(compiled, output_dtypes(model), self.device, config))
 
     def export_blocker(self) -> str | None:
         return missing_module("openvino", self.install)  # the IR is written by OpenVINO itself

@@ -3,6 +3,7 @@ only numpy and the library, so a board runs it from a bundle."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -128,6 +129,8 @@ class KernelsRunner(Runner):
         def gemm(values, epilogue, fused, _residual):
             a = values[a_name].T if trans_a else values[a_name]
             b = values[b_name].T if trans_b else values[b_name]
+            if not a.shape[0] * b.shape[1]:  # an empty batch: the library takes no zero-sized operand
+                return np.zeros((a.shape[0], b.shape[1]), np.float32)
             bias = None if not c_name or beta == 0.0 else np.float32(beta) * values[c_name]
             bias = fused if bias is None else (bias if fused is None else bias + fused)
             schedule = self._schedule(OpSpec("gemm", (a.shape[0], b.shape[1], a.shape[1], trans_a, trans_b),
@@ -159,6 +162,9 @@ class KernelsRunner(Runner):
             a, b = values[a_name], values[b_name]
             m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
             bias = None if fused is None else np.broadcast_to(fused.reshape(-1), (n,))
+            shape = (*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), m, n)
+            if not math.prod(shape):  # an empty batch: the library takes no zero-sized operand
+                return np.zeros(shape, np.float32)
             if b.ndim == 2:  # fold a's batch into its rows
                 schedule = self._schedule(OpSpec("gemm", (int(np.prod(a.shape[:-1])), n, k, 0, 0), epilogue))
                 out = self.lib.gemm(a.reshape(-1, k), b, schedule, bias=bias, epilogue=epilogue,

@@ -22,10 +22,11 @@ from uhop_onnx.errors import CheckError, ProviderError, missing_module
 from uhop_onnx.files import atomic_file
 from uhop_onnx.inputs import free_inputs
 
+from .. import indices
 from ..base import Absent, Artifact, PerShapeRunner, Provider, Runner
 from ..capability import Support
 from . import delegates
-from .runner import LiteRtRunner, interpreter_module
+from .runner import LiteRtRunner, empty_runner, interpreter_module
 from .table import LITERT_TABLE
 
 if TYPE_CHECKING:
@@ -120,7 +121,8 @@ class LiteRt(Provider):
         """The converter's own answer: nodes it cannot express exactly, and why."""
         from .converter import unconvertible
 
-        return {name: Support(False, reason, "runtime") for name, reason in unconvertible(model).items()}
+        refused = {**unconvertible(model), **indices.unchecked(model)}
+        return {name: Support(False, reason, "runtime") for name, reason in refused.items()}
 
     def check(self, model: onnx.ModelProto) -> None:
         """The check `compile` makes (convert, load, compare with ONNX Runtime), on a stage at fixed shapes, its
@@ -133,13 +135,15 @@ class LiteRt(Provider):
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
         """Convert, load and check the stage against ONNX Runtime on random inputs (`CheckError` when they
         differ); a stage with free input dimensions or small integer inputs is converted (and checked) once per
-        shape and integer value it is run at (`PerShapeRunner`)."""
+        shape and integer value it is run at (`PerShapeRunner`), and not at all at a zero-sized input shape
+        (`empty_runner`)."""
         from uhop_onnx.simplify import simplify
 
         self.require()
         if PerShapeRunner.needed(model):
-            return PerShapeRunner(model, lambda fixed: self._compile_fixed(simplify(fixed)))
-        return self._compile_fixed(model)
+            return indices.checked(model, PerShapeRunner(
+                model, lambda fixed: empty_runner(fixed) or self._compile_fixed(simplify(fixed))))
+        return indices.checked(model, self._compile_fixed(model))
 
     def _compile_fixed(self, model: onnx.ModelProto) -> LiteRtRunner:
         from .converter import convert, prepared

@@ -75,3 +75,37 @@ def load_delegate(lite, library: str, options: Mapping[str, Any] | None, allow_f
             raise ProviderError(f"{message}; pass allow_fallback=True to run on XNNPACK instead") from None
         log.warning("%s; running on XNNPACK instead", message)
         return None
+
+
+class EmptyRunner(Runner):
+    """A stage at input shapes with a zero dimension, which LiteRT cannot hold: its outputs, all zero-sized
+    at the shapes ONNX shape inference gives them, made here as ONNX Runtime returns them."""
+
+    def __init__(self, outputs: Mapping[str, np.ndarray]):
+        self.outputs = dict(outputs)
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        return {name: value.copy() for name, value in self.outputs.items()}
+
+
+def empty_runner(model) -> EmptyRunner | None:
+    """For a stage fixed at input shapes with a zero dimension, its `EmptyRunner` (`ProviderError` when an
+    output would hold values or has a shape inference cannot fix); None for other shapes."""
+    import onnx
+    from onnx import helper
+
+    def dims(value):
+        shape = value.type.tensor_type.shape
+        return [d.dim_value if d.HasField("dim_value") else None for d in shape.dim]
+
+    if all(0 not in dims(v) for v in model.graph.input):
+        return None
+    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    outputs = {}
+    for value in inferred.graph.output:
+        shape = dims(value) if value.type.tensor_type.HasField("shape") else [None]
+        if None in shape or 0 not in shape:
+            raise ProviderError(f"litert holds no zero-sized tensor, and output {value.name!r} of this stage would "
+                                f"be {shape} at these input shapes; run the stage elsewhere (fallback=True does)")
+        outputs[value.name] = np.zeros(shape, helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
+    return EmptyRunner(outputs)
