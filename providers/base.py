@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
-from uhop_onnx.errors import BundleError, InputError, ProviderError, first_line
+from uhop_onnx.errors import BundleError, CheckError, InputError, ProviderError, first_line
 from uhop_onnx.host import bounded_threads
 from uhop_onnx.inputs import at_shapes, free_inputs, shape_values
 
@@ -150,7 +150,8 @@ class PerShapeRunner(Runner):
     bounds another stage computed), `build` taking the stage model fixed at them, with those values as
     constants (as in the model at fixed shapes that capability was asked of), the last `keep` kept. Each new
     key costs a conversion, so at most `limit` keys are built (default `$UHOP_MAX_SHAPES`, else
-    `SHAPE_LIMIT`); a call at one more is refused with `InputError`. Safe to call from many threads: a
+    `SHAPE_LIMIT`); a call at one more is refused with `InputError`. A key whose build its check refuses
+    (`CheckError`) raises that again on every call at it, without converting again. Safe to call from many threads: a
     key is built once, and a runner dropped from the cache is left to the calls still using it."""
 
     def __init__(self, model: onnx.ModelProto, build: Callable[[onnx.ModelProto], Runner], keep: int = 8,
@@ -164,6 +165,7 @@ class PerShapeRunner(Runner):
         declared = {v.name: v.type.tensor_type.elem_type for v in model.graph.input}
         self.values = {name: helper.tensor_dtype_to_np_dtype(declared[name]) for name in shape_values(model)}
         self.runners: dict[tuple, Runner] = {}
+        self.refused: dict[tuple, CheckError] = {}  # keys whose build its check refused
         self._lock = threading.Lock()
 
     @staticmethod
@@ -177,14 +179,20 @@ class PerShapeRunner(Runner):
         key = (*shapes.values(), *((v.shape, v.tobytes()) for v in values.values()))
         with self._lock:
             runner = self.runners.get(key)
+            if key in self.refused:  # built once and refused by its check: not converted again
+                raise self.refused[key]
             if runner is None:
                 if key not in self.built and len(self.built) >= self.limit:
                     raise InputError(f"a stage on a fixed-shape runtime is built for at most {self.limit} input "
                                      f"shapes, and has them all; {_listing(shapes)} would be one more: send a "
                                      "shape it was run at, or raise the limit ($UHOP_MAX_SHAPES; serve "
                                      "--max-shapes)")
-                runner = self.build(at_shapes(self.model, shapes, values))
                 self.built.add(key)
+                try:
+                    runner = self.build(at_shapes(self.model, shapes, values))
+                except CheckError as error:
+                    self.refused[key] = error
+                    raise
                 while len(self.runners) >= self.keep:
                     self.runners.pop(next(iter(self.runners)))
                 self.runners[key] = runner

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from .dtypes import TensorSig, onnx_type
-from .errors import InputError, ProviderError, StageError, first_line
+from .errors import CheckError, InputError, ProviderError, StageError, first_line
 from .providers.base import Runner
 
 if TYPE_CHECKING:
@@ -95,8 +95,10 @@ class Executor:
             return self._failed(k, error, feeds)
 
     def _failed(self, k: int, error: Exception, feeds: dict[str, Any]) -> dict[str, Any]:
-        """Stage `k` failed on `feeds`: re-run elsewhere while `fallback` is on, else `StageError`."""
-        if self.on_failure is None or not self.fallback:
+        """Stage `k` failed on `feeds`: re-run elsewhere while `fallback` is on, or whatever it is when the
+        provider's own check refused to build it at these shapes (`CheckError`: its nodes belong elsewhere),
+        else `StageError`."""
+        if self.on_failure is None or not (self.fallback or isinstance(error, CheckError)):
             raise StageError(f"stage {k} ({self.stages[k].described}) failed: {first_line(error)}", k,
                              self.stages[k].provider) from error
         return self.on_failure(k, error, feeds, self.checked)
