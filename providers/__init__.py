@@ -101,7 +101,7 @@ def resolve(specs: Sequence[ProviderSpec] | None, threads: int | None = None, st
             else:
                 a = provider.availability
                 warn(f"provider {provider.label!r} is not available here ({a.reason}); skipped. "
-                     f"Pass strict=True to make this an error", stacklevel=3)
+                     f"Pass strict=True to make this an error")
     if all(p.id != LAST_RESORT for p in chosen):
         last = REGISTRY[LAST_RESORT](None, threads)
         last.appended = specs is not None
@@ -128,7 +128,7 @@ def listed(specs: Sequence[ProviderSpec], threads: int | None, policy: str, stri
             if strict:
                 raise ProviderError(f"ONNX Runtime's {name} has no provider in uhop-onnx; valid: "
                                     f"{', '.join(REGISTRY)} or {', '.join(ORT_NAMES)}")
-            warn(f"ONNX Runtime's {name} has no provider in uhop-onnx; skipped", stacklevel=3)
+            warn(f"ONNX Runtime's {name} has no provider in uhop-onnx; skipped")
             continue
         ident, options = from_ort(name, options)
         named.extend(cpu if device == "cpu" else [create((ident, options), threads)])

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from uhop_onnx.errors import InputError
+from uhop_onnx.errors import InputError, outside
 
 
 def _flag(value: Any) -> bool:
@@ -119,7 +119,7 @@ def from_ort(name: str, options: Mapping[str, Any]) -> tuple[str, dict[str, Any]
             except (TypeError, ValueError) as error:
                 raise InputError(f"{name}: option {key}={value!r} is malformed: {error}") from None
         else:
-            warn(f"{name}: option {key!r} has no meaning in uhop-onnx; ignored", stacklevel=4)
+            warn(f"{name}: option {key!r} has no meaning in uhop-onnx; ignored")
     return entry.ident, converted
 
 
@@ -137,7 +137,8 @@ def quietly() -> Iterator[None]:
         _QUIET.on = False
 
 
-def warn(message: str, stacklevel: int) -> None:
-    """A `UserWarning` about the providers asked for, unless this thread is `quietly` reading them."""
+def warn(message: str) -> None:
+    """A `UserWarning` about the providers asked for, pointed at the user's line, unless this thread is
+    `quietly` reading them."""
     if not getattr(_QUIET, "on", False):
-        warnings.warn(message, UserWarning, stacklevel=stacklevel + 1)
+        warnings.warn(message, UserWarning, stacklevel=outside())

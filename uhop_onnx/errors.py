@@ -1,6 +1,5 @@
 """The exceptions uhop-onnx raises: one small tree under `UhopError`."""
 
-import os
 import re
 import sys
 from importlib import import_module
@@ -105,8 +104,7 @@ _LOCATION = re.compile(r"Exception from \S+:\d+:")
 def outside() -> int:
     """The `stacklevel` for a warning raised in the calling function that points at the first frame outside
     the `uhop_onnx` package: the user's line that led to it, however deep the call went."""
-    package = os.path.dirname(os.path.abspath(__file__))
     frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename.startswith(package):
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "uhop_onnx":
         frame, level = frame.f_back, level + 1
     return level

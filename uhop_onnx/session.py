@@ -338,7 +338,7 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
     plan at the bucket's real inputs."""
     decisions = decisions_for(source, specs, threads, policy, assign)
     decided = decisions.read()
-    first = resolve(["ort-cpu"] if specs is None else specs[:1], threads, strict, policy="literal")[0]
+    first = resolve(["ort-cpu"] if specs is None else specs, threads, strict, policy="literal")[0]
     if decided:
         label, starter, _ = next(iter(decided.values()))
     elif first.id == LAST_RESORT and not assign:  # ONNX Runtime runs every node: nothing to place
