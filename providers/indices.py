@@ -1,8 +1,9 @@
 """Gather indices out of range: ONNX Runtime fails the call; LiteRT wraps them and OpenVINO reads 0.
 
-A stage on those runtimes takes variable indices only as its own inputs into constant data (an embedding
-lookup), and checks them before it runs, failing as ONNX Runtime does; indices computed inside a stage could
-not be checked, so such nodes are refused.
+A stage on those runtimes takes indices that inputs' values reach only as its own inputs into constant data
+(an embedding lookup), and checks them before it runs, failing as ONNX Runtime does; other such indices,
+computed inside a stage, could not be checked, so those nodes are refused. Indices computed from constants
+and shapes alone are the model's own.
 """
 
 from __future__ import annotations
@@ -32,13 +33,24 @@ def _axis(node: onnx.NodeProto) -> int:
     return next((a.i for a in node.attribute if a.name == "axis"), 0)
 
 
+def _from_shapes(model: onnx.ModelProto) -> set[str]:
+    """Tensors computed from constants and tensor shapes only (an exporter's position ids, shape arithmetic):
+    the model's own values, which no input's values reach."""
+    known = {t.name for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type in ("Shape", "Size", "Constant") or all(n in known for n in node.input if n):
+            known.update(node.output)
+    return known
+
+
 def unchecked(model: onnx.ModelProto) -> dict[str, str]:
     """Gather nodes whose variable indices no check before the stage reaches, by name, with the reason."""
     constants = {t.name for t in model.graph.initializer}
     inputs = {v.name for v in model.graph.input} - constants
+    own = _from_shapes(model)
     refused = {}
     for node in model.graph.node:
-        if node.op_type not in GATHERS or node.domain not in ("", "ai.onnx") or node.input[1] in constants:
+        if node.op_type not in GATHERS or node.domain not in ("", "ai.onnx") or node.input[1] in own:
             continue
         if node.op_type == "GatherND" or node.input[1] not in inputs or node.input[0] not in constants:
             refused[node.name] = (f"{node.op_type} of variable indices {node.input[1]!r}: checked only as a model "

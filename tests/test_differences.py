@@ -75,11 +75,12 @@ def test_only_indices_a_stage_receives_into_constant_data_are_checkable():
     computed = helper.make_graph(
         [helper.make_node("Cast", ["f"], ["i"], name="cast", to=TensorProto.INT64),
          helper.make_node("Gather", ["table", "i"], ["y"], name="gather"),
-         helper.make_node("GatherND", ["table", "j"], ["z"], name="nd")], "g",
+         helper.make_node("GatherND", ["table", "j"], ["z"], name="nd"),
+         helper.make_node("Shape", ["j"], ["dims"], name="shape"),  # the model's own indices: [2, 1]
+         helper.make_node("Gather", ["table", "dims"], ["w"], name="by_shape")], "g",
         [helper.make_tensor_value_info("f", TensorProto.FLOAT, [2]),
          helper.make_tensor_value_info("j", TensorProto.INT64, [2, 1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4]),
-         helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 4])], [TABLE])
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 4]) for name in "yzw"], [TABLE])
     assert set(unchecked(helper.make_model(computed))) == {"gather", "nd"}
     assert unchecked(EMBEDDING) == {}
 

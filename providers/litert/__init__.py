@@ -141,8 +141,8 @@ class LiteRt(Provider):
 
         self.require()
         if PerShapeRunner.needed(model):
-            return indices.checked(model, PerShapeRunner(
-                model, lambda fixed: empty_runner(fixed) or self._compile_fixed(simplify(fixed))))
+            return PerShapeRunner(model, lambda fixed: empty_runner(fixed)
+                                  or indices.checked(fixed, self._compile_fixed(simplify(fixed))))
         return indices.checked(model, self._compile_fixed(model))
 
     def _compile_fixed(self, model: onnx.ModelProto) -> LiteRtRunner:
