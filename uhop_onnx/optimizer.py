@@ -19,7 +19,7 @@ from .cache import JsonTable, cache_dir, code_fingerprint, device_fingerprint, d
 from .errors import InputError, PlanError, UhopError, first_line
 from .graph import Graph, declared_outputs
 from .inputs import Inputs, Shapes, at_shapes, free_inputs, inputs_digest, measured_shapes, profile_feeds
-from .loader import load
+from .loader import load, model_name
 from .measure import LATE, Measurement, Profiler, time_plans_in_processes
 from .partitioner.capabilities import capabilities, only_the_rest
 from .partitioner.extract import extract
@@ -197,7 +197,7 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     the first calibration sample.
     """
     deadline = Deadline.after(budget)
-    tolerance, samples, measure_on = read_choice(precision, tolerance, calibration, shapes, inputs)
+    tolerance, samples, measure_on = read_choice(precision, tolerance, calibration, shapes, inputs, model)
     if precision != "fp32" and not profile:
         raise InputError(f"precision={precision!r} chooses by measuring: it needs profile=True (drop --no-profile)")
     chosen = resolve(providers, threads, strict, policy)
@@ -370,7 +370,7 @@ def build_plan(a: Analysis, choice: Sequence[str], threads: int | None) -> Plan:
             model=stage_model,
         ))
     return Plan(
-        model_name=_model_name(a.source, a.loaded),
+        model_name=model_name(a.source, a.loaded),
         model_hash=hashlib.sha256(a.loaded.SerializeToString(deterministic=True)).hexdigest(),
         inputs=[graph.signature(name) for name in graph.inputs],
         outputs=[graph.signature(name) for name in graph.outputs],
@@ -408,9 +408,3 @@ def _pins(assign: Mapping[str, str], loaded: onnx.ModelProto, graph: Graph, chos
 def _find(chosen: list[Provider], spec: ProviderSpec) -> Provider | None:
     ident, options = parse_spec(spec)
     return next((p for p in chosen if p.id == ident and (not options or p.options == options)), None)
-
-
-def _model_name(source, loaded: onnx.ModelProto) -> str:
-    if isinstance(source, (str, os.PathLike)):
-        return os.path.splitext(os.path.basename(os.fspath(source)))[0]
-    return loaded.graph.name or "model"
