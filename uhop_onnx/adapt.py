@@ -385,8 +385,8 @@ class Serving:
             time.sleep(0.02)
 
     def _prepared(self, trial: Trial, recipe: Recipe, bucket: Bucket) -> Arm | None:
-        """The candidate's arm, compiled (or shared with another bucket), run twice on the bucket's sample and
-        checked there against the serving plan's outputs; None when its plan is one that is already tried."""
+        """The candidate's arm, compiled (or shared with another bucket), run `WARM_UP` times on the bucket's
+        sample and checked there against the serving plan's outputs; None when its plan is one already tried."""
         with self._lock:
             arm = self._arms.get(trial.label)
         if arm is None:
@@ -397,7 +397,12 @@ class Serving:
                 return None
             arm = self._arm(trial.label, plan)
             with self._lock:
-                self._arms[trial.label] = arm
+                closed = self._closed
+                if not closed:
+                    self._arms[trial.label] = arm
+            if closed:  # the session closed while it compiled
+                arm.executor.close()
+                raise UhopError("stopped: the session closed")
         want = bucket.current.executor.run(None, bucket.sample)
         for _ in range(WARM_UP):
             got = arm.executor.run(None, bucket.sample)
