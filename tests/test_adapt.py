@@ -13,7 +13,7 @@ import onnxruntime
 import pytest
 
 import uhop_onnx
-from uhop_onnx.adapt import EXPLORE_AFTER, FIRST_CALLS, MIN_PAIRS, Decisions, Serving
+from uhop_onnx.adapt import EXPLORE_AFTER, FIRST_ROUNDS, MIN_PAIRS, ROUND, Decisions, Serving
 from uhop_onnx.cache import cache_dir
 from uhop_onnx.models import BUILDERS
 from uhop_onnx.optimizer import optimize
@@ -77,7 +77,7 @@ def test_a_faster_candidate_replaces_the_serving_plan_and_is_kept(tmp_path):
     serving = _serving(model, 0.03, 0.0, tmp_path, decisions=decisions)
     _call(serving, feeds, EXPLORE_AFTER)
     _wait(lambda: "openvino" in str(serving.adaptation) and _trying_or_done(serving))
-    for _ in range(4 * MIN_PAIRS):
+    for _ in range(4 * MIN_PAIRS * ROUND):
         assert_matches(serving.run(None, feeds)[0], reference(model, feeds))
         if _trying_or_done(serving) and "trying" not in str(serving.adaptation):
             break
@@ -89,7 +89,7 @@ def test_a_faster_candidate_replaces_the_serving_plan_and_is_kept(tmp_path):
     assert low <= high < 1.0
     _wait(lambda: decisions.table.read())
     label, plan, calls = decisions.read()[bucket["bucket"]]
-    assert label == "openvino" and plan.get_providers() == ["openvino"] and calls >= MIN_PAIRS
+    assert label == "openvino" and plan.get_providers() == ["openvino"] and calls >= MIN_PAIRS * ROUND
     assert serving.run(None, feeds)[1].get_providers() == ["openvino"]
     serving.close()
 
@@ -105,11 +105,11 @@ def test_a_much_slower_candidate_is_dropped_after_its_first_calls(tmp_path):
     serving = _serving(model, 0.0, 0.1, tmp_path)
     _call(serving, feeds, EXPLORE_AFTER)
     _wait(lambda: _trying_or_done(serving))
-    _call(serving, feeds, 12)
+    _call(serving, feeds, 4 * FIRST_ROUNDS * ROUND)
     _wait(lambda: _settled(serving))
     bucket = next(iter(serving.adaptation.values()))
     assert bucket["candidates"][0]["state"].startswith("dropped"), bucket
-    assert bucket["candidates"][0]["calls"] == FIRST_CALLS  # stopped after its first calls, not a full trial
+    assert bucket["candidates"][0]["calls"] == FIRST_ROUNDS * ROUND  # stopped after its first rounds, not a full trial
     assert bucket["serving"] == "ort-cpu" and "kept ort-cpu" in bucket["decision"]
     serving.close()
 

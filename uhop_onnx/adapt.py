@@ -35,9 +35,10 @@ from .providers import Provider
 log = logging.getLogger(__name__)
 
 EXPLORE_AFTER = 3  # calls at a bucket before its candidates are prepared
-FIRST_CALLS = 5  # a candidate's calls before the 1.5x rule judges it
+ROUND = 3  # calls an arm serves in a row (a runtime's threads still busy from the last call touch one of them)
+FIRST_ROUNDS = 2  # a candidate's rounds before the 1.5x rule judges it
 DROP_RATIO = 1.5  # a candidate this much slower than the serving plan stops at once
-MIN_PAIRS, MAX_PAIRS = 12, 60  # interleaved calls before a verdict; after the last, "within noise"
+MIN_PAIRS, MAX_PAIRS = 8, 30  # paired rounds before a verdict; after the last, "within noise"
 WARM_UP = 3  # runs of a compiled candidate on the bucket's sample before it serves
 TRIAL_S = 60.0  # how long the background waits for a trial to end before preparing the next candidate
 EXACT_BUCKETS = 8  # distinct shape sets kept exact; beyond, free axes are rounded up to powers of two
@@ -63,13 +64,15 @@ class Arm:
 
 @dataclass
 class Trial:
-    """A candidate's record at one bucket: its calls, each paired with the serving plan's call of the same
-    round, and its state: compiling, trying, faster, slower, within noise, dropped or failed."""
+    """A candidate's record at one bucket: the medians of its rounds of calls, each paired with the serving
+    plan's round just before, and its state: compiling, trying, faster, slower, within noise, dropped or
+    failed."""
 
     label: str
     arm: Arm | None = None
     state: str = "compiling"
-    pairs: list[tuple[float, float]] = field(default_factory=list)  # (its ms, the serving plan's ms)
+    pairs: list[tuple[float, float]] = field(default_factory=list)  # (its round's ms, the serving plan's)
+    round_ms: list[float] = field(default_factory=list)  # its calls of the round under way
     error: str = ""
 
     def ratio_interval(self) -> tuple[float, float, float]:
@@ -80,7 +83,7 @@ class Trial:
         return float(np.median(ratios)), ratios[k], ratios[n - 1 - k]
 
     def to_json(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {"label": self.label, "state": self.state, "calls": len(self.pairs),
+        entry: dict[str, Any] = {"label": self.label, "state": self.state, "calls": ROUND * len(self.pairs),
                                  "ms": None, "interval": None}
         if self.pairs:
             median, low, high = self.ratio_interval()
@@ -99,7 +102,8 @@ class Bucket:
     current: Arm
     calls: int = 0
     turn: int = 0
-    last_ms: float = 0.0  # the serving arm's latest call, paired with the candidates' calls of that round
+    last_ms: float = 0.0  # the median of the serving arm's latest round, paired with the candidates' next
+    round_ms: list[float] = field(default_factory=list)  # the serving arm's calls of the round under way
     trials: dict[str, Trial] = field(default_factory=dict)
     decision: str | None = None
     preparing: bool = False  # its candidates are being compiled, one by one
@@ -116,8 +120,8 @@ class Serving:
     thread, with `stopped`: label -> a function building a candidate plan from a bucket's sample feeds), a
     bucket called `EXPLORE_AFTER` times has its candidates compiled one at a time on a background thread (at
     nice 10, within `budget_s` seconds of work in all), each checked against the serving plan on the sample
-    and then interleaved with it on real calls, with no compile beside them. A candidate more than 1.5x
-    slower after its first calls stops at once; one faster beyond noise (the upper end of the interval of
+    and then interleaved with it on real calls, `ROUND` calls each in turn, with no compile beside them. A
+    candidate more than 1.5x slower after its first rounds stops at once; one faster beyond noise (the upper end of the interval of
     its paired time ratios below 1) replaces the serving plan of that bucket, atomically: each call runs
     wholly on one plan. `decisions` keeps each replacement; `decided` (bucket -> (label, plan, calls), read
     from them) are the plans earlier processes decided on, compiled when their bucket is first called and
@@ -239,20 +243,25 @@ class Serving:
     def _turn(self, bucket: Bucket) -> Arm:
         """The arm for this call: the candidates on trial take turns with the serving arm (under the lock)."""
         arms = bucket.arms()
-        arm = arms[bucket.turn % len(arms)]
-        bucket.turn = (bucket.turn + 1) % len(arms)
+        arm = arms[bucket.turn // ROUND % len(arms)]
+        bucket.turn = (bucket.turn + 1) % (ROUND * len(arms))
         return arm
 
     def _record(self, bucket: Bucket, arm: Arm, ms: float, feeds: Mapping[str, Any]) -> None:
         with self._lock:
             bucket.calls += 1
             if arm is bucket.current:
-                bucket.last_ms = ms
+                bucket.round_ms.append(ms)
+                if len(bucket.round_ms) == ROUND:
+                    bucket.last_ms, bucket.round_ms = float(np.median(bucket.round_ms)), []
             else:
                 trial = next((t for t in bucket.trials.values() if t.arm is arm and t.state == "trying"), None)
                 if trial is not None and bucket.last_ms > 0:
-                    trial.pairs.append((ms, bucket.last_ms))
-                    self._judge(bucket, trial)
+                    trial.round_ms.append(ms)
+                    if len(trial.round_ms) == ROUND:
+                        trial.pairs.append((float(np.median(trial.round_ms)), bucket.last_ms))
+                        trial.round_ms = []
+                        self._judge(bucket, trial)
             explore = bucket.calls == EXPLORE_AFTER and not self._closed and self._spent < self._budget_s
             if bucket.calls == EXPLORE_AFTER and not explore:
                 bucket.decision, bucket.settled = f"kept {bucket.current.label}: the adapt_budget is spent", True
@@ -267,7 +276,7 @@ class Serving:
         """A trial's verdict once its calls say enough; the bucket's decision once no trial runs (under the lock)."""
         n = len(trial.pairs)
         median, low, high = trial.ratio_interval()
-        if n >= FIRST_CALLS and median > DROP_RATIO:
+        if n >= FIRST_ROUNDS and median > DROP_RATIO:
             trial.state = f"dropped: {median:.2f}x the serving plan's time"
         elif n >= MIN_PAIRS and high < 1.0:
             trial.state = "faster"
@@ -277,7 +286,7 @@ class Serving:
             trial.state = "within noise"
         else:
             return
-        log.debug("%s: %s is %s (%.3f [%.3f, %.3f] over %d calls)", bucket.key, trial.label, trial.state,
+        log.debug("%s: %s is %s (%.3f [%.3f, %.3f] over %d rounds)", bucket.key, trial.label, trial.state,
                   median, low, high, n)
         self._settle(bucket)
 
@@ -297,8 +306,8 @@ class Serving:
         median, low, high = best.ratio_interval()
         old = bucket.current
         bucket.current, bucket.turn = best.arm, 0
-        bucket.decision = (f"{best.label} replaced {old.label}: {median:.3f}x its time "
-                           f"(95% interval {low:.3f}-{high:.3f}) over {len(best.pairs)} interleaved calls")
+        bucket.decision = (f"{best.label} replaced {old.label}: {median:.3f}x its time (95% interval "
+                           f"{low:.3f}-{high:.3f}) over {len(best.pairs)} interleaved rounds of {ROUND} calls")
         log.info("%s at %s: %s", best.arm.plan.model_name, bucket.key, bucket.decision)
         for trial in faster:
             if trial is not best:
