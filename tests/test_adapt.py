@@ -61,7 +61,8 @@ def _serving(model, starter_delay: float, candidate_delay: float, tmp_path, **op
         delay = starter_delay if plan is starter else candidate_delay
         return _Slowed(compile_plan(plan), delay)
 
-    return Serving(starter, compile, "ort-cpu", lambda stopped: {"openvino": lambda sample: candidate}, **options)
+    return Serving(starter, compile, "ort-cpu", lambda stopped: {"openvino": lambda sample: candidate},
+                   explore_after_s=0.0, **options)
 
 
 def _call(serving: Serving, feeds, calls: int):
@@ -120,7 +121,8 @@ def test_a_candidate_whose_outputs_differ_is_refused(tmp_path):
     feeds = random_feeds(model)
     starter = optimize(model, providers=["ort-cpu"], profile=False)
     wrong = optimize(other, providers=["ort-cpu"], profile=False)
-    serving = Serving(starter, compile_plan, "ort-cpu", lambda stopped: {"wrong": lambda sample: wrong})
+    serving = Serving(starter, compile_plan, "ort-cpu", lambda stopped: {"wrong": lambda sample: wrong},
+                      explore_after_s=0.0)
     _call(serving, feeds, EXPLORE_AFTER)
     _wait(lambda: _settled(serving))
     candidate = next(iter(serving.adaptation.values()))["candidates"][0]

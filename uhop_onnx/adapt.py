@@ -34,7 +34,8 @@ from .providers import Provider
 
 log = logging.getLogger(__name__)
 
-EXPLORE_AFTER = 3  # calls at a bucket before its candidates are prepared
+EXPLORE_AFTER = 3  # calls at a bucket before its candidates are prepared, once they took EXPLORE_AFTER_S too
+EXPLORE_AFTER_S = 2.0  # seconds of calls at a bucket before it is worth exploring (short programs never pay)
 ROUND = 3  # calls an arm serves in a row (a runtime's threads still busy from the last call touch one of them)
 FIRST_ROUNDS = 2  # a candidate's rounds before the 1.5x rule judges it
 DROP_RATIO = 1.5  # a candidate this much slower than the serving plan stops at once
@@ -106,6 +107,8 @@ class Bucket:
     round_ms: list[float] = field(default_factory=list)  # the serving arm's calls of the round under way
     trials: dict[str, Trial] = field(default_factory=dict)
     decision: str | None = None
+    busy_s: float = 0.0  # the time its calls took, all together
+    explored: bool = False  # its candidates were asked for
     preparing: bool = False  # its candidates are being compiled, one by one
     settled: bool = False  # decided, and nothing on trial any more
     sample: dict[str, np.ndarray] | None = None
@@ -118,23 +121,25 @@ class Bucket:
 class Serving:
     """Runs calls on the plan serving each shape bucket. Given `candidates` (called once, on the background
     thread, with `stopped`: label -> a function building a candidate plan from a bucket's sample feeds), a
-    bucket called `EXPLORE_AFTER` times has its candidates compiled one at a time on a background thread (at
-    nice 10, within `budget_s` seconds of work in all), each checked against the serving plan on the sample
-    and then interleaved with it on real calls, `ROUND` calls each in turn, with no compile beside them. A
-    candidate more than 1.5x slower after its first rounds stops at once; one faster beyond noise (the upper end of the interval of
-    its paired time ratios below 1) replaces the serving plan of that bucket, atomically: each call runs
-    wholly on one plan. `decisions` keeps each replacement; `decided` (bucket -> (label, plan, calls), read
-    from them) are the plans earlier processes decided on, compiled when their bucket is first called and
-    checked again like any other. `run` is thread safe."""
+    bucket called `EXPLORE_AFTER` times and for `explore_after_s` seconds in all has its candidates compiled
+    one at a time on a background thread (at nice 10, within `budget_s` seconds of work in all), each checked
+    against the serving plan on the sample and then interleaved with it on real calls, `ROUND` calls each in
+    turn, with no compile beside them. A candidate more than 1.5x slower after its first rounds stops at
+    once; one faster beyond noise (the upper end of the interval of its paired time ratios below 1) replaces
+    the serving plan of that bucket, atomically: each call runs wholly on one plan. `decisions` keeps each
+    replacement; `decided` (bucket -> (label, plan, calls), read from them) are the plans earlier processes
+    decided on, compiled when their bucket is first called and checked again like any other. `run` is thread
+    safe."""
 
     def __init__(self, starter: Plan, compile: Callable[[Plan], Executor], label: str,
                  candidates: Callable[[Callable[[], bool]], Mapping[str, Recipe]] | None = None, *,
-                 budget_s: float = 60.0,
+                 budget_s: float = 60.0, explore_after_s: float = EXPLORE_AFTER_S,
                  tolerance: Mapping[str, float] = FP32_CHECK,
                  decisions: Decisions | None = None, decided: Mapping[str, tuple[str, Plan, int]] | None = None):
         self._compile, self._candidates = compile, candidates
         self._recipes: Mapping[str, Recipe] | None = None  # the candidates, once the background work asked
         self._budget_s, self._tolerance, self.decisions = budget_s, dict(tolerance), decisions
+        self._explore_after_s = explore_after_s
         self._lock = threading.Lock()
         self._fallback = False
         self.starter = self._arm(label, starter)
@@ -262,10 +267,13 @@ class Serving:
                         trial.pairs.append((float(np.median(trial.round_ms)), bucket.last_ms))
                         trial.round_ms = []
                         self._judge(bucket, trial)
-            explore = bucket.calls == EXPLORE_AFTER and not self._closed and self._spent < self._budget_s
-            if bucket.calls == EXPLORE_AFTER and not explore:
+            bucket.busy_s += ms / 1e3
+            due = not bucket.explored and bucket.calls >= EXPLORE_AFTER and bucket.busy_s >= self._explore_after_s
+            explore = due and not self._closed and self._spent < self._budget_s
+            if due and not explore:
                 bucket.decision, bucket.settled = f"kept {bucket.current.label}: the adapt_budget is spent", True
             if explore:
+                bucket.explored = True
                 bucket.sample = {name: _copied(value) for name, value in feeds.items()}
                 bucket.preparing = True
         if explore:
