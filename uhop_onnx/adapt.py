@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import queue
+import statistics
 import threading
 import time
 import uuid
@@ -258,13 +259,13 @@ class Serving:
             if arm is bucket.current:
                 bucket.round_ms.append(ms)
                 if len(bucket.round_ms) == ROUND:
-                    bucket.last_ms, bucket.round_ms = float(np.median(bucket.round_ms)), []
+                    bucket.last_ms, bucket.round_ms = statistics.median(bucket.round_ms), []
             else:
                 trial = next((t for t in bucket.trials.values() if t.arm is arm and t.state == "trying"), None)
                 if trial is not None and bucket.last_ms > 0:
                     trial.round_ms.append(ms)
                     if len(trial.round_ms) == ROUND:
-                        trial.pairs.append((float(np.median(trial.round_ms)), bucket.last_ms))
+                        trial.pairs.append((statistics.median(trial.round_ms), bucket.last_ms))
                         trial.round_ms = []
                         self._judge(bucket, trial)
             bucket.busy_s += ms / 1e3
