@@ -363,10 +363,10 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
                 if stopped():
                     raise UhopError("stopped: the session closed or the program is ending")
 
-            with quietly():
+            with quietly():  # a budget= given to the session is the search's
                 return optimize(source, providers=specs, assign=assign, threads=threads, strict=strict,
-                                policy=policy, inputs=dict(sample), budget=min(30.0, budget_s), progress=progress,
-                                **optimize_options)
+                                policy=policy, inputs=dict(sample), progress=progress,
+                                **{"budget": min(30.0, budget_s), **optimize_options})
 
         return {**{p.label: (lambda sample, label=p.label: first_then_rest(a, label, threads)) for p in a.providers},
                 "search": search}
