@@ -237,6 +237,8 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
                 stages_told.add(name)
             except WorkerFailed as failure:
                 errors[name] = LATE if name in late else str(failure)
+            except ValueError as failure:  # its line cut short: stopped at the deadline as it answered
+                errors[name] = LATE if name in late else f"the worker's answer is unreadable ({failure})"
         names = [c.name for c in candidates if c.name not in errors]
         order = random.Random(0)
         for r in range(rounds if names else 0):
