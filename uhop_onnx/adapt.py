@@ -474,7 +474,10 @@ def _pow2(n: int) -> int:
 
 
 def _same_stages(a: Plan, b: Plan) -> bool:
-    return a.model_hash == b.model_hash and [(s.label, s.nodes) for s in a.stages] == [(s.label, s.nodes) for s in b.stages]
+    def layout(plan: Plan) -> list[tuple[str, list[str]]]:
+        return [(s.label, s.nodes) for s in plan.stages]
+
+    return a.model_hash == b.model_hash and layout(a) == layout(b)
 
 
 def whole_model(loaded: onnx.ModelProto, name: str, digest: str, provider: Provider) -> Plan:

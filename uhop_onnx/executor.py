@@ -53,8 +53,8 @@ class Executor:
         # Initializers declared as graph inputs: a feed overrides them, as in ONNX Runtime.
         self.overridable = set(self._last_use) - produced - set(self._signatures)
         self._all_stages = stages_for(self.stages, self.outputs)
-        # One stage that takes every input and computes every output: the runtime checks the feeds itself, so
-        # they are checked here only when a call fails, to say what was wrong (and to fall back).
+        # One stage that takes every input and computes every output: fed arrays, the runtime checks them
+        # itself, so they are checked here only when a call fails, to say what was wrong (and to fall back).
         self._whole = (len(self.stages) == 1 and list(self.stages[0].outputs) == self.outputs and not self.constants
                        and set(self._signatures) <= set(self.stages[0].inputs))
 
@@ -63,14 +63,13 @@ class Executor:
         """The model's outputs in `output_names` order (all outputs when None): host arrays, or with
         `host=False` left where their stage put them. `timings` receives each stage's run time."""
         wanted = self._check_outputs(output_names)
-        if self._whole and timings is None:
+        if self._whole and timings is None and all(isinstance(v, np.ndarray) for v in input_feed.values()):
             runner = self.runners[0]
             try:
                 results = self.checked(0, runner.run(input_feed))
             except Exception as error:  # noqa: BLE001 - a runtime may fail in any way; said below
                 checked = self._check_feeds(input_feed)  # a wrong feed is the caller's mistake, said as such
-                converted = any(checked[name] is not input_feed[name] for name in checked)  # lists, OrtValues
-                results = self._run_stage(0, checked) if converted else self._failed(0, error, checked)
+                results = self._failed(0, error, checked)
             return [hand_over(results[name], runner, None) if host else results[name] for name in wanted]
         values: dict[str, Any] = {**self._check_feeds(input_feed), **self.constants}
         origin: dict[str, Runner] = {}

@@ -3,6 +3,7 @@ is loaded), and `compile_plan` runs it as one model."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -84,17 +85,18 @@ class InferenceSession:
         if adapt and given_plan:
             raise InputError("adapt=True needs the model itself, not a plan: give the .onnx file, or drop adapt")
         specs = _with_options(providers, provider_options)
+        compile = functools.partial(compile_plan, threads=threads)
         if given_plan:
             plan = source if isinstance(source, Plan) else Plan.load(source)
-            self._serving = Serving(plan, lambda p: compile_plan(p, threads), "plan")
+            self._serving = Serving(plan, compile, "plan")
         elif adapt if adapt is not None else by_default:
-            self._serving = adaptive(source, specs, threads, policy, budget_s=adapt_budget, assign=assign,
-                                     strict=strict, **optimize_options)
+            self._serving = adaptive(source, specs, threads, policy, compile, budget_s=adapt_budget,
+                                     assign=assign, strict=strict, **optimize_options)
         else:
             plan = _optimize(source, providers=specs, assign=assign, profile=profile, threads=threads,
                              strict=strict, shapes=shapes, inputs=inputs, precision=precision, tolerance=tolerance,
                              calibration=calibration, policy=policy, **optimize_options)
-            self._serving = Serving(plan, lambda p: compile_plan(p, threads), "plan")
+            self._serving = Serving(plan, compile, "plan")
         self.threads = threads if threads is not None else self.plan.threads
         self._sess_options = sess_options
         self._serving.fallback = fallback
@@ -141,7 +143,7 @@ class InferenceSession:
         found: dict[str, TensorSig] = {}
         for stage in self.plan.stages:
             for value in self.plan.stage_model(stage).graph.input:
-                if value.name in self._serving.executor.overridable and value.name not in found:
+                if value.name in self._executor.overridable and value.name not in found:
                     info = TensorInfo.from_type_proto(value.type)
                     found[value.name] = TensorSig(value.name, info.type, None if info.shape is None else list(info.shape))
         return list(found.values())
@@ -329,8 +331,8 @@ def _optimize(source: Any, **options: Any) -> Plan:
             return optimize(source, progress=log.info, **{**options, "profile": False})
 
 
-def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, *, budget_s: float,
-             assign: Mapping[str, str] | None, strict: bool, **optimize_options: Any) -> Serving:
+def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, compile: Callable[[Plan], Executor],
+             *, budget_s: float, assign: Mapping[str, str] | None, strict: bool, **optimize_options: Any) -> Serving:
     """An adapting session's `Serving`. It starts on the plan an earlier process decided on for this model,
     host and providers (the most called bucket's), else on the model placed on the runtimes `specs` name, as
     ONNX Runtime would run it (`ort-cpu` when none are named). Its candidates, prepared in the background,
@@ -371,8 +373,7 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
         return {**{p.label: (lambda sample, label=p.label: first_then_rest(a, label, threads)) for p in a.providers},
                 "search": search}
 
-    return Serving(starter, lambda plan: compile_plan(plan, threads), label, candidates, budget_s=budget_s,
-                   decisions=decisions, decided=decided)
+    return Serving(starter, compile, label, candidates, budget_s=budget_s, decisions=decisions, decided=decided)
 
 
 def decisions_for(source: Any, specs: list | None, threads: int | None, policy: str,
