@@ -28,7 +28,7 @@ from .cache import JsonTable
 from .compare import compare_within
 from .errors import UhopError, first_line
 from .executor import Executor, Timing
-from .graph import Graph, declared_outputs
+from .graph import declared_outputs, io_signatures
 from .metadata import ModelMetadata
 from .plan import Plan, Stage
 from .providers import Provider
@@ -480,15 +480,15 @@ def _same_stages(a: Plan, b: Plan) -> bool:
     return a.model_hash == b.model_hash and layout(a) == layout(b)
 
 
-def whole_model(loaded: onnx.ModelProto, name: str, digest: str, provider: Provider) -> Plan:
-    """`loaded` (as `uhop_onnx.load` gives it; `digest`, the sha256 of its bytes) as one stage on `provider`,
-    unsimplified: what the runtime itself would run, built without placing anything."""
-    graph = Graph.from_model(loaded)
+def whole_model(loaded: onnx.ModelProto, data: bytes | None, name: str, digest: str, provider: Provider) -> Plan:
+    """`loaded` (as `uhop_onnx.load_as_read` gives it, with `data`, the bytes it was read from; `digest`, their
+    sha256) as one stage on `provider`, an ONNX Runtime one, unsimplified: what the runtime itself would run,
+    built without placing anything."""
+    inputs, outputs = io_signatures(loaded)
     stage = Stage(provider=provider.id, options=dict(provider.options), nodes=[n.name for n in loaded.graph.node],
-                  inputs=[i.name for i in loaded.graph.input], outputs=list(graph.outputs),
-                  file=f"stage_00_{provider.id}.onnx", declared=declared_outputs(loaded), model=loaded)
-    return Plan(model_name=name, model_hash=digest,
-                inputs=[graph.signature(n) for n in graph.inputs], outputs=[graph.signature(n) for n in graph.outputs],
+                  inputs=[i.name for i in loaded.graph.input], outputs=[o.name for o in outputs],
+                  file=f"stage_00_{provider.id}.onnx", declared=declared_outputs(loaded), model=loaded, data=data)
+    return Plan(model_name=name, model_hash=digest, inputs=inputs, outputs=outputs,
                 providers=[{"id": provider.id, "options": dict(provider.options),
                             "version": provider.availability.version}],
                 stages=[stage], metadata=ModelMetadata.of(loaded), placement="whole")

@@ -196,6 +196,19 @@ def _free_names(graph: onnx.GraphProto) -> set[str]:
     return free
 
 
+def io_signatures(model: onnx.ModelProto) -> tuple[list[TensorSig], list[TensorSig]]:
+    """The graph's inputs (initializers left out) and outputs as onnxruntime's `NodeArg`s show them, read
+    without building a `Graph`."""
+    g = model.graph
+    stored = {i.name for i in g.initializer} | {i.values.name for i in g.sparse_initializer}
+
+    def sig(value: onnx.ValueInfoProto) -> TensorSig:
+        info = TensorInfo.from_type_proto(value.type)
+        return TensorSig(value.name, info.type, None if info.shape is None else list(info.shape))
+
+    return [sig(v) for v in g.input if v.name not in stored], [sig(v) for v in g.output]
+
+
 def declared_outputs(model: onnx.ModelProto) -> list[tuple[str, tuple[int | None, ...] | None]]:
     """(name, fixed dimensions or None per axis) of each graph output; None where the shape is unknown."""
     declared = []

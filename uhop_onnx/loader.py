@@ -27,6 +27,17 @@ def load(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool = True)
     from inside the model's own folder. With `check=False` the model is only parsed, named and given its
     external data: for a runtime that checks it itself (ONNX Runtime, running the model as it is).
     """
+    return _read(model, check)[0]
+
+
+def load_as_read(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[onnx.ModelProto, bytes | None]:
+    """`load(model, check=False)`, and the bytes it was parsed from when they hold the whole model (no data in
+    other files): what a runtime given the model as it is takes, without serializing it again."""
+    return _read(model, check=False)
+
+
+def _read(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool) -> tuple[onnx.ModelProto, bytes | None]:
+    """The model loaded, and its bytes as read (None when it keeps data in other files)."""
     if isinstance(model, onnx.ModelProto):
         proto, where, folder = _copy(model), "model", None
         try:
@@ -44,18 +55,19 @@ def load(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool = True)
         data, where, folder = path.read_bytes(), str(path), path.resolve().parent
         proto = _parse(data, where, check)
     _check_versions(proto, where)
-    if check_external_data(data, folder, where):
+    external = check_external_data(data, folder, where)
+    if external:
         read_external_data(proto, folder, where)
     name_nodes(proto.graph)
     if not check:
-        return proto
+        return proto, None if external else data
     _check_structure(proto.graph, where)
     _check_sizes(proto.graph, where)
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as error:
         raise ModelError(f"{where}: {first_line(error)}") from None
-    return _infer_shapes(proto, where)
+    return _infer_shapes(proto, where), None if external else data
 
 
 def _infer_shapes(model: onnx.ModelProto, where: str) -> onnx.ModelProto:

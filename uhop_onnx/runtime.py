@@ -57,7 +57,7 @@ def compile_stage(plan: Plan, stage: Stage, threads: int | None, exclusive: bool
     if stage.declared is None:
         stage.declared = declared_outputs(model)
     try:
-        return provider.compile(model, exclusive=exclusive)
+        return provider.compile(model if stage.data is None or on else stage.data, exclusive=exclusive)
     except UhopError:
         raise
     except Exception as error:  # noqa: BLE001 - a runtime may refuse a stage in any way; say which

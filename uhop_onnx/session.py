@@ -12,6 +12,7 @@ import threading
 import time
 import warnings
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -28,7 +29,7 @@ from .metadata import ModelMetadata
 from .plan import PLAN_FILE, Plan
 from .adapt import Decisions, Serving, whole_model
 from .cache import cache_dir, device_fingerprint, model_digest
-from .loader import load, model_name
+from .loader import load_as_read, model_name
 from .providers import LAST_RESORT, quietly, resolve
 from .runtime import compile_plan
 
@@ -338,14 +339,18 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
     ONNX Runtime would run it (`ort-cpu` when none are named). Its candidates, prepared in the background,
     are each provider present (under `policy`) first with the others after it, then the measured search's
     plan at the bucket's real inputs."""
-    decisions = decisions_for(source, specs, threads, policy, assign)
-    decided = decisions.read()
     first = resolve(["ort-cpu"] if specs is None else specs, threads, strict, policy="literal")[0]
+    plain = first.id == LAST_RESORT and not assign  # ONNX Runtime runs every node: nothing to place
+    with ThreadPoolExecutor(1, thread_name_prefix="uhop-digest") as pool:
+        digest = pool.submit(model_digest, source)  # reading and hashing leave the GIL: done beside the load
+        # ONNX Runtime checks the model; uhop's own checks run before any other provider
+        loaded, data = load_as_read(source) if plain else (None, None)
+        decisions = decisions_for(source, specs, threads, policy, assign, digest.result())
+    decided = decisions.read()
     if decided:
         label, starter, _ = next(iter(decided.values()))
-    elif first.id == LAST_RESORT and not assign:  # ONNX Runtime runs every node: nothing to place
-        loaded = load(source, check=False)  # ONNX Runtime checks it; uhop's own checks run before any other provider
-        label, starter = first.label, whole_model(loaded, model_name(source, loaded), decisions.digest, first)
+    elif plain:
+        label, starter = first.label, whole_model(loaded, data, model_name(source, loaded), decisions.digest, first)
     else:
         from .optimizer import optimize
 
@@ -377,13 +382,13 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
 
 
 def decisions_for(source: Any, specs: list | None, threads: int | None, policy: str,
-                  assign: Mapping[str, str] | None) -> Decisions:
-    """Where sessions keep their decisions for this model (by content), host, uhop-onnx's version, providers,
-    policy and pins."""
+                  assign: Mapping[str, str] | None, digest: str | None = None) -> Decisions:
+    """Where sessions keep their decisions for this model (by content: `digest`, its `model_digest` when
+    known), host, uhop-onnx's version, providers, policy and pins."""
     from . import __version__
 
     # uhop-onnx's version, not its source's hash: a kept plan is checked again on live calls, never trusted
-    digest = model_digest(source)
+    digest = digest or model_digest(source)
     key = json.dumps([digest, device_fingerprint(threads), __version__, repr(specs), policy, dict(assign or {})],
                      sort_keys=True)
     return Decisions(cache_dir() / "sessions" / hashlib.sha256(key.encode()).hexdigest()[:32], digest)
