@@ -1,11 +1,26 @@
-"""A static cost model, for placing on a board that is not here: FLOPs and bytes moved per node."""
+"""A static cost model, for placing on a board that is not here: FLOPs and bytes moved per node, counted at
+the shapes the plan is built for."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
 from uhop_onnx.dtypes import numpy_dtype
 from uhop_onnx.graph import Graph, Node
+from uhop_onnx.inputs import at_shapes, free_inputs, measured_shapes
+
+from .placer import Analysis
+
+
+def sized(a: Analysis) -> Analysis:
+    """`a` with every shape of its graph inferred at its sample feeds' shapes (the export's `--shape`, inputs
+    or calibration), so that a free dimension counts at its size there, not as 1. Node names and order are
+    those of `a.graph`; a tensor whose size depends on values (a `Range`'s) stays unknown and counts nothing."""
+    if not a.feeds or not free_inputs(a.simplified):
+        return a
+    return replace(a, graph=Graph.from_model(at_shapes(a.simplified, measured_shapes(a.feeds))))
 
 
 def elements(graph: Graph, name: str) -> int:

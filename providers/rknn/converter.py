@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import select
 import subprocess
 import tempfile
@@ -36,6 +37,10 @@ PROTOCOL = 1
 WORKER = Path(__file__).with_name("worker.py")
 TIMEOUT = 600.0  # seconds for one request
 IR_VERSION = 10  # the newest IR version the toolkit's onnx reads
+# A build that fails in one of the toolkit's graph-fusion rules names the rule to disable in its log; the build
+# is tried again without it (at most this many rules), and the simulator checks what it then makes.
+ADVICE = re.compile(r"disable_rules=\['(\w+)'\]")
+MOST_RULES = 3
 
 
 class Toolkit:
@@ -83,9 +88,20 @@ class Toolkit:
         path = folder / "stage.onnx"
         path.write_bytes(_for_toolkit(model).SerializeToString())
         dataset = self._dataset(model, samples, folder) if dtype == "int8" else None
-        reply = self.request("build", onnx=str(path), target=target, dtype=dtype, dataset=dataset,
-                             rknn=str(rknn) if rknn else None, simulate=simulate)
-        return reply["seconds"]
+        disabled: list[str] = []
+        while True:
+            start = self._log_size()
+            try:
+                reply = self.request("build", onnx=str(path), target=target, dtype=dtype, dataset=dataset,
+                                     rknn=str(rknn) if rknn else None, simulate=simulate, disable_rules=disabled)
+                return reply["seconds"]
+            except ProviderError:
+                rule = suggested_rule(self._log_since(start))
+                if rule is None or rule in disabled or len(disabled) >= MOST_RULES:
+                    raise
+                log.info("rknn-toolkit2 failed in its fusion rule %s; building again without it, as it advises",
+                         rule)
+                disabled.append(rule)
 
     def run(self, order: Sequence[str], feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """Run the model last built with `simulate=True` on the simulator; outputs in the model's order."""
@@ -112,6 +128,19 @@ class Toolkit:
             self._process = subprocess.Popen([str(venv_python(self.venv)), str(WORKER)], stdin=subprocess.PIPE,
                                              stdout=subprocess.PIPE, stderr=self._log, text=True)
         return self._process
+
+    def _log_size(self) -> int:
+        if self._log is None:
+            return 0
+        self._log.flush()
+        return self._log.seek(0, 2)
+
+    def _log_since(self, start: int) -> str:
+        if self._log is None:
+            return ""
+        self._log.flush()
+        self._log.seek(start)
+        return self._log.read()
 
     def _log_tail(self, lines: int = 5) -> str:
         if self._log is None:
@@ -141,6 +170,12 @@ class Toolkit:
         listing = folder / "dataset.txt"
         listing.write_text("\n".join(lines) + "\n")
         return str(listing)
+
+
+def suggested_rule(text: str) -> str | None:
+    """The fusion rule a failed build's log advises disabling (`disable_rules=['name']`), if it names one."""
+    found = ADVICE.search(text)
+    return found.group(1) if found else None
 
 
 def _for_toolkit(model: onnx.ModelProto) -> onnx.ModelProto:

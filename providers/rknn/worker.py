@@ -7,10 +7,11 @@ toolkit's own messages go to stderr. Arrays travel as `.npy`/`.npz` files named 
   {"protocol": 1, "op": "info"}
       -> {"ok": true, "toolkit": "2.5.0"}
   {"protocol": 1, "op": "build", "onnx": PATH, "target": "rk3588", "dtype": "fp16" | "int8",
-   "dataset": PATH | null, "rknn": PATH | null, "simulate": false}
+   "dataset": PATH | null, "rknn": PATH | null, "simulate": false, "disable_rules": [NAMES]}
       -> {"ok": true, "seconds": BUILD_SECONDS}
       `dataset` is the toolkit's calibration list (one line per sample, the .npy of each input
-      separated by spaces); `rknn` is where to export; `simulate` keeps the model in the simulator.
+      separated by spaces); `rknn` is where to export; `simulate` keeps the model in the simulator;
+      `disable_rules` are graph-fusion rules of the toolkit to skip (a failing one names itself in the log).
   {"protocol": 1, "op": "run", "inputs": NPZ, "order": [NAMES], "outputs": NPZ}
       -> {"ok": true}; runs the model built last with "simulate", outputs saved as arr_0, arr_1, ...
 Every failure: {"ok": false, "error": MESSAGE}.
@@ -48,7 +49,8 @@ class Worker:
         self.release()
         rknn = RKNN(verbose=False)
         try:
-            rknn.config(target_platform=request["target"])
+            rules = request.get("disable_rules") or []
+            rknn.config(target_platform=request["target"], **({"disable_rules": rules} if rules else {}))
             check(rknn.load_onnx(model=request["onnx"]), "load_onnx")
             start = time.perf_counter()
             quantize = request["dtype"] == "int8"
