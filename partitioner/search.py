@@ -23,6 +23,12 @@ that stops at its deadline with the best plan found so far. What settles the mos
    differs from the fastest accepted one (the rest as there) are gated, the longest accepted prefix found
    by bisection, and timed: partial precision, e.g. int8 early in a network and bf16 where int8 errs.
 
+With `workers`, blocks on every provider but ONNX Runtime's CPU (whose compile is the reference's, made in
+this process anyway) are lowered, compiled and timed in one worker process (`measure.BlockWorker`), so that a
+native crash there costs the block it was building, recorded as its failure with the signal named. The sample
+values blocks are timed on come from ONNX Runtime's CPU first, each block's runner closed once it ran; the
+runners a chunk of blocks is timed with are closed once it is timed.
+
 A measurement that fails (the runtime raises while building or running) is recorded with its error, as
 the provider that raised it said it, and is never a figure: a block is placed only where it was
 measured, a failed entry or boundary is treated as not measured, and a whole plan that failed is never
@@ -50,10 +56,11 @@ import onnx
 from uhop_onnx.cache import JsonTable
 from uhop_onnx.errors import MeasurementError, ProviderError, StageError, first_line
 from uhop_onnx.executor import Executor, hand_over
+from uhop_onnx.files import temporary_folder
 from uhop_onnx.inputs import feeds_digest
-from uhop_onnx.measure import LATE, Measurement, Profiler, build, faster
+from uhop_onnx.measure import LATE, BlockWorker, Measurement, Profiler, build, faster
 from uhop_onnx.plan import Stage
-from uhop_onnx.providers import Provider, Runner
+from uhop_onnx.providers import LAST_RESORT, Provider, Runner, create
 from uhop_onnx.report import stages_summary
 from uhop_onnx.samples import shapes_text
 from uhop_onnx.timing import Deadline
@@ -68,6 +75,7 @@ log = logging.getLogger(__name__)
 
 NOISY = 0.25  # a cached figure whose spread is above this is measured again
 CHUNK = 8  # blocks measured together between two looks at the deadline
+IN_PROCESS = LAST_RESORT  # the provider whose blocks are measured in this process even with `workers`
 BEST = "best so far: "  # the progress step that names the best plan so far and its figure
 NOT_MEASURED = "not measured: the budget ran out"
 REJECTED = "not timed: outside the accuracy tolerance"
@@ -99,9 +107,11 @@ class Search:
     gate: Gate | None = None
     deadline: Deadline | None = None
     progress: Callable[[str], None] = lambda step: None
+    workers: bool = False  # blocks on providers but `IN_PROCESS` measured in a worker process
 
     def place(self, analysis: Analysis) -> Placement:
-        """The fastest placement found by the deadline; every runner it compiled is closed when it returns."""
+        """The fastest placement found by the deadline; every runner it compiled, and its worker, are closed
+        when it returns."""
         with ExitStack() as runners:
             return _Searching(self, analysis, runners).run()
 
@@ -122,6 +132,11 @@ class _Searching:
         self.gated: dict[str, tuple[bool, dict[str, Any] | None]] = {}  # by candidate
         self.deadline = config.deadline or Deadline.after(config.budget_s)
         self.complete = True  # False once a step was left out at the deadline
+        self.worker: BlockWorker | None = None
+        if config.workers:
+            folder = runners.enter_context(temporary_folder("blocks"))
+            self.worker = BlockWorker(config.profiler, folder)
+            runners.callback(self.worker.close)
 
     def run(self) -> Placement:
         started = time.monotonic()
@@ -281,17 +296,17 @@ class _Searching:
         rounds = self.config.profiler.rounds
         self.fresh.update({k: m.to_json() for k, m in fresh.items() if m.ok and m.rounds >= rounds})
 
-    def _cached(self, jobs: Mapping[str, Callable[[], Callable[[], object]]], together: bool = False
-                ) -> dict[str, Measurement]:
+    def _cached(self, jobs: Mapping[str, Any], together: bool = False,
+                measure: Callable[[Mapping[str, Any]], dict[str, Measurement]] | None = None) -> dict[str, Measurement]:
         """Measure the jobs whose keys the cache does not hold (all of them, `together`, unless it holds
-        every one: figures that are compared must come from the same rounds); `jobs` build their call
-        lazily. A job that fails to build or run is a failure, so no choice falls on it."""
+        every one: figures that are compared must come from the same rounds) with `measure` (default: `_here`,
+        where `jobs` build their call lazily). A job that fails to build or run is a failure, so no choice
+        falls on it."""
         found = self._lookup(jobs)
         if together and len(found) < len(jobs):
             self.hits.difference_update(found)
             found = {}
-        calls, failed = build({key: job for key, job in jobs.items() if key not in found})
-        fresh = self.config.profiler.measure(calls, self.deadline) | failed
+        fresh = (measure or self._here)({key: job for key, job in jobs.items() if key not in found})
         for key, m in fresh.items():
             if not m.ok:
                 kind, on = self.subjects[key]
@@ -299,6 +314,11 @@ class _Searching:
                 self.failed[key] = m.error or "no figure"
         self._remember(fresh)
         return found | fresh
+
+    def _here(self, jobs: Mapping[str, Callable[[], Callable[[], object]]]) -> dict[str, Measurement]:
+        """The calls `jobs` build, timed together in this process."""
+        calls, failed = build(jobs)
+        return self.config.profiler.measure(calls, self.deadline) | failed
 
     def _key(self, kind: str, label: str, content: str, after: str | None = None) -> str:
         """The cache key of a figure of `kind` on provider `label` (for a pair, right `after` another)."""
@@ -315,11 +335,11 @@ class _Searching:
         shapes = ",".join(f"{n}={'x'.join(map(str, np.shape(v)))}" for n, v in sorted(self.feeds.items()))
         return f"at={shapes}@{feeds_digest(self.feeds)}"
 
-    def compiled(self, label: str, model: onnx.ModelProto, lower: bool = True) -> Runner:
-        """`model` compiled on provider `label` to share the process (a block at the provider's precision,
-        int8 quantized first, unless not `lower`), and closed when the search ends."""
-        provider = self.providers[label]
-        return self.runners.enter_context(_raised_by(
+    def compiled(self, provider: Provider, model: onnx.ModelProto, lower: bool = True,
+                 closed: ExitStack | None = None) -> Runner:
+        """`model` compiled on `provider` to share the process (a block at the provider's precision, int8
+        quantized first, unless not `lower`), and closed with `closed` (default: when the search ends)."""
+        return (closed or self.runners).enter_context(_raised_by(
             provider, lambda: provider.compile(provider.lower(model) if lower else model, exclusive=False)))
 
     def _block_costs(self, units: Sequence[Sequence[int]], allowed: Sequence[Sequence[str]],
@@ -331,9 +351,20 @@ class _Searching:
         keys = {(k, p): self._key("block", p, digests[k]) for k, ps in enumerate(allowed) for p in ps}
         feeds = _Feeds(self, models, allowed)
 
-        def job(k: int, p: str) -> Callable[[], object]:
+        def timed(p: str) -> Callable[[Mapping[str, int]], dict[str, Measurement]]:
+            """How blocks (key -> block) are measured on `p`: in the worker, or here with runners closed
+            once they are timed."""
+            def here(chunk: Mapping[str, int]) -> dict[str, Measurement]:
+                with ExitStack() as closed:
+                    return self._here({key: (lambda k=k: job(k, p, closed)) for key, k in chunk.items()})
+
+            if self.worker is None or self.providers[p].id == IN_PROCESS:
+                return here
+            return lambda chunk: feeds.in_worker(self.providers[p], chunk)
+
+        def job(k: int, p: str, closed: ExitStack) -> Callable[[], object]:
             block_feeds = feeds.for_block(k)
-            runner = feeds.runner(k, p)
+            runner = self.compiled(self.providers[p], models[k], closed=closed)
             return lambda: _raised_by(self.providers[p], runner.run, block_feeds)
 
         measured: dict[str, Measurement] = {}
@@ -343,7 +374,7 @@ class _Searching:
                 if not self._in_time():
                     break
                 self._step(f"timing blocks on {p} ({start} of {len(mine)})")
-                measured |= self._cached({keys[k, p]: (lambda k=k, p=p: job(k, p)) for k in mine[start:start + CHUNK]})
+                measured |= self._cached({keys[k, p]: k for k in mine[start:start + CHUNK]}, measure=timed(p))
         unmeasured = Measurement.failed(NOT_MEASURED)
         return [{p: measured.get(keys[k, p], unmeasured) for p in ps} for k, ps in enumerate(allowed)]
 
@@ -357,7 +388,7 @@ class _Searching:
 
         def runner(p: str, size: int) -> Runner:
             if (p, size) not in runners:
-                runners[p, size] = self.compiled(p, _entry_model(size // 4, self.model), lower=False)
+                runners[p, size] = self.compiled(self.providers[p], _entry_model(size // 4, self.model), lower=False)
             return runners[p, size]
 
         def alone(p: str, size: int) -> Callable[[], object]:
@@ -444,19 +475,15 @@ class _Searching:
 
 class _Feeds:
     """Sample values of every tensor: the blocks run once, in order, through the `Executor`, each on the
-    first of its providers that runs it; and the block runners, compiled once for this and the measurement.
-    A block that fails on every provider leaves without values only the blocks that need its outputs."""
+    first of its providers that runs it (with a worker, ONNX Runtime's CPU, the reference, before them), its
+    runner closed once it ran. A block that fails on every one leaves without values only the blocks that
+    need its outputs."""
 
     def __init__(self, search: _Searching, models: Sequence[onnx.ModelProto], allowed: Sequence[Sequence[str]]):
         self.search, self.models, self.allowed = search, models, allowed
-        self.runners: dict[tuple[int, str], Runner] = {}
         self.failed: dict[int, str] = {}  # block -> its error on every provider, where none ran it
+        self.files: dict[int, tuple[str, str]] = {}  # block -> its model and its inputs, saved for the worker
         self._values: dict[str, Any] | None = None
-
-    def runner(self, k: int, label: str) -> Runner:
-        if (k, label) not in self.runners:
-            self.runners[k, label] = self.search.compiled(label, self.models[k])
-        return self.runners[k, label]
 
     def for_block(self, k: int) -> dict[str, Any]:
         """Block k's inputs; a `ProviderError` naming the earlier blocks that failed when one is missing."""
@@ -469,6 +496,29 @@ class _Feeds:
             raise ProviderError(f"no sample values for block {k}; {'; '.join(causes)}")
         return {name: values[name] for name in names}
 
+    def in_worker(self, provider: Provider, chunk: Mapping[str, int]) -> dict[str, Measurement]:
+        """The figures of blocks (key -> block) on `provider`, measured in the search's worker from their
+        saved models and inputs; a block whose inputs are missing is a failure saying why."""
+        saved, failed = {}, {}
+        for key, k in chunk.items():
+            try:
+                saved[key] = self._saved(k)
+            except (ProviderError, OSError, ValueError) as error:
+                failed[key] = Measurement.failed(error)
+        worker = self.search.worker
+        return failed | (worker.measure(provider, saved, self.search.deadline) if saved and worker else {})
+
+    def _saved(self, k: int) -> tuple[str, str]:
+        """Where block k's model and inputs (an `.npz`) are saved, in the worker's folder."""
+        if k not in self.files:
+            inputs = self.for_block(k)
+            folder = self.search.worker.folder
+            model, feeds = folder / f"block{k}.onnx", folder / f"block{k}.npz"
+            onnx.save(self.models[k], model)
+            np.savez(feeds, **{name: np.asarray(v) for name, v in inputs.items()})
+            self.files[k] = str(model), str(feeds)
+        return self.files[k]
+
     def _computed(self) -> dict[str, Any]:
         """Every tensor's value; where a block fails everywhere, the blocks downstream of it are left out
         and the rest run again."""
@@ -476,7 +526,8 @@ class _Feeds:
                         [o.name for o in m.graph.output], file="", declared=[]) for k, m in enumerate(self.models)]
         graph, feeds = self.search.graph, self.search.feeds
         wanted = [name for stage in stages for name in stage.outputs]
-        executor = Executor(stages, [_FirstThatRuns(self, k) for k in range(len(stages))],
+        reference = create(LAST_RESORT, self.search.config.threads) if self.search.worker else None
+        executor = Executor(stages, [_FirstThatRuns(self, k, reference) for k in range(len(stages))],
                             [graph.signature(name) for name in graph.inputs], wanted, {})
         while True:
             try:
@@ -492,21 +543,26 @@ class _Feeds:
 
 
 class _FirstThatRuns(Runner):
-    """Block k on the first of its providers that runs it; its results are host arrays."""
+    """Block k on the first that runs it of the `reference` (if any, and present) and its providers,
+    compiled for this one run and closed; its results are host arrays."""
 
-    def __init__(self, feeds: _Feeds, k: int):
-        self.feeds, self.k = feeds, k
+    def __init__(self, feeds: _Feeds, k: int, reference: Provider | None):
+        self.feeds, self.k, self.reference = feeds, k, reference
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         errors = []
-        for label in self.feeds.allowed[self.k]:
+        search, model = self.feeds.search, self.feeds.models[self.k]
+        providers = [search.providers[label] for label in self.feeds.allowed[self.k]]
+        if self.reference is not None and self.reference.present:
+            providers.insert(0, self.reference)
+        for provider in providers:
             try:
-                runner = self.feeds.runner(self.k, label)
-                results = _raised_by(self.feeds.search.providers[label], runner.run, feeds)
+                with ExitStack() as closed:
+                    runner = search.compiled(provider, model, closed=closed)
+                    results = _raised_by(provider, runner.run, feeds)
+                    return {name: runner.to_host(value) for name, value in results.items()}
             except ProviderError as error:
                 errors.append(str(error))
-                continue
-            return {name: runner.to_host(value) for name, value in results.items()}
         raise ProviderError("; ".join(errors))
 
 

@@ -13,6 +13,11 @@ an importable `uhop_onnx.` function builds (a raw runtime, for `bench`). The coo
 one round each in turn, in a fresh (seeded) order every round and with a pause between them, so that no
 candidate always follows one whose runtime leaves threads spinning. Calls per round follow `timing`'s one
 rule.
+
+`BlockWorker` runs a `Profiler` in one worker process (`python -m uhop_onnx.measure blocks REQUEST`): the
+search's blocks on a provider whose conversion, quantization or compile may crash natively are lowered,
+compiled and timed there, so that a crash costs the block it was building (its failure names the signal),
+and the runners it held leave with the process. A crashed worker is replaced for the blocks still to measure.
 """
 
 from __future__ import annotations
@@ -20,15 +25,17 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import random
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import asdict, dataclass, field
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field, fields
 from importlib import import_module
 from pathlib import Path
 from typing import Any, TypeVar
@@ -286,8 +293,21 @@ def _reply(worker: subprocess.Popen, word: str, log) -> str:
             return line[len(word):].strip()
         if line.startswith("failed "):
             raise WorkerFailed(json.loads(line[len("failed "):]))
+    code = worker.wait()
     log.seek(0)
-    raise WorkerFailed(last_line(log.read()) or f"the worker exited with code {worker.wait()}")
+    said = last_line(log.read())
+    raise WorkerFailed(f"{exit_reason(code)}{f' ({said})' if said else ''}" if code < 0 else said or exit_reason(code))
+
+
+def exit_reason(code: int) -> str:
+    """How a worker ended, for its candidate's error: `the worker was killed by SIGSEGV` (a native crash, or a
+    kill), else its exit code."""
+    if code >= 0:
+        return f"the worker exited with code {code}"
+    try:
+        return f"the worker was killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"the worker was killed by signal {-code}"
 
 
 def last_line(text: str) -> str:
@@ -327,6 +347,154 @@ def _builder(spec: str | None) -> Build:
     return getattr(import_module(module), function)
 
 
+HANG_SECONDS = 1.0  # a block worker still busy this long past the deadline is stopped
+
+
+class BlockWorker:
+    """One worker process that lowers, compiles and times blocks with `profiler`'s settings (on the worker's
+    own clock), started when first asked; providers are pickled for it into `folder`. `close` ends it."""
+
+    def __init__(self, profiler: Profiler, folder: str | os.PathLike):
+        self.settings = {f.name: getattr(profiler, f.name) for f in fields(profiler) if f.name != "clock"}
+        self.folder = Path(folder)
+        self.pickled: dict[str, str] = {}  # provider label -> its pickle
+        self.worker: subprocess.Popen | None = None
+        self.log: Any = None
+
+    def measure(self, provider: Any, blocks: Mapping[str, tuple[str, str]], deadline: Deadline
+                ) -> dict[str, Measurement]:
+        """Per key, the figure on `provider` of the block model saved at `blocks[key][0]`, run on the inputs
+        saved at `blocks[key][1]` (an `.npz`), the blocks timed together. The block a worker crashed on is a
+        failure naming the signal, and a new worker measures the rest; past the `deadline` the worker is
+        stopped, and what it had not measured is a failure saying so."""
+        failed: dict[str, Measurement] = {}
+        todo = dict(blocks)
+        while todo and not deadline.passed:
+            figures, building = self._ask(provider, todo, deadline)
+            if figures is not None:
+                return failed | figures
+            reason = self._ended()
+            if deadline.passed:
+                break
+            culprits = [building] if building is not None else list(todo)
+            what = "while building and first running it" if building is not None else "while timing it"
+            failed |= {k: Measurement.failed(f"{provider.label}: {reason} {what}") for k in culprits}
+            todo = {k: v for k, v in todo.items() if k not in failed}
+        return failed | {k: Measurement.failed(LATE) for k in todo}
+
+    def _ask(self, provider: Any, blocks: Mapping[str, tuple[str, str]], deadline: Deadline
+             ) -> tuple[dict[str, Measurement] | None, str | None]:
+        """The worker's figures of `blocks`, or None and the block it was building when it ended (None when
+        it ended while timing them all)."""
+        worker = self._started()
+        watchdog = threading.Timer(max(deadline.left(), 0.0) + HANG_SECONDS, worker.kill)
+        watchdog.daemon = True
+        watchdog.start()
+        building = None
+        try:
+            worker.stdin.write(json.dumps({"provider": self._pickle(provider), "blocks": blocks,
+                                           "seconds": deadline.left()}) + "\n")
+            worker.stdin.flush()
+            for line in worker.stdout:
+                word, _, rest = line.rstrip("\n").partition(" ")
+                if word == "at":
+                    building = json.loads(rest)
+                elif word == "rounds":
+                    building = None
+                elif word == "figures":
+                    return {k: Measurement.from_json(m) for k, m in json.loads(rest).items()}, None
+        except (BrokenPipeError, ValueError):  # it ended as it was told, or as it answered
+            pass
+        finally:
+            watchdog.cancel()
+        return None, building
+
+    def _started(self) -> subprocess.Popen:
+        if self.worker is None:
+            self.log = tempfile.TemporaryFile(mode="w+")
+            request = json.dumps({"profiler": self.settings})
+            self.worker = subprocess.Popen([sys.executable, "-m", "uhop_onnx.measure", "blocks", request],
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        return self.worker
+
+    def _pickle(self, provider: Any) -> str:
+        """The path of `provider` pickled for the worker (once per label)."""
+        if provider.label not in self.pickled:
+            path = self.folder / f"provider{len(self.pickled)}.pickle"
+            path.write_bytes(pickle.dumps(provider))
+            self.pickled[provider.label] = str(path)
+        return self.pickled[provider.label]
+
+    def _ended(self) -> str:
+        """How the worker ended (`exit_reason`, with its log's last line); the next request starts another."""
+        self.worker.kill()
+        code = self.worker.wait()
+        self.log.seek(0)
+        said = last_line(self.log.read())
+        self.log.close()
+        self.worker = None
+        return f"{exit_reason(code)}{f' ({said})' if said else ''}"
+
+    def close(self) -> None:
+        """Tell the worker to exit (it closes its runners), and kill it if it is slow to."""
+        if self.worker is None:
+            return
+        self.worker.stdin.close()
+        try:
+            self.worker.wait(timeout=EXIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.worker.kill()
+            self.worker.wait()
+        self.log.close()
+        self.worker = None
+
+
+def _blocks_worker(request: dict) -> None:
+    """Answer each line `{"provider": PICKLE, "blocks": {KEY: [MODEL, FEEDS]}, "seconds": S}` on stdin: `at
+    KEY` before lowering, compiling and first running each block, `rounds` before timing them together
+    (`request["profiler"]`'s settings, for at most S seconds), then `figures {KEY: figure}`. The runners are
+    closed before the next line."""
+    profiler = Profiler(**request["profiler"])
+    providers: dict[str, Any] = {}
+    for line in sys.stdin:
+        ask = json.loads(line)
+        if ask["provider"] not in providers:
+            with open(ask["provider"], "rb") as f:
+                providers[ask["provider"]] = pickle.load(f)  # noqa: S301 - written by this worker's coordinator
+        provider = providers[ask["provider"]]
+        with ExitStack() as runners:
+            calls, failed = {}, {}
+            for key, (model, feeds) in ask["blocks"].items():
+                print("at", json.dumps(key), flush=True)
+                try:
+                    calls[key] = _block_call(provider, model, feeds, runners)
+                except Exception as error:  # noqa: BLE001 - a runtime may refuse a block in any way
+                    failed[key] = Measurement.failed(error)
+            print("rounds", flush=True)
+            figures = profiler.measure(calls, Deadline.after(ask["seconds"])) | failed
+        print("figures", json.dumps({k: _named(provider.label, m).to_json() for k, m in figures.items()}), flush=True)
+
+
+def _block_call(provider: Any, model: str, feeds: str, runners: ExitStack) -> Callable[[], object]:
+    """One run of the block model saved at `model` on `provider`, lowered to its precision and compiled
+    (closed with `runners`), on the inputs saved at `feeds`; run once first."""
+    import onnx
+
+    from .inputs import read_inputs
+
+    runner = runners.enter_context(provider.compile(provider.lower(onnx.load(model)), exclusive=False))
+    data = read_inputs(feeds)
+    runner.run(data)
+    return lambda: runner.run(data)
+
+
+def _named(label: str, m: Measurement) -> Measurement:
+    """A failure's error prefixed with the provider that raised it, as the search names them."""
+    if m.error is None or m.error.startswith(f"{label}:"):
+        return m
+    return Measurement.failed(f"{label}: {m.error}")
+
+
 def _worker(request: dict) -> None:
     """Build the candidate, say `ready STAGES`, then answer each `round` line with `median MS`; any failure is
     one `failed "REASON"` line."""
@@ -349,4 +517,4 @@ def _worker(request: dict) -> None:
 
 if __name__ == "__main__":
     command, payload = sys.argv[1], json.loads(sys.argv[2])
-    {"worker": _worker}[command](payload)
+    {"worker": _worker, "blocks": _blocks_worker}[command](payload)

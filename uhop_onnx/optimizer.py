@@ -42,7 +42,7 @@ from .providers import (
 from .providers.quantize import Calibration
 from .report import ms_text
 from .runtime import compile_plan
-from .samples import reference_runs, shapes_text
+from .samples import check_runs_fit, reference_runs, shapes_text
 from .simplify import simplify
 from .timing import Deadline
 
@@ -82,6 +82,8 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
     else:
         chosen = list(resolved) if resolved is not None else resolve(providers, threads, strict)
     chosen = list({p.label: p for p in reversed(chosen)}.values())[::-1]  # a provider listed twice counts once
+    if sample or shapes is not None or inputs is not None:  # the whole plans timed at once, and the search
+        check_runs_fit(simplified, measured_shapes(feeds), len(chosen) + 2)
     pinned = _pins(assign or {}, loaded, graph, chosen, threads, extend)
     fixed = None
     if feeds is not None and free_inputs(simplified):
@@ -296,7 +298,7 @@ def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, pr
                       check=Measurement.from_json)
     placer = Search(time_plans, profiler=profiler or Profiler(), store=store, budget_s=budget, threads=threads,
                     gate=None if a.precision is None else lambda choice: _gate(a, choice, threads),
-                    deadline=deadline, progress=progress)
+                    deadline=deadline, progress=progress, workers=profiler is None)
     with ExitStack() as compiled:  # the plans timed in this process, closed once the search is done
         placement = placer.place(a)
     plan = plan_of(placement.choice)

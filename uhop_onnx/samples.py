@@ -8,6 +8,8 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+import onnx
+from onnx import helper
 
 from . import ortlib
 from .dtypes import numpy_dtype
@@ -43,6 +45,57 @@ def _check_fits(planned: Mapping[str, tuple[list[int], np.dtype]]) -> None:
         raise InputError(f"sample inputs of shapes {shapes} need {need / 2**30:.3g} GiB, more than the "
                          f"{free / 2**30:.3g} GiB this host has free; give smaller shapes (--shape NAME:DIMS, "
                          "shapes=) or sample inputs (--inputs, inputs=)")
+
+
+def check_runs_fit(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], runs: int) -> None:
+    """`InputError`, before anything runs, when `runs` runs of `model` at once (a search runs several: the
+    whole plans it times, each in its own process, and its own sample values), at `shapes` (input -> dims),
+    need more memory than this host has free. A run needs at least what its largest node reads and writes
+    (`largest_node`)."""
+    free = available_memory()
+    if free is None:
+        return
+    node, need = largest_node(model, shapes)
+    if runs * need > free:
+        raise InputError(f"at {shapes_text(shapes)}, node {node} reads and writes {need / 2**30:.3g} GiB; {runs} "
+                         f"runs at once need {runs * need / 2**30:.3g} GiB, more than the {free / 2**30:.3g} GiB "
+                         "this host has free; give smaller shapes (--shape NAME:DIMS, shapes=) or sample inputs "
+                         "(--inputs, inputs=)")
+
+
+def largest_node(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> tuple[str, int]:
+    """The node whose tensors (the ones it reads that are not weights, and the ones it writes) take the most
+    bytes at `shapes`, and those bytes; `("", 0)` where shape inference fails. Inference runs on a copy
+    without the weights' values (those of 1024 elements or more, which shapes are never computed from); a
+    dimension it cannot find counts as 1."""
+    g = model.graph
+    weights = {t.name for t in g.initializer}
+    values = [t for t in g.initializer if math.prod(t.dims) < 1024]
+    typed = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in g.initializer
+             if math.prod(t.dims) >= 1024]
+    inputs = [helper.make_tensor_value_info(i.name, i.type.tensor_type.elem_type, list(shapes[i.name]))
+              if i.name in shapes and i.type.HasField("tensor_type") else i for i in g.input if i.name not in weights]
+    outputs = [helper.make_tensor_value_info(o.name, o.type.tensor_type.elem_type, None)
+               if o.type.HasField("tensor_type") else o for o in g.output]
+    light = helper.make_model(helper.make_graph(g.node, g.name, inputs + typed, outputs, initializer=values),
+                              ir_version=model.ir_version, opset_imports=model.opset_import, functions=model.functions)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light, data_prop=True).graph
+    except Exception:  # noqa: BLE001 - no estimate is no refusal; the run itself says what is wrong
+        return "", 0
+    sizes = {v.name: _nbytes(v) for v in (*inferred.input, *inferred.value_info, *inferred.output)}
+    activations = ((n.name, sum(sizes.get(t, 0) for t in {*n.input, *n.output} if t and t not in weights))
+                   for n in g.node)
+    return max(activations, key=lambda pair: pair[1], default=("", 0))
+
+
+def _nbytes(value: onnx.ValueInfoProto) -> int:
+    """The bytes of a tensor of this type (an unknown dimension as 1); 0 for what is not a tensor."""
+    tensor = value.type.tensor_type
+    if not value.type.HasField("tensor_type") or not tensor.elem_type:
+        return 0
+    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else 1 for d in tensor.shape.dim]
+    return math.prod(dims) * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type)).itemsize
 
 
 def reference_outputs(model: str | os.PathLike | bytes, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
