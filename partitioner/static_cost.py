@@ -1,9 +1,11 @@
 """A static cost model, for placing on a board that is not here: FLOPs and bytes moved per node, counted at
-the shapes the plan is built for."""
+the shapes the plan is built for; and, under it, why a node is off the board's preferred accelerator."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -12,6 +14,14 @@ from uhop_onnx.graph import Graph, Node
 from uhop_onnx.inputs import at_shapes, free_inputs, measured_shapes
 
 from .placer import Analysis
+
+if TYPE_CHECKING:
+    from .static import CostModel
+
+
+class PlacedStage(Protocol):
+    label: str  # its provider's label (`rknn`, `rknn[int8]`)
+    nodes: list[str]
 
 
 def sized(a: Analysis) -> Analysis:
@@ -53,3 +63,48 @@ def flops(graph: Graph, node: Node) -> float:
 def moved(graph: Graph, node: Node) -> float:
     """Bytes read and written."""
     return float(sum(nbytes(graph, t) for t in (*node.inputs, *node.outputs) if t))
+
+
+def estimate_ms(model: CostModel, graph: Graph, nodes: Sequence[Node]) -> float:
+    """`nodes` as one stage under `model`: its stage cost plus each node's FLOPs and bytes moved."""
+    return model.stage_ms + sum(model.cost_ms(flops(graph, n), moved(graph, n)) for n in nodes)
+
+
+def off_preferred(a: Analysis, stages: Sequence[PlacedStage], models: Mapping[str, CostModel],
+                  preferred: str) -> list[dict[str, Any]]:
+    """Each node of `stages` (a plan's, placed by the cost `models` over `a`, best `sized`) that is not on a
+    provider of id `preferred`, with why: `kind` "assign" (the user's), "capability" (the provider's table said
+    no), "build check" (its runtime's own check said no) or "cost" (the cost model's `ms` for the node's stage
+    where it went and, for the nodes the preferred provider runs, there). Empty when `a` has no such provider."""
+    mine = [p.label for p in a.providers if p.id == preferred]
+    if not mine:
+        return []
+    graph, out = a.graph, []
+    for stage in stages:
+        if a.provider(stage.label).id == preferred:
+            continue
+        nodes = [graph.nodes[graph.index_of[name]] for name in stage.nodes]
+        able = [n for n in nodes if any(a.support[label][n.name] for label in mine)]
+        ms = {stage.label: estimate_ms(models[stage.label], graph, nodes)}
+        if able:
+            ms.update({label: estimate_ms(models[label], graph, able) for label in mine})
+        for node in nodes:
+            entry = {"node": node.name, "op": node.op_type, "on": stage.label}
+            if node.name in a.pinned:
+                entry.update(kind="assign", reason=f"assigned to {a.pinned[node.name]}")
+            elif node not in able:
+                answer = a.support[mine[0]][node.name]
+                entry.update(kind="build check" if answer.source == "runtime" else "capability",
+                             reason=answer.reason)
+            else:
+                entry.update(kind="cost", reason=_cost_text(stage.label, len(nodes), len(able), ms, models),
+                             ms={label: round(v, 4) for label, v in ms.items()})
+            out.append(entry)
+    return out
+
+
+def _cost_text(on: str, count: int, able: int, ms: Mapping[str, float], models: Mapping[str, CostModel]) -> str:
+    best = min((label for label in ms if label != on), key=ms.get)
+    part = "" if able == count else f" (the {able} nodes it runs)"
+    return (f"estimated {ms[on]:.3g} ms for its stage of {count} on {on}, {ms[best]:.3g} ms on {best}{part}, "
+            f"{models[best].stage_ms:g} ms of it per stage")

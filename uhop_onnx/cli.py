@@ -32,7 +32,16 @@ from .cache_cli import app as cache_app
 from .errors import UhopError
 from .kernels_cli import app as kernels_app
 from .providers.rknn.cli import app as rknn_setup
-from .report import candidate_error, effort_text, interval_text, ms_order, ms_text, precision_text, stages_summary
+from .report import (
+    candidate_error,
+    effort_text,
+    interval_text,
+    ms_order,
+    ms_text,
+    off_accelerator_lines,
+    precision_text,
+    stages_summary,
+)
 from .samples import shapes_text
 from .serve.cli import serve
 
@@ -536,11 +545,14 @@ def _write_npz(path: Path, arrays: dict) -> None:
 
 
 @app.command()
-def explain(plan_dir: Annotated[Path, typer.Argument(help="A plan folder written by optimize.")],
+def explain(plan_dir: Annotated[Path, typer.Argument(help="A plan folder written by optimize, or a bundle.")],
             wide: WideOption = False, as_json: JsonOption = False) -> None:
-    """Show a plan: its stages, providers, and the tensors that cross between them."""
+    """Show a plan: its stages, providers, and the tensors that cross between them; for a bundle, its stages
+    and why each node off the board's accelerator is there."""
     from .plan import Plan
 
+    if (plan_dir / "manifest.json").is_file() or plan_dir.name.endswith(".tar.gz"):
+        return _print_bundle(plan_dir, "bundle", as_json)
     plan = Plan.load(plan_dir)
     if as_json:
         return _print_json(plan.to_json())
@@ -703,6 +715,8 @@ def _print_bundle(bundle: Path, title: str, as_json: bool = False) -> None:
         table.add_row(str(k), escape(s["provider"]), escape(s["artifact"]["format"]), str(len(s["nodes"])),
                       escape(", ".join(s["artifact"]["files"])))
     out.print(_fit(table, 0))
+    for line in off_accelerator_lines(manifest.get("off_accelerator")):
+        out.print(escape(line), highlight=False)
     if manifest.get("profile"):
         _print_candidates(manifest["profile"])
 

@@ -48,7 +48,7 @@ from .optimizer import analyze, build_plan, place_measured, with_precisions
 from .partitioner.extract import extract
 from .partitioner.placer import Analysis
 from .partitioner.static import StaticCost
-from .partitioner.static_cost import sized
+from .partitioner.static_cost import off_preferred, sized
 from .plan import Plan, Stage
 from .precision import gate_run, read_choice, sample_error, wanted
 from .providers import Provider, Runner, create
@@ -98,7 +98,7 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
         if measure_on is inputs:
             raise
         raise sample_error(error) from None
-    gated = None
+    gated, off = None, {}
     if measure:
         if precision != "fp32":
             progress("preparing reduced-precision variants and the fp32 reference")
@@ -115,10 +115,14 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
         progress("placing for the target with its static cost model")
         models = {label: e.at(a.provider(label).precision) for label, e in _entries(a, entries).items()}
         plan, gated = _place_static(a, models, threads, progress)
+        preferred = next((e.id for e in profile.providers if not e.on_cpu), None)
+        if preferred is not None:  # each node off the board's accelerator, and why
+            off = {"off_accelerator": {"provider": preferred,
+                                       "nodes": off_preferred(sized(a), plan.stages, models, preferred)}}
         plan.placement = f"static cost model of target {profile.name}"
     with writing(out), (temporary_folder("export") if archive else new_folder(out)) as staging:
         staging = Path(staging)
-        manifest = _write(staging, a, plan, profile, _entries(a, entries), progress, gated)
+        manifest = {**_write(staging, a, plan, profile, _entries(a, entries), progress, gated), **off}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         if signer is not None:
             signer(staging)

@@ -212,3 +212,25 @@ def ms_order(ms: float | None) -> float:
 def ms_text(value: float | None) -> str:
     return "" if value is None else f"{value:.3f}"
 
+
+
+def off_accelerator_lines(off: dict | None, width: int = 80) -> list[str]:
+    """A bundle manifest's `off_accelerator` as one line per reason (wrapped at `width`): how many nodes, where
+    they went, their ops, and why they are not on the board's accelerator; [] where every node is on it."""
+    import textwrap
+    from collections import Counter
+
+    if not off:
+        return []
+    groups: dict[tuple[str, str, str], Counter] = {}
+    for entry in off["nodes"]:
+        groups.setdefault((entry["on"], entry["kind"], entry["reason"]), Counter())[entry["op"]] += 1
+    count = len(off["nodes"])
+    lines = [f"{count} node{'s' if count != 1 else ''} off {off['provider']}:" if count
+             else f"every node is on {off['provider']}"]
+    for (on, kind, reason), ops in groups.items():
+        nodes = sum(ops.values())
+        names = ", ".join(op if n == 1 else f"{op} x{n}" for op, n in ops.most_common())
+        text = f"{nodes} on {on} ({names}): {kind}: {reason}"
+        lines += textwrap.wrap(text, width, initial_indent="  ", subsequent_indent="    ")
+    return lines

@@ -217,6 +217,12 @@ def validate(manifest: Mapping[str, Any], where: object) -> None:
     _field(manifest, "placement", str, top, optional=True)
     _field(manifest, "profile", dict, top, optional=True)
     _field(manifest, "precision", dict, top, optional=True)
+    off = _field(manifest, "off_accelerator", dict, top, optional=True)  # nodes off the board's accelerator, and why
+    if off is not None:
+        _field(off, "provider", str, f"{top}.off_accelerator")
+        for n, entry in enumerate(_field(off, "nodes", list, f"{top}.off_accelerator")):
+            for key in ("node", "op", "on", "kind", "reason"):
+                _field(entry if isinstance(entry, dict) else {}, key, str, f"{top}.off_accelerator.nodes[{n}]")
     _signatures(manifest, "inputs", top)
     _signatures(manifest, "outputs", top)
     _tolerance(manifest, "tolerance", top)
