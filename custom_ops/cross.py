@@ -85,12 +85,6 @@ def missing_tools() -> list[str]:
     return [tool for tool in (TARGETS["aarch64-neon"].compiler, QEMU) if shutil.which(tool) is None]
 
 
-def build_library(spec: LibrarySpec | None = None) -> Path:
-    """The aarch64 shared library, for bundles that ship it to a board."""
-    spec = spec or LibrarySpec("aarch64-neon")
-    return build.build(codegen.generate(spec), spec.target)
-
-
 def build_driver(spec: LibrarySpec | None = None) -> Path:
     """A static aarch64 program with the kernels of `spec` linked in."""
     spec = spec or LibrarySpec("aarch64-neon")

@@ -15,22 +15,10 @@ import onnx
 
 from uhop_onnx.graph import Graph
 from uhop_onnx.measure import Measurement
+from uhop_onnx.precision import Precision
 from uhop_onnx.providers import Provider, Support
-from uhop_onnx.providers.quantize import Calibration
 
 Choice = tuple[str, ...]  # the provider label of each node, in the graph's order
-
-
-@dataclass
-class Precision:
-    """What a reduced-precision search is gated on: the tolerance, the samples each candidate plan runs on
-    and ONNX Runtime fp32's outputs of the original model on them."""
-
-    choice: str
-    tolerance: float
-    samples: list[dict[str, Any]]
-    references: list[dict[str, Any]]
-    calibration: Calibration | None  # None: no calibration data was given (int8 is not tried)
 
 
 @dataclass

@@ -22,7 +22,7 @@ import numpy as np
 
 from uhop_onnx.errors import BundleError, CheckError, InputError, ProviderError, first_line
 from uhop_onnx.host import bounded_threads
-from uhop_onnx.inputs import at_shapes, free_inputs, shape_values
+from uhop_onnx.inputs import free_inputs, shape_values
 
 from .capability import CapabilityTable, Support
 
@@ -148,8 +148,8 @@ class PerShapeRunner(Runner):
     """A stage on a runtime that builds for fixed shapes, run at whatever its inputs are: one runner built per
     set of input shapes seen and values of its small integer inputs (`shape_values`: shapes, repeats, slice
     bounds another stage computed), `build` taking the stage model fixed at them, with those values as
-    constants (as in the model at fixed shapes that capability was asked of), the last `keep` kept. Each new
-    key costs a conversion, so at most `limit` keys are built (default `$UHOP_MAX_SHAPES`, else
+    constants, simplified there (`simplify.at_fixed_shapes`, as capability was asked of), the last `keep`
+    kept. Each new key costs a conversion, so at most `limit` keys are built (default `$UHOP_MAX_SHAPES`, else
     `SHAPE_LIMIT`); a call at one more is refused with `InputError`. A key whose build its check refuses
     (`CheckError`) raises that again on every call at it, without converting again. Safe to call from many threads: a
     key is built once, and a runner dropped from the cache is left to the calls still using it."""
@@ -189,7 +189,9 @@ class PerShapeRunner(Runner):
                                      "--max-shapes)")
                 self.built.add(key)
                 try:
-                    runner = self.build(at_shapes(self.model, shapes, values))
+                    from uhop_onnx.simplify import at_fixed_shapes
+
+                    runner = self.build(at_fixed_shapes(self.model, shapes, values))
                 except CheckError as error:
                     self.refused[key] = error
                     raise

@@ -1,7 +1,9 @@
-"""Declarative capability tables: which ops a provider runs, at which opsets, types and attributes.
+"""Declarative capability tables: which ops a provider runs, at which opsets, types and attributes; and
+`Support`, a provider's answer for one node, whoever gave it.
 
 A table is data. `check` reads one node against it and answers `Support(ok, reason)`, where a "no"
-quotes the actual value and what the provider requires.
+quotes the actual value and what the provider requires. The table is the first word only: a runtime's own
+query and a provider's build check (`partitioner.capabilities`) may turn a "yes" into a "no".
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ ANY_OPSET = (1, 10_000)
 
 @dataclass(frozen=True)
 class Support:
-    """A provider's answer for one node: yes, or no with the reason."""
+    """A provider's answer for one node: yes, or no with the reason; `source` says who said so: "table"
+    (`check`), "runtime" (the runtime's own query), "check" (the provider's build check refused the node),
+    "list" (a last resort that was not listed takes only what no listed provider runs) or "simplify" (a
+    node folded to a constant at the shapes a fixed-shape runtime is asked at)."""
 
     ok: bool
     reason: str = ""
-    source: str = "table"  # "table", "runtime", or "list" (a last resort that was not listed): who said so
+    source: str = "table"
 
     def __bool__(self) -> bool:
         return self.ok

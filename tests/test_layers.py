@@ -16,9 +16,10 @@ PACKAGES = {"uhop_onnx": "uhop_onnx", "partitioner": "uhop_onnx.partitioner", "p
 FLOORS = {
     "uhop_onnx": 1, "uhop_onnx.errors": 1, "uhop_onnx.dtypes": 1, "uhop_onnx.files": 1, "uhop_onnx.cache": 1,
     "uhop_onnx.graph": 1, "uhop_onnx.samples": 1, "uhop_onnx.inputs": 1, "uhop_onnx.compare": 1, "uhop_onnx.host": 1,
-    "uhop_onnx.timing": 1, "uhop_onnx.targets": 1, "uhop_onnx.metadata": 1, "uhop_onnx.models": 1, "uhop_onnx.ortlib": 1,
-    "uhop_onnx.loader": 2, "uhop_onnx.simplify": 2, "uhop_onnx.precision": 2, "uhop_onnx.partitioner.extract": 2,
-    "uhop_onnx.providers": 3, "uhop_onnx.custom_ops": 3,
+    "uhop_onnx.timing": 1, "uhop_onnx.metadata": 1, "uhop_onnx.models": 1, "uhop_onnx.ortlib": 1,
+    "uhop_onnx.precision": 1,
+    "uhop_onnx.loader": 2, "uhop_onnx.simplify": 2, "uhop_onnx.partitioner.extract": 2,
+    "uhop_onnx.providers": 3, "uhop_onnx.custom_ops": 3, "uhop_onnx.targets": 3,
     "uhop_onnx.plan": 4, "uhop_onnx.plan_schema": 4, "uhop_onnx.report": 4, "uhop_onnx.executor": 4,
     "uhop_onnx.runtime": 4, "uhop_onnx.measure": 4, "uhop_onnx.bundle": 4, "uhop_onnx.adapt": 4,
     "uhop_onnx.partitioner": 5,

@@ -463,13 +463,16 @@ def compare(model: Annotated[Path, typer.Argument(help="A plan folder or an .onn
             against: Annotated[str, typer.Option("--against", help="The reference: a provider id; for a model, "
                                                  "ort-cpu is ONNX Runtime on the original model.")] = "ort-cpu",
             inputs: InputsOption = None, shape: ShapeOption = None,
-            rtol: Annotated[float, typer.Option("--rtol", min=0)] = 1e-4,
-            atol: Annotated[float, typer.Option("--atol", min=0)] = 1e-5,
+            rtol: Annotated[float | None, typer.Option("--rtol", min=0, help="Default: the plan's gate's rule "
+                                                       "where it was gated at a reduced precision, else 1e-4.")] = None,
+            atol: Annotated[float | None, typer.Option("--atol", min=0, help="Default: as --rtol's, else 1e-5.")]
+            = None,
             seed: SeedOption = 0, providers: ProvidersOption = None, threads: ThreadsOption = None,
             litert_fp16: LiteRtFp16Option = False, as_json: JsonOption = False) -> None:
     """Run a plan (or a model) and a reference on the same inputs and compare every output: max abs and rel
-    error and cosine; exit 1 when one is outside --rtol/--atol (numpy's allclose)."""
-    from .compare import compare_arrays
+    error and cosine; exit 1 when one is outside --rtol/--atol (numpy's allclose), or without them outside the
+    rule the plan was gated at."""
+    from .compare import compare, tolerance_for, tolerance_text
 
     with _steps("comparing", not as_json) as step:
         step("compiling stages")
@@ -480,14 +483,15 @@ def compare(model: Annotated[Path, typer.Argument(help="A plan folder or an .onn
         got = dict(zip(names, session.run(None, feeds), strict=True))
         step(f"running the reference on {against}")
         want = _reference(model, session, against, feeds, threads)
-    rows = {name: compare_arrays(got[name], want[name], rtol, atol) for name in names}
+    tolerance = tolerance_for(session.plan.tolerance, rtol, atol)
+    rows = {name: compare(got[name], want[name], tolerance) for name in names}
     report = {"model": str(model), "providers": session.get_providers(), "against": against, "inputs": source,
-              "rtol": rtol, "atol": atol, "ok": all(r["ok"] for r in rows.values()), "outputs": rows}
+              "tolerance": tolerance, "ok": all(r["ok"] for r in rows.values()), "outputs": rows}
     if as_json:
         _print_json(report)
     else:
         table = Table("output", "max abs", "max rel", "cosine", "within", title=f"{escape(', '.join(report['providers']))} "
-                      f"against {escape(against)} ({escape(source)})", caption=f"rtol {rtol:g}, atol {atol:g}")
+                      f"against {escape(against)} ({escape(source)})", caption=escape(tolerance_text(tolerance)))
         for name, r in rows.items():
             verdict = "[green]yes[/]" if r["ok"] else f"[red]no[/] {escape(r.get('error', ''))}"
             table.add_row(escape(name), _number(r.get("max_abs_error")), _number(r.get("max_rel_error")),

@@ -70,14 +70,6 @@ def onnx_type(dtype: np.dtype) -> str:
     return f"tensor({row.name if row else np.dtype(dtype)})"
 
 
-def onnx_elem_type(dtype: np.dtype) -> int:
-    """`float32` -> `TensorProto.FLOAT` (1); `ValueError` for a dtype ONNX has no type for."""
-    row = _BY_NUMPY.get(np.dtype(dtype))
-    if row is None:
-        raise ValueError(f"numpy dtype {np.dtype(dtype)} has no ONNX element type")
-    return row.onnx
-
-
 def tflite_type(dtype: np.dtype) -> int:
     """`float32` -> TFLite's `TensorType.FLOAT32` (0); `ValueError` where TFLite has none."""
     row = _BY_NUMPY.get(np.dtype(dtype))

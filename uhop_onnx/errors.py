@@ -1,4 +1,6 @@
-"""The exceptions uhop-onnx raises: one small tree under `UhopError`."""
+"""The exceptions uhop-onnx raises, one small tree under `UhopError` (each class's `exit_code` is the
+command line's exit status for it: 2 for bad usage or input, 1 for a failed check or run), and the helpers
+that word errors and warnings: `first_line`, `missing_module`, `outside`."""
 
 import re
 import sys
@@ -6,7 +8,7 @@ from importlib import import_module
 
 
 class UhopError(Exception):
-    """Base of every error uhop-onnx raises on purpose."""
+    """Base of every error uhop-onnx raises on purpose; its message says what was wrong and what to do."""
 
     exit_code = 2
 
@@ -16,7 +18,9 @@ class ModelError(UhopError):
 
 
 class InputError(UhopError, ValueError):
-    """Feeds passed to `run` do not match the model's inputs (a `ValueError` too, as onnxruntime raises)."""
+    """What the caller gave is unusable: feeds that do not match the model's inputs, shapes, sample inputs or
+    calibration samples, a precision or tolerance, an option's value. A `ValueError` too, as onnxruntime
+    raises for bad feeds."""
 
 
 class FreeDimensionError(InputError):
@@ -58,7 +62,8 @@ class KeyFileError(UhopError):
 
 class CheckError(ProviderError):
     """A provider's build-time check failed: what it built from a stage differs from ONNX Runtime on the same
-    inputs (or could not be checked); the nodes go to another provider."""
+    inputs (or could not be checked). While placing, the nodes go to another provider; at run time, a
+    fixed-shape stage refused at a new shape runs that call on ort-cpu (counted in `plan.fallbacks`)."""
 
 
 class StageError(ProviderError):

@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,6 @@ import numpy as np
 import onnx
 
 from .bundle.manifest import (
-    FP32_TOLERANCE,
     MANIFEST,
     SCHEMA,
     SIGNATURE,
@@ -39,27 +38,24 @@ from .bundle.manifest import (
 )
 from .bundle import signature
 from .dtypes import TensorSig
-from .errors import BundleError, InputError, ProviderError, UhopError, first_line
+from .errors import BundleError, InputError, ProviderError, UhopError
 from .executor import Executor
 from .files import check_writable, new_folder, read_npz, temporary_folder, write_archive, writing
 from .graph import Graph, declared_outputs
 from .inputs import Inputs, Shapes, at_shapes, free_inputs, read_inputs
 from .optimizer import analyze, build_plan, place_measured, with_precisions
-from .partitioner.extract import extract
 from .partitioner.placer import Analysis
 from .partitioner.static import StaticCost
 from .partitioner.static_cost import off_preferred, sized
-from .plan import Plan, Stage
-from .precision import gate_run, read_choice, sample_error, wanted
+from .plan import Plan
+from .precision import FP32_TOLERANCE, lowest, read_choice, sample_error, wanted
 from .providers import Provider, Runner, create
 from .providers.base import Artifact
 from .samples import reference_outputs
-from .simplify import simplify
+from .simplify import at_fixed_shapes
 from .targets import Target, TargetProvider, load_target, target_from_json
 
 log = logging.getLogger(__name__)
-
-GIVEN_UP = ("int8", "fp16", "bf16")  # the order a plan outside the gate gives up its reduced precisions in
 
 
 def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Target, out: str | os.PathLike,
@@ -104,7 +100,7 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
             progress("preparing reduced-precision variants and the fp32 reference")
             a = with_precisions(a, precision, tolerance, samples)
         plan = place_measured(a, threads, budget=budget, progress=progress)
-        plan.placement = f"measured on this host for target {profile.name}"
+        plan = replace(plan, placement=f"measured on this host for target {profile.name}")
         if a.precision is not None:
             gated = Gated(plan.accuracy, [], [])
     else:
@@ -119,7 +115,7 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
         if preferred is not None:  # each node off the board's accelerator, and why
             off = {"off_accelerator": {"provider": preferred,
                                        "nodes": off_preferred(sized(a), plan.stages, models, preferred)}}
-        plan.placement = f"static cost model of target {profile.name}"
+        plan = replace(plan, placement=f"static cost model of target {profile.name}")
     with writing(out), (temporary_folder("export") if archive else new_folder(out)) as staging:
         staging = Path(staging)
         manifest = {**_write(staging, a, plan, profile, _entries(a, entries), progress, gated), **off}
@@ -171,7 +167,7 @@ def _entries(a: Analysis, entries: Sequence[TargetProvider]) -> dict[str, Target
 def _place_static(a: Analysis, models: Mapping[str, TargetProvider], threads: int | None,
                   progress: Callable[[str], None]) -> tuple[Plan, Gated | None]:
     """The static cost model's plan; at a reduced precision, the first that passes the gate here, giving up
-    the lowest precision in use (`GIVEN_UP`) after each that fails."""
+    the lowest precision in use (`precision.lowest`) after each that fails."""
     rejected = []
     while True:
         plan = build_plan(a, StaticCost(models).place(sized(a)).choice, threads)
@@ -184,7 +180,7 @@ def _place_static(a: Analysis, models: Mapping[str, TargetProvider], threads: in
         ok, accuracy, ungated = _gate_here(a, plan, threads)
         if ok:
             return plan, Gated(accuracy, ungated, rejected)
-        dropped = next(p for p in GIVEN_UP if p in in_use)
+        dropped = lowest(in_use)
         stages = " > ".join(f"{s.label} x{len(s.nodes)}" for s in plan.stages)
         log.warning("precision: the plan %s is outside the tolerance %g here; placing it again without %s",
                     stages, a.precision.tolerance, dropped)
@@ -197,23 +193,22 @@ def _gate_here(a: Analysis, plan: Plan, threads: int | None) -> tuple[bool, dict
     """Whether `plan` is within the tolerance on every gate sample, run here: each stage on its provider, or its
     simulator, or else as ONNX Runtime fp32 on its fp32 model (a reduced-precision stage so run is ungated:
     its index is in the list returned). A stage that fails to build or run fails the plan."""
-    g = a.precision
     ungated = []
-    try:
-        with ExitStack() as compiled:
+
+    @contextmanager
+    def compiled() -> Iterator[Executor]:
+        with ExitStack() as opened:
             runners = []
             for k, stage in enumerate(plan.stages):
                 runner = _runner_here(a.provider(stage.label), plan.stage_model(stage))
                 if runner is None:
-                    runner = create("ort-cpu", threads).compile(_fp32_model(a, stage, k))
+                    runner = create("ort-cpu", threads).compile(stage.fp32)
                     if stage.precision != "fp32":
                         ungated.append(k)
-                runners.append(compiled.enter_context(runner))
-            executor = Executor(plan.stages, runners, plan.inputs, [o.name for o in plan.outputs], plan.constants)
-            ok, accuracy = gate_run(lambda s: executor.run(None, s), executor.outputs, g.samples, g.references,
-                                    g.tolerance)
-    except Exception as error:  # noqa: BLE001 - a plan that cannot run its samples is not accepted
-        return False, {"error": first_line(error)}, ungated
+                runners.append(opened.enter_context(runner))
+            yield Executor(plan.stages, runners, plan.inputs, [o.name for o in plan.outputs], plan.constants)
+
+    ok, accuracy = a.precision.check(compiled)
     return ok, accuracy, ungated
 
 
@@ -225,11 +220,6 @@ def _runner_here(provider: Provider, model: onnx.ModelProto) -> Runner | None:
             return None
         provider = simulator.at_precision(provider.precision, provider.calibration)
     return provider.compile(model, exclusive=False)
-
-
-def _fp32_model(a: Analysis, stage: Stage, k: int) -> onnx.ModelProto:
-    """The stage's nodes as the fp32 model they were cut as, before its provider lowered them to its precision."""
-    return extract(a.simplified, a.graph, [a.graph.index_of[n] for n in stage.nodes], name=f"stage_{k}")
 
 
 def tune_bundle(bundle: str | os.PathLike, out: str | os.PathLike, threads: int | None = None,
@@ -314,11 +304,11 @@ def _write(folder: Path, a: Analysis, plan: Plan, profile: Target, entries: Mapp
         if provider.static_shapes and free_inputs(model):
             sized = sized or Graph.from_model(at_shapes(a.simplified, plan.shapes))
             built_for = _stage_shapes(sized, free_inputs(model), k)
-        built = simplify(at_shapes(model, built_for)) if built_for else model
+        built = at_fixed_shapes(model, built_for) if built_for else model
         stem = f"stage_{k:02d}_{provider.id}"
         artifact = provider.export(built, folder / "stages", stem)
         reference = f"reference/stage_{k:02d}.onnx"
-        fp32 = model if stage.precision == "fp32" else _fp32_model(a, stage, k)
+        fp32 = model if stage.precision == "fp32" else stage.fp32
         onnx.save(fp32, folder / reference)
         entry_json = {
             **replace(stage, file=reference, sha256=None, declared=declared_outputs(model)).to_json(),

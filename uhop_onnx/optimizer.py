@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import warnings
+from dataclasses import replace
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -18,18 +19,18 @@ from onnx import numpy_helper
 from .cache import JsonTable, cache_dir, code_fingerprint, device_fingerprint, discard, model_digest, prune, touch
 from .errors import InputError, PlanError, UhopError, first_line
 from .graph import Graph, declared_outputs
-from .inputs import Inputs, Shapes, at_shapes, free_inputs, inputs_digest, measured_shapes, profile_feeds
+from .inputs import Inputs, Shapes, free_inputs, inputs_digest, measured_shapes, profile_feeds
 from .loader import load, model_name
 from .measure import LATE, Measurement, Profiler, time_plans_in_processes
 from .partitioner.capabilities import capabilities, only_the_rest
 from .partitioner.extract import extract
 from .partitioner.partition import partition
 from .partitioner.placement import FirstSupported, first_supported
-from .partitioner.placer import Analysis, Choice, Placement, Precision
+from .partitioner.placer import Analysis, Choice, Placement
 from .partitioner.search import Search, in_process
 from .metadata import ModelMetadata
 from .plan import PLAN_FILE, Plan, Stage
-from .precision import check_samples, gate_run, read_choice, sample_error, wanted
+from .precision import Precision, check_samples, read_choice, sample_error, wanted
 from .providers import (
     LAST_RESORT,
     Provider,
@@ -43,7 +44,7 @@ from .providers.quantize import Calibration
 from .report import ms_text
 from .runtime import compile_plan
 from .samples import check_runs_fit, reference_runs, shapes_text
-from .simplify import simplify
+from .simplify import at_fixed_shapes, simplify
 from .timing import Deadline
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,7 @@ class FixedShapes:
     a runtime that builds for fixed shapes is asked about."""
 
     def __init__(self, simplified: onnx.ModelProto, shapes: Shapes):
-        self.model = simplify(at_shapes(simplified, shapes))
+        self.model = at_fixed_shapes(simplified, shapes)
         self.graph = Graph.from_model(self.model)
 
     def capabilities(self, graph: Graph, provider: Provider) -> dict[str, Support]:
@@ -250,7 +251,6 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
         plan.save(folder, report=False)  # the report is written where the user saves the plan
     except (UhopError, OSError) as error:  # a full disk, or another process caching the same plan
         log.warning("could not keep the plan in the cache at %s: %s", folder, error)
-    plan.folder = None
     prune()
     return plan
 
@@ -301,13 +301,10 @@ def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, pr
                     deadline=deadline, progress=progress, workers=profiler is None)
     with ExitStack() as compiled:  # the plans timed in this process, closed once the search is done
         placement = placer.place(a)
-    plan = plan_of(placement.choice)
-    plan.folder = None  # where the timing saved it is gone
-    plan.placement, plan.profile = placement.method, placement.to_json()
-    if a.precision is not None:
-        plan.tolerance = a.precision.tolerance
-        plan.accuracy = placement.plans[placement.chosen].accuracy
-    _attribute_costs(plan, placement)
+    chosen = plan_of(placement.choice)  # with what the search found of it, a new plan
+    plan = replace(chosen, stages=_with_costs(chosen.stages, placement), placement=placement.method,
+                   profile=placement.to_json(), tolerance=None if a.precision is None else a.precision.tolerance,
+                   accuracy=None if a.precision is None else placement.plans[placement.chosen].accuracy)
     _log_measured(plan.model_name, placement)
     return plan
 
@@ -317,13 +314,7 @@ def _gate(a: Analysis, choice: Choice, threads: int | None) -> tuple[bool, dict[
     output; a plan whose stages are all fp32 is not checked (None)."""
     if all(a.provider(label).precision == "fp32" for label in set(choice)):
         return True, None
-    g = a.precision
-    try:
-        with compile_plan(build_plan(a, choice, threads), threads) as executor:
-            return gate_run(lambda s: executor.run(None, s), executor.outputs, g.samples, g.references,
-                            g.tolerance)
-    except Exception as error:  # noqa: BLE001 - a plan that cannot run its samples is not accepted
-        return False, {"error": first_line(error)}
+    return a.precision.check(lambda: compile_plan(build_plan(a, choice, threads), threads))
 
 
 def _log_measured(model_name: str, placement: Placement) -> None:
@@ -337,14 +328,12 @@ def _log_measured(model_name: str, placement: Placement) -> None:
              "" if effort.complete else " (stopped at the budget)")
 
 
-def _attribute_costs(plan: Plan, placement: Placement) -> None:
-    """Give each stage the measured cost of its blocks on its provider, on every provider that could run
-    them all, and the boundary paid where it follows another stage, at the size of what enters it."""
-    costs = placement.stage_costs([(stage.label, stage.nodes) for stage in plan.stages])
-    for stage, cost in zip(plan.stages, costs):
-        stage.alternatives = cost.alternatives
-        stage.cost_ms = cost.alternatives.get(stage.label)
-        stage.boundary_ms = cost.boundary_ms
+def _with_costs(stages: Sequence[Stage], placement: Placement) -> list[Stage]:
+    """The `stages`, each with the measured cost of its blocks on its provider, on every provider that could
+    run them all, and the boundary paid where it follows another stage, at the size of what enters it."""
+    costs = placement.stage_costs([(stage.label, stage.nodes) for stage in stages])
+    return [replace(stage, alternatives=cost.alternatives, cost_ms=cost.alternatives.get(stage.label),
+                    boundary_ms=cost.boundary_ms) for stage, cost in zip(stages, costs)]
 
 
 def first_then_rest(a: Analysis, label: str, threads: int | None) -> Plan:
@@ -359,7 +348,8 @@ def build_plan(a: Analysis, choice: Sequence[str], threads: int | None) -> Plan:
     stages = []
     for k, spec in enumerate(partition(graph, choice)):
         provider = a.provider(spec.provider)
-        stage_model = provider.lower(extract(a.simplified, graph, spec.nodes, name=f"stage_{k}"))
+        fp32 = extract(a.simplified, graph, spec.nodes, name=f"stage_{k}")
+        stage_model = provider.lower(fp32)
         stages.append(Stage(
             provider=provider.id,
             options=dict(provider.options),
@@ -370,6 +360,7 @@ def build_plan(a: Analysis, choice: Sequence[str], threads: int | None) -> Plan:
             precision=provider.precision,
             declared=declared_outputs(stage_model),
             model=stage_model,
+            fp32=fp32,
         ))
     return Plan(
         model_name=model_name(a.source, a.loaded),

@@ -29,6 +29,7 @@ PLAN_FILE = "plan.json"
 CONSTANTS_FILE = "constants.npz"
 
 
+IN_MEMORY = ("model", "data", "fp32")  # a stage's fields that `plan.json` does not hold
 Dims = list[int | None] | None  # an output's dimensions (None where free); None when its rank is unknown
 
 
@@ -46,12 +47,18 @@ class Stage:
     cost_ms: float | None = None  # measured: the stage's blocks on its provider
     alternatives: dict[str, float] = field(default_factory=dict)  # provider label -> measured ms, where it could run
     boundary_ms: float | None = None  # measured cost of entering this stage from another provider
-    precision: str = "fp32"  # "fp32", "bf16", "fp16" or "int8" (an int8 stage's file is its QDQ model)
+    precision: str = "fp32"  # one of `precision.PRECISIONS` (an int8 stage's file is its QDQ model)
     sha256: str | None = None  # of `file`, recorded by `Plan.save` and checked when the file is read
     # Each output's name and declared dimensions, recorded when the plan is built (None in a plan saved before
     # stages recorded them: read from the stage's model when it is compiled); results are checked against it.
     declared: list[tuple[str, Dims]] | None = None
     model: Any = field(default=None, repr=False)  # onnx.ModelProto, read from `file` on demand
+    # The model's bytes as read, where the stage is a model whole and unchanged on ONNX Runtime: given to it as
+    # they are (serializing a large model again costs as much as ONNX Runtime's own start).
+    data: bytes | None = field(default=None, repr=False)
+    # The stage's nodes as cut from the model, before its provider lowered them to its precision (the same
+    # model at fp32): kept in memory by `optimizer.build_plan`; None in a plan read from a folder.
+    fp32: Any = field(default=None, repr=False)
 
     @property
     def label(self) -> str:
@@ -64,8 +71,8 @@ class Stage:
         return f"{self.label}, {len(self.nodes)} nodes from {self.nodes[0]!r}"
 
     def to_json(self) -> dict[str, Any]:
-        """Every field but the model in memory, as `plan.json` holds it."""
-        entry = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "model"}
+        """Every field but those in memory only (`IN_MEMORY`), as `plan.json` holds it."""
+        entry = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in IN_MEMORY}
         if self.declared is not None:
             entry["declared"] = [[name, None if dims is None else list(dims)] for name, dims in self.declared]
         return entry
@@ -74,15 +81,17 @@ class Stage:
     def from_json(cls, entry: Mapping[str, Any]) -> Stage:
         """A stage from `to_json`'s keys in `entry`; other keys (a bundle manifest's) are left to their reader.
         A manifest stage written before stages carried a `file` names its ONNX model by `reference`."""
-        known = {f.name for f in fields(cls)} - {"model"}
+        known = {f.name for f in fields(cls)} - set(IN_MEMORY)
         values = {key: value for key, value in entry.items() if key in known}
         values.setdefault("file", entry.get("reference", ""))
         return cls(**values)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
-    """Where each part of a model runs. Built by `uhop_onnx.optimize`, run by `uhop_onnx.InferenceSession`."""
+    """Where each part of a model runs. Built by `uhop_onnx.optimize`, whole, and not changed after (a
+    decision made later is a new plan: `dataclasses.replace`); run by `uhop_onnx.InferenceSession`. Only
+    `fallbacks` changes, as a session counts them, and a stage's `model` is read from `folder` when needed."""
 
     model_name: str
     model_hash: str
@@ -209,23 +218,25 @@ class Plan:
 
     def save(self, folder: str | os.PathLike, report: bool = True) -> Path:
         """Write `plan.json` (with each file's sha256), the stage models, constants and (with `report`) the
-        report into `folder`, which must be absent or empty; it appears whole or not at all."""
+        report into `folder`, which must be absent or empty; it appears whole or not at all. This plan is
+        left as it was (`Plan.load(folder)` reads the saved one)."""
         target = Path(folder)
         with new_folder(target, PlanError) as staging:
+            stages = []
             for stage in self.stages:
                 data = self.stage_model(stage).SerializeToString()
                 (staging / stage.file).write_bytes(data)
-                stage.sha256 = hashlib.sha256(data).hexdigest()
-            self.constants_hash = None
+                stages.append(replace(stage, sha256=hashlib.sha256(data).hexdigest()))
+            constants_hash = None
             if self.constants:
                 np.savez(staging / CONSTANTS_FILE, **self.constants)
-                self.constants_hash = hashlib.sha256((staging / CONSTANTS_FILE).read_bytes()).hexdigest()
-            (staging / PLAN_FILE).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+                constants_hash = hashlib.sha256((staging / CONSTANTS_FILE).read_bytes()).hexdigest()
+            saved = replace(self, stages=stages, constants_hash=constants_hash, folder=target)
+            (staging / PLAN_FILE).write_text(json.dumps(saved.to_json(), indent=2) + "\n")
             if report:
                 from .report import write_report
 
-                write_report(self, staging)
-        self.folder = target
+                write_report(saved, staging)
         return target
 
     @classmethod

@@ -19,6 +19,7 @@ from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from .errors import PlanError
 from .host import bounded_threads
 from .metadata import ModelMetadata
+from .precision.values import PRECISIONS
 
 SHA256 = r"^[0-9a-f]{64}$"
 
@@ -92,7 +93,7 @@ class StageEntry(_Strict):
     cost_ms: float | None = None
     alternatives: dict[str, float] = {}
     boundary_ms: float | None = None
-    precision: Literal["fp32", "bf16", "fp16", "int8"] = "fp32"
+    precision: Literal[PRECISIONS] = "fp32"  # type: ignore[valid-type]
     declared: list[list[str | list[int | None] | None]] | None = None  # [output name, dims or null] each
 
     @field_validator("declared")

@@ -6,10 +6,14 @@ Node names and graph input and output names are kept, so plans and assignments c
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 from onnx_ir.passes import common
+
+from .inputs import Shapes, at_shapes
 
 log = logging.getLogger(__name__)
 
@@ -115,3 +119,11 @@ def simplify(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
     simplified = ir.serde.serialize_model(result.model)
     return onnx.shape_inference.infer_shapes(simplified, data_prop=True)
+
+
+def at_fixed_shapes(model: onnx.ModelProto, shapes: Shapes,
+                    values: Mapping[str, np.ndarray] | None = None) -> onnx.ModelProto:
+    """`model` specialised for a runtime that builds for fixed shapes: its inputs at `shapes` (and those named
+    in `values` made those constants, `inputs.at_shapes`), simplified there, so that shape arithmetic is
+    folded. What such a runtime is asked about (`optimize`), built from (a session's stage) and exported as."""
+    return simplify(at_shapes(model, shapes, values))

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UhopError
+from .precision.values import REDUCED
 
 BUILTIN = Path(__file__).with_name("targets.json")
-REDUCED = ("bf16", "fp16", "int8")  # the reduced precisions a profile may declare for a provider
 # A CPU computes bf16 only with one of these in its `isa` (x86's AVX-512 BF16 or AMX, Arm's BF16 extension);
 # without them a runtime asked for bf16 computes in fp32, so a profile declaring it would be wrong.
 BF16_ISA = ("avx512_bf16", "amx_bf16", "bf16")

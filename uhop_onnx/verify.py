@@ -1,7 +1,8 @@
 """`verify_bundle`: the signature (given a key) and hashes first, then every stage this host can run, against ONNX Runtime on the same inputs.
 
 Each stage and the outputs are held to the manifest's tolerances: `{"rtol", "atol"}` element by element, or a
-reduced-precision stage's `{"scaled": t}`, the precision gate's rule (`compare.compare_within`).
+reduced-precision stage's `{"scaled": t}`, the precision gate's rule: the one accuracy rule of
+`precision.accuracy.compare`.
 
 Stages run in their own formats where the runtime is here; an `.rknn` stage runs in Rockchip's simulator and
 an aarch64 kernels stage in a static aarch64 driver under qemu, each rebuilt from the stage's ONNX the bundle
@@ -24,12 +25,12 @@ import numpy as np
 from .bundle import KeySource, check_signature, load_stage
 from .bundle.manifest import check_files, read_manifest, unpacked
 from .bundle.signature import signed
-from .compare import compare_within
 from .dtypes import TensorSig
 from .errors import BundleError, UhopError, first_line
 from .executor import Executor
 from .files import read_npz
 from .plan import Stage
+from .precision.accuracy import compare
 from .providers import Runner
 from .samples import reference_outputs
 
@@ -77,7 +78,7 @@ def _verified(folder: Path, report: dict[str, Any], trusted: bool, allow_unrun: 
                          "tolerance": stage["tolerance"], **c.entry}
                         for k, (stage, c) in enumerate(zip(manifest["stages"], checked))]
     expected = read_npz(folder / manifest["samples"]["outputs"], BundleError)
-    report["outputs"] = {name: compare_within(got[name], want, manifest["tolerance"])
+    report["outputs"] = {name: compare(got[name], want, manifest["tolerance"])
                          for name, want in expected.items()}
     report["unrun"] = bool(report["stages"]) and not any(s["ran"] for s in report["stages"])
     report["ok"] = (all(s["ok"] is not False for s in report["stages"])
@@ -116,7 +117,7 @@ class Checked(Runner):
         except Exception as error:  # noqa: BLE001 - a failing stage is a failed check, reported
             self.entry = {"ran": True, "how": self.how, "ok": False, "error": first_line(error)}
             return reference
-        compared = {name: compare_within(results[name], reference[name], self.tolerance) if name in results else
+        compared = {name: compare(results[name], reference[name], self.tolerance) if name in results else
                     {"ok": False, "error": "missing from the stage's results"} for name in self.outputs}
         ok = all(c["ok"] for c in compared.values())
         self.entry = {"ran": True, "how": self.how, "ok": ok, "outputs": compared}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +31,47 @@ from .signature import KeySource, check
 
 
 class Bundle:
-    """A loaded bundle, with onnxruntime's interface: `get_inputs`, `get_outputs`, `run`."""
+    """A loaded bundle, with onnxruntime's interface: `get_inputs`, `get_outputs`, `run`; `close()` (or a
+    `with` block) releases its runners and an archive's unpacked files. A stage that fails to load closes
+    the runners loaded before it."""
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None, key: KeySource | None = None,
                  allowed_delegates: Iterable[str | os.PathLike] = ()):
         self.folder, self._scratch = open_bundle(path, None if key is None else signed_by(path, key))
-        self.manifest, self.signed = open_checked(self.folder, path, key)
-        stages = self.manifest["stages"]
-        runners = [load_stage(self.folder, s, threads, exclusive=len(stages) == 1, trusted=self.signed,
-                              allowed_delegates=allowed_delegates) for s in stages]
-        constants = (read_npz(self.folder / self.manifest["constants"], BundleError) if self.manifest.get("constants")
-                     else {})
-        self._executor = Executor([Stage.from_json(s) for s in stages], runners, self.get_inputs(), [o.name for o in self.get_outputs()], constants)
+        try:
+            self.manifest, self.signed = open_checked(self.folder, path, key)
+            stages = self.manifest["stages"]
+            constants = (read_npz(self.folder / self.manifest["constants"], BundleError)
+                         if self.manifest.get("constants") else {})
+            with ExitStack() as loaded:  # the runners loaded so far, closed if a later stage fails to load
+                runners = [loaded.enter_context(load_stage(self.folder, s, threads, exclusive=len(stages) == 1,
+                                                           trusted=self.signed, allowed_delegates=allowed_delegates))
+                           for s in stages]
+                loaded.pop_all()
+        except BaseException:
+            self._remove_scratch()
+            raise
+        self._executor = Executor([Stage.from_json(s) for s in stages], runners, self.get_inputs(),
+                                  [o.name for o in self.get_outputs()], constants)
         # Stages whose runtime built them for fixed shapes (`.rknn`, `.tflite` of a model with free dimensions)
         # run only at the shapes the bundle was exported at.
         self._fixed = sorted({s["provider"] for s in stages if s.get("built_for")})
+
+    def close(self) -> None:
+        """Close every stage's runner and remove an archive's unpacked files; do not run the bundle after."""
+        self._executor.close()
+        self._remove_scratch()
+
+    def __enter__(self) -> Bundle:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _remove_scratch(self) -> None:
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
 
     def get_inputs(self) -> list[TensorSig]:
         return [TensorSig(**t) for t in self.manifest["inputs"]]

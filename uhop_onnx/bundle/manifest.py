@@ -24,6 +24,7 @@ from typing import IO, Any
 
 from uhop_onnx.errors import BundleError, BundleNotFound
 from uhop_onnx.files import check_external_data, temporary_folder
+from uhop_onnx.precision.values import PRECISIONS
 from uhop_onnx.providers import REGISTRY
 
 SCHEMA = "uhop-onnx.bundle/3"  # /3: stages' precisions, and tolerances of the precision gate's form
@@ -32,8 +33,6 @@ MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"  # Ed25519 over the manifest's bytes (see `signature`)
 MANIFEST_LIMIT = 16 << 20  # bytes: a manifest is JSON of names, hashes and small tables
 SIGNATURE_LIMIT = 4096
-FP32_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
-PRECISIONS = ("fp32", "bf16", "fp16", "int8")  # what a stage runs at (as a plan's stages record it)
 
 __all__ = ["BundleError", "MANIFEST", "SCHEMA", "SIGNATURE", "check_files", "hash_files", "open_bundle",
            "read_checked", "read_manifest", "unpacked", "validate"]

@@ -1,44 +1,18 @@
-"""Reduced precision: the precisions a plan may use, calibration samples, and the accuracy gate a
-reduced-precision plan must pass against ONNX Runtime fp32 (a stage is built at a reduced precision by its
-provider: `providers/quantize.py`).
-
-Tolerance, per output and per sample: `max|y - ref| <= tolerance * (1 + max|ref|)`.
-"""
+"""Calibration samples: read from an `.npz`, a folder of them or a dict, split one feed per sample as the
+model's inputs declare, and checked against the model's inputs."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .errors import InputError
-from .files import read_npz
-
-PRECISIONS = ("fp32", "bf16", "fp16", "int8")  # what a stage runs at
-CHOICES = ("fp32", "auto", "bf16", "fp16", "int8")  # what `optimize(precision=...)` accepts
-DEFAULT_TOLERANCE = 1e-2
-
-
-def check_choice(precision: str, tolerance: float | None) -> float:
-    """The tolerance a `precision` choice is gated with; `InputError` for an unknown precision or a
-    tolerance that is not a positive number."""
-    if precision not in CHOICES:
-        raise InputError(f"precision: {precision!r} is not one of {', '.join(CHOICES)}")
-    if tolerance is None:
-        return DEFAULT_TOLERANCE
-    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance > 0:
-        raise InputError(f"tolerance: {tolerance!r} must be a positive number (1e-2: outputs within 1% of "
-                         "their largest magnitude)")
-    return float(tolerance)
-
-
-def wanted(choice: str, offered: Sequence[str]) -> list[str]:
-    """The precisions of a provider's `offered` ones that compete under `choice`: every one under `auto`;
-    the named one and fp32 otherwise."""
-    return [p for p in offered if choice == "auto" or p in ("fp32", choice)]
+from ..errors import InputError
+from ..files import read_npz
+from .values import check_choice
 
 
 def read_choice(precision: str, tolerance: float | None, calibration: Any, shapes: Any, inputs: Any,
@@ -145,53 +119,3 @@ def _rows(value: np.ndarray, dims: Sequence[int | None] | None, where: str, name
                          f"on the batch axis of an input whose batch is {batch}, so its length must be a "
                          f"multiple of {batch}; {FORMS}")
     return batch
-
-
-def errors(got: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> dict[str, dict[str, Any]]:
-    """Per output: max abs error, max relative error (to the largest reference magnitude), cosine, the scale
-    `1 + max|ref|` the tolerance is taken of, and for 2-D float scores whether the top-1 agrees in every row."""
-    out = {}
-    for name, want in reference.items():
-        want, have = np.asarray(want), np.asarray(got[name])
-        if have.shape != want.shape:
-            out[name] = {"error": f"shape {list(have.shape)}, expected {list(want.shape)}"}
-            continue
-        a, b = have.astype(np.float64).ravel(), want.astype(np.float64).ravel()
-        diff = float(np.abs(a - b).max()) if a.size else 0.0
-        peak = float(np.abs(b).max()) if b.size else 0.0
-        norms = float(np.linalg.norm(a) * np.linalg.norm(b))
-        entry = {"max_abs_error": diff, "max_rel_error": diff / peak if peak else diff,
-                 "cosine": float(a @ b / norms) if norms > 0 else float(np.array_equal(a, b)), "scale": 1.0 + peak}
-        if want.ndim == 2 and want.dtype.kind == "f" and want.shape[1] > 1:
-            entry["top1_agrees"] = bool((have.argmax(1) == want.argmax(1)).all())
-        out[name] = entry
-    return out
-
-
-def gate(per_sample: Sequence[Mapping[str, Mapping[str, Any]]], tolerance: float) -> tuple[bool, dict[str, Any]]:
-    """Whether every output of every sample is within `tolerance` (`errors`' figures per sample), and per
-    output the worst figures over the samples: max abs, max rel, lowest cosine, top-1 agreement."""
-    worst: dict[str, dict[str, Any]] = {}
-    ok = True
-    for sample in per_sample:
-        for name, e in sample.items():
-            w = worst.setdefault(name, {"max_abs_error": 0.0, "max_rel_error": 0.0, "cosine": 1.0})
-            if "error" in e or not np.isfinite(e["max_abs_error"]) or e["max_abs_error"] > tolerance * e["scale"]:
-                ok = False
-            if "error" in e:
-                w["error"] = e["error"]
-                continue
-            w["max_abs_error"] = max(w["max_abs_error"], e["max_abs_error"])
-            w["max_rel_error"] = max(w["max_rel_error"], e["max_rel_error"])
-            w["cosine"] = min(w["cosine"], e["cosine"])
-            if "top1_agrees" in e:
-                w["top1_agrees"] = w.get("top1_agrees", True) and e["top1_agrees"]
-    return ok, worst
-
-
-def gate_run(run: Callable[[Mapping[str, Any]], Sequence[Any]], outputs: Sequence[str],
-             samples: Sequence[Mapping[str, Any]], references: Sequence[Mapping[str, Any]],
-             tolerance: float) -> tuple[bool, dict[str, Any]]:
-    """`gate` of a plan's outputs (`run(feeds)`, in `outputs` order) on every sample against its reference."""
-    return gate([errors(dict(zip(outputs, run(s), strict=True)), ref) for s, ref in zip(samples, references)],
-                tolerance)
