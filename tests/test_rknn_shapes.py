@@ -87,5 +87,6 @@ def test_a_free_shape_detector_goes_whole_to_the_npu_and_verifies(tmp_path):
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert [s["provider"] for s in manifest["stages"]] == ["rknn"], manifest["stages"]
     assert manifest["stages"][0]["built_for"] == {"images": list(SHAPE)}
+    assert manifest["stages"][0]["artifact"]["options"]["core_mask"] == "0_1_2"  # batch 1: all three cores
     report = uhop_onnx.verify_bundle(bundle)
     assert report["ok"], report

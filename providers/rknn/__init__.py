@@ -11,7 +11,8 @@ Presence, decided honestly:
 
 Options: `target` (rk3588 default, rk3576, rk3568, rk3566, rk3562), `dtype` (fp16 default, or int8),
 `calibration` (int8: an `.npz` of the stage's inputs, samples stacked on a new first axis),
-`core_mask` (board: auto, 0, 1, 2, 0_1, 0_1_2, all), `simulate` (bool).
+`core_mask` (board: auto, 0, 1, 2, 0_1, 0_1_2, all; not given, a bundle's stage gets the `cores` rule's, or
+on the board, as `tune` writes it, the fastest measured there), `simulate` (bool).
 
 Bundles: `export` writes the stage's `.rknn` (needs the toolkit environment, on any host) with what
 `load_artifact` needs on the board. Its tolerance against ONNX Runtime is `FP16_TOLERANCE` for fp16. int8
@@ -36,6 +37,7 @@ import numpy as np
 from uhop_onnx.errors import ProviderError
 
 from ..base import Absent, Artifact, PerShapeRunner, Provider, Runner, output_dtypes
+from . import cores
 from .runner import CORE_MASKS, RUNTIME_LIBRARY, data_formats
 from .setup import TOOLKIT, is_ready, venv_path
 from .table import DTYPES, FP16_TOLERANCE, RKNN_TABLE, TARGETS, remarks
@@ -131,10 +133,27 @@ class Rknn(Provider):
             convert(model, path, self.target, self.dtype)
             tolerance = FP16_TOLERANCE
         inputs = model_inputs(model)
-        options = {"target": self.target, "dtype": self.dtype, "core_mask": self.core_mask, "inputs": inputs,
+        core_mask, timings = self._core_mask(model, path)
+        options = {"target": self.target, "dtype": self.dtype, "core_mask": core_mask, "inputs": inputs,
                    "outputs": [o.name for o in model.graph.output], "data_formats": data_formats(len(inputs)),
-                   "dtypes": {name: dtype.name for name, dtype in output_dtypes(model).items()}}
+                   "dtypes": {name: dtype.name for name, dtype in output_dtypes(model).items()},
+                   **({"core_mask_ms": timings} if timings else {})}
         return Artifact("rknn", files, options, dict(tolerance))
+
+    def _core_mask(self, model: onnx.ModelProto, path: Path) -> tuple[str, dict[str, float] | None]:
+        """The `core_mask` option where given; else, on the board, the fastest of the masks timed there on the
+        stage just written (with the figures), and elsewhere the rule's (see `cores`)."""
+        if "core_mask" in self.options:
+            return self.core_mask, None
+        if self.simulate or not self.present:
+            return cores.chosen(model, self.target), None
+        from .converter import model_inputs
+        from .runner import RknnLiteRunner
+
+        outputs, dtypes = [o.name for o in model.graph.output], output_dtypes(model)
+        timings = cores.measured(model, self.target, lambda mask: RknnLiteRunner(
+            path, model_inputs(model), outputs, dtypes, mask))
+        return cores.fastest(timings), timings
 
     @classmethod
     def _load_artifact(cls, folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool,
