@@ -165,20 +165,9 @@ def _options(verbose: Annotated[bool, typer.Option(*VERBOSE, help="Show the runt
     set_log_severity(2 if verbose else 4)  # not verbose: its errors are raised to us, not logged
 
 
-LiteRtFp16Option = Annotated[bool, typer.Option("--litert-fp16", help="LiteRT stages keep float16 weights "
-                             "(checked against ONNX Runtime within rtol 1e-2, atol 1e-3).")]
-
-
-def _providers(text: str | None, litert_fp16: bool = False) -> list | None:
-    """Provider specs from `--providers` (None: every one present); `--litert-fp16` sets litert's option."""
-    specs = [p.strip() for p in text.split(",") if p.strip()] if text else None
-    if not litert_fp16:
-        return specs
-    if specs is None:
-        from .providers import REGISTRY
-
-        specs = [ident for ident, cls in REGISTRY.items() if cls().present]
-    return [("litert", {"fp16": True}) if s == "litert" else s for s in specs]
+def _providers(text: str | None) -> list | None:
+    """Provider specs from `--providers` (None: every one present)."""
+    return [p.strip() for p in text.split(",") if p.strip()] if text else None
 
 
 def _print_json(data: Any) -> None:
@@ -328,7 +317,7 @@ def optimize(model: Path, output: Annotated[Path, typer.Option("--output", "-o",
              budget: Annotated[float, typer.Option("--budget", min=0, help="Seconds optimize may take in all: "
                                                    "it stops measuring then and keeps the best plan found.")]
              = 60.0,
-             litert_fp16: LiteRtFp16Option = False, shape: MeasuredShapeOption = None,
+             shape: MeasuredShapeOption = None,
              inputs: MeasuredInputsOption = None, precision: PrecisionOption = "fp32",
              tolerance: ToleranceOption = None, calibration: CalibrationOption = None,
              as_json: JsonOption = False, quiet: QuietOption = False) -> None:
@@ -339,7 +328,7 @@ def optimize(model: Path, output: Annotated[Path, typer.Option("--output", "-o",
     check_writable(output)
     spent = _age() + SAVING * budget if AS_COMMAND else 0.0  # the budget is the whole command's
     with _steps("optimizing", not (as_json or quiet), None if no_profile else budget - spent) as step:
-        plan = run_optimize(model, _providers(providers, litert_fp16), profile=not no_profile, threads=threads,
+        plan = run_optimize(model, _providers(providers), profile=not no_profile, threads=threads,
                             budget=max(budget - spent, 0.0), progress=step,
                             **_measured_at(shape, inputs, precision, tolerance, calibration))
         step("writing the plan")
@@ -413,7 +402,7 @@ def run(model: Annotated[Path, typer.Argument(help="A plan folder or an .onnx mo
                                                 "p50/p90/p99, throughput and each stage's share.")] = 0,
         warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs before the timed ones.")] = 1,
         seed: SeedOption = 0, providers: ProvidersOption = None, threads: ThreadsOption = None,
-        litert_fp16: LiteRtFp16Option = False, as_json: JsonOption = False) -> None:
+        as_json: JsonOption = False) -> None:
     """Run a plan folder or a model on given or generated inputs; with --iterations, time it."""
     import numpy as np
 
@@ -421,7 +410,7 @@ def run(model: Annotated[Path, typer.Argument(help="A plan folder or an .onnx mo
 
     with _steps("running", not as_json) as step:
         step("compiling stages")
-        session = _session(model, providers, threads, litert_fp16)
+        session = _session(model, providers, threads)
         feeds, source = _feeds(session, inputs, shape, seed)
         step("running")
         results = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
@@ -468,7 +457,7 @@ def compare(model: Annotated[Path, typer.Argument(help="A plan folder or an .onn
             atol: Annotated[float | None, typer.Option("--atol", min=0, help="Default: as --rtol's, else 1e-5.")]
             = None,
             seed: SeedOption = 0, providers: ProvidersOption = None, threads: ThreadsOption = None,
-            litert_fp16: LiteRtFp16Option = False, as_json: JsonOption = False) -> None:
+            as_json: JsonOption = False) -> None:
     """Run a plan (or a model) and a reference on the same inputs and compare every output: max abs and rel
     error and cosine; exit 1 when one is outside --rtol/--atol (numpy's allclose), or without them outside the
     rule the plan was gated at."""
@@ -476,7 +465,7 @@ def compare(model: Annotated[Path, typer.Argument(help="A plan folder or an .onn
 
     with _steps("comparing", not as_json) as step:
         step("compiling stages")
-        session = _session(model, providers, threads, litert_fp16)
+        session = _session(model, providers, threads)
         feeds, source = _feeds(session, inputs, shape, seed)
         step("running")
         names = [o.name for o in session.get_outputs()]
@@ -505,11 +494,11 @@ def _number(value: float | None, spec: str = ".3g") -> str:
     return "" if value is None else format(value, spec)
 
 
-def _session(model: Path, providers: str | None, threads: int | None, litert_fp16: bool):
+def _session(model: Path, providers: str | None, threads: int | None):
     """A session over a plan folder, or a model placed without timing."""
     from .session import InferenceSession
 
-    return InferenceSession(str(model), providers=_providers(providers, litert_fp16), profile=False, threads=threads)
+    return InferenceSession(str(model), providers=_providers(providers), profile=False, threads=threads)
 
 
 def _feeds(session, inputs: Path | None, shapes: list[str] | None, seed: int) -> tuple[dict, str]:
