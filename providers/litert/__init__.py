@@ -21,6 +21,7 @@ from uhop_onnx.cache import JsonTable, cache_dir, prune, touch
 from uhop_onnx.errors import CheckError, ProviderError, missing_module
 from uhop_onnx.files import atomic_file
 from uhop_onnx.inputs import free_inputs
+from uhop_onnx.precision import FP32_TOLERANCE
 
 from .. import indices
 from ..base import Absent, Artifact, PerShapeRunner, Provider, Runner
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FP32_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 FP16_TOLERANCE = {"rtol": 1e-2, "atol": 1e-3}
 # int8 is checked for gross faults only: the error's norm within a tenth of the output's (on random inputs a few
 # values past their calibrated ranges saturate; MobileNetV2's blocks stay within 0.05). The optimizer's accuracy
