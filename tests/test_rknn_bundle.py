@@ -33,9 +33,11 @@ def simulated(report) -> dict:
 
 
 @needs_toolkit
-def test_fp16_stage_is_written_and_verified_in_the_simulator(tmp_path):
+def test_fp16_stage_is_written_and_verified_in_the_simulator(tmp_path, caplog):
     # The static cost model leaves a CNN this small on the CPU; keep it to the NPU here.
     bundle = uhop_onnx.export_bundle(cnn(), "rk3588", tmp_path / "b", providers=["rknn"])
+    said = [r.getMessage() for r in caplog.records if "fastest at int8" in r.getMessage()]
+    assert len(said) == 1 and "--calibration" in said[0] and "\n" not in said[0]
     stage = rknn_stage(bundle)
     artifact = stage["artifact"]
     assert artifact["format"] == "rknn" and (bundle / artifact["files"][0]).read_bytes()[:4] == b"RKNN"
@@ -80,3 +82,19 @@ def test_without_the_toolkit_export_names_the_setup_command(tmp_path, monkeypatc
     with pytest.raises(ProviderError, match="rk3588 needs rknn.*uhop-onnx setup rknn"):
         uhop_onnx.export_bundle(cnn(), "rk3588", tmp_path / "b")
     assert not (tmp_path / "b").exists()
+
+
+@needs_toolkit
+def test_int8_precision_quantizes_with_the_toolkit_and_gates_in_the_simulator(tmp_path):
+    rng = np.random.default_rng(3)
+    calibration = {"input": rng.standard_normal((4, 1, 3, 32, 32)).astype(np.float32)}
+    bundle = uhop_onnx.export_bundle(cnn(), "rk3588", tmp_path / "b", providers=["rknn"], precision="int8",
+                                     calibration=calibration, tolerance=0.05)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    (stage,) = manifest["stages"]
+    assert stage["precision"] == "int8" and stage["artifact"]["options"]["dtype"] == "int8" and stage["gated"]
+    gate = manifest["precision"]
+    assert gate["calibrated"] and gate["samples"] == 4 and gate["ungated"] == []
+    accuracy = gate["accuracy"]["output"]  # per output, against ONNX Runtime fp32, in the simulator
+    assert 0 < accuracy["max_abs_error"] and accuracy["cosine"] > 0.99
+    assert uhop_onnx.verify_bundle(bundle)["ok"]

@@ -24,6 +24,7 @@ fails, rightly, on inputs unlike them.
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 from collections.abc import Iterable, Mapping
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Rknn"]
 
+log = logging.getLogger(__name__)
+
 SETUP = "uhop-onnx setup rknn"  # makes the toolkit environment: conversion and the simulator, on any host
 INT8_MARGIN = 2.0  # int8 atol: this many times the largest error on the calibration samples
 
@@ -66,6 +69,7 @@ class Rknn(Provider):
     simulator_name = "the RKNN simulator"
     option_types = {"target": str, "dtype": str, "calibration": str, "core_mask": str, "simulate": bool}
     static_shapes = True
+    fp16_said = False  # whether `export` has warned that its fp16 stages could be int8
 
     def __init__(self, options: Mapping[str, Any] | None = None, threads: int | None = None):
         super().__init__(options, threads)
@@ -132,6 +136,10 @@ class Rknn(Provider):
         else:
             convert(model, path, self.target, self.dtype)
             tolerance = FP16_TOLERANCE
+            if not self.fp16_said:
+                log.warning("rknn: stages are fp16; the NPU is fastest at int8: export with --precision int8 "
+                            "--calibration DATA (precision='int8', calibration=...)")
+                self.fp16_said = True
         inputs = model_inputs(model)
         core_mask, timings = self._core_mask(model, path)
         options = {"target": self.target, "dtype": self.dtype, "core_mask": core_mask, "inputs": inputs,
