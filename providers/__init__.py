@@ -7,17 +7,17 @@ from typing import Any
 
 from uhop_onnx.errors import InputError, ProviderError
 
-from .base import Availability, Provider, Runner
+from .base import DEVICE_KINDS, ArtifactFormat, Availability, Lowering, Provider, Runner
 from .capability import CapabilityTable, OpRule, Support
 from .kernels import KernelsProvider
 from .litert import LiteRt
 from .openvino import OpenVino
-from .ort import OrtCpu, OrtCuda, OrtRocm, OrtTensorRT
+from .ort import OrtCpu, OrtCuda, OrtQnn, OrtRocm, OrtTensorRT
 from .ort_names import ORT_NAMES, from_ort, quietly, warn
 from .rknn import Rknn
 
 # Accelerators first; ort-cpu, the last resort, last.
-REGISTRY: dict[str, type[Provider]] = {cls.id: cls for cls in (OrtTensorRT, OrtCuda, OrtRocm, Rknn, OpenVino, LiteRt, KernelsProvider, OrtCpu)}
+REGISTRY: dict[str, type[Provider]] = {cls.id: cls for cls in (OrtTensorRT, OrtCuda, OrtRocm, OrtQnn, Rknn, OpenVino, LiteRt, KernelsProvider, OrtCpu)}
 LAST_RESORT = "ort-cpu"
 
 ProviderSpec = str | tuple[str, dict[str, Any]]
@@ -30,17 +30,21 @@ POLICIES = ("device", "literal")
 HOST_CPU: tuple[tuple[str, dict[str, Any]], ...] = (("openvino", {}), ("litert", {}), ("kernels", {}), ("ort-cpu", {}))
 
 __all__ = [
+    "DEVICE_KINDS",
     "LAST_RESORT",
     "ORT_NAMES",
     "POLICIES",
     "REGISTRY",
+    "ArtifactFormat",
     "Availability",
     "CapabilityTable",
+    "Lowering",
     "OpRule",
     "Provider",
     "Runner",
     "Support",
     "create",
+    "device_kind",
     "devices",
     "get_available_providers",
     "listed",
@@ -70,6 +74,14 @@ def _split(spec: ProviderSpec) -> tuple[str, dict[str, Any]]:
     if isinstance(spec, (tuple, list)) and len(spec) == 2 and isinstance(spec[0], str) and isinstance(spec[1], dict):
         return spec[0], dict(spec[1])
     raise ProviderError(f"providers: expected an id or an (id, options) pair, got {spec!r}")
+
+
+def device_kind(ident: str, options: dict[str, Any]) -> str:
+    """The device kind (`DEVICE_KINDS`: "cpu", "gpu", "npu", "delegate") a stage of provider `ident` with
+    `options` computes on, as the provider declares it."""
+    if ident not in REGISTRY:
+        raise ProviderError(f"unknown provider {ident!r}; valid providers: {', '.join(REGISTRY)}")
+    return REGISTRY[ident].device_kind(options)
 
 
 def create(spec: ProviderSpec, threads: int | None = None) -> Provider:
@@ -115,8 +127,8 @@ def resolve(specs: Sequence[ProviderSpec] | None, threads: int | None = None, st
 def listed(specs: Sequence[ProviderSpec], threads: int | None, policy: str, strict: bool = False) -> list[Provider]:
     """The providers `specs` name, in order, without duplicates. uhop's ids name exactly one provider. Under
     `policy="device"`, `CPUExecutionProvider` is every provider present that runs on this host's CPU
-    (`HOST_CPU`), a GPU EP name its own provider followed, after every name listed, by the CPU ones (for what
-    the GPU cannot run), and `ort-cpu` comes last. ONNX Runtime's other EP names (`AzureExecutionProvider`,
+    (`HOST_CPU`), a GPU or NPU EP name its own provider followed, after every name listed, by the CPU ones (for
+    what the device cannot run), and `ort-cpu` comes last. ONNX Runtime's other EP names (`AzureExecutionProvider`,
     `CoreMLExecutionProvider`...) have no provider here: skipped with a warning, as ONNX Runtime skips an EP
     its build lacks (`strict`: `ProviderError`)."""
     names = [_split(spec) for spec in specs]
@@ -132,7 +144,7 @@ def listed(specs: Sequence[ProviderSpec], threads: int | None, policy: str, stri
             continue
         ident, options = from_ort(name, options)
         named.extend(cpu if device == "cpu" else [create((ident, options), threads)])
-    named.extend(cpu if "gpu" in devices else [])
+    named.extend(cpu if {"gpu", "npu"} & set(devices) else [])
     unique: dict[tuple, Provider] = {}
     for provider in named:
         unique.setdefault(_key(provider), provider)

@@ -1,4 +1,6 @@
-"""What every provider is: presence, a capability table plus the runtime's own query, and compilation.
+"""What every provider is: presence, a capability table plus the runtime's own query, and compilation, and what
+it declares as data: the device kind its stages compute on, its precisions (`Lowering`s) and its bundle format
+(`ArtifactFormat`).
 
 A provider is a loader (`compile`) of runners (`Runner.run`). Runners import only numpy and their own
 runtime, so a bundle can run them on a board that has nothing else.
@@ -201,17 +203,87 @@ class PerShapeRunner(Runner):
         return runner.run(feeds)
 
 
+# Where a provider's stages compute: this host's (or board's) CPU cores, a GPU, an NPU, or the device an external
+# delegate drives.
+DEVICE_KINDS = ("cpu", "gpu", "npu", "delegate")
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """How a provider builds a stage at one precision. `model(provider, stage)` makes the stage model it compiles
+    (None: the stage itself, the runtime being told the precision); `options` are what a variant at this
+    precision sets in its options (a None value removes that option); `methods` the ways an int8 stage is made
+    (`providers.quantize.quantize_int8`'s, the default first); `offered(provider)` whether this host offers the
+    precision (None: always)."""
+
+    model: Callable[[Any, onnx.ModelProto], onnx.ModelProto] | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    methods: tuple[str, ...] = ()
+    offered: Callable[[Any], bool] | None = None
+
+
+def quantized(provider: Provider, model: onnx.ModelProto) -> onnx.ModelProto:
+    """The int8 stage a QDQ quantizer makes on the provider's calibration: the method its `quantization` option
+    names, else its default one."""
+    from .quantize import quantize_int8
+
+    return quantize_int8(model, provider.calibration, provider.options.get("quantization") or provider.quantizations()[0])
+
+
+FP32 = Lowering()  # the stage as it is
+INT8_QDQ = Lowering(quantized, methods=("static",))  # the QDQ model ONNX Runtime's quantize_static makes
+
+
+class ArtifactFormat(ABC):
+    """A provider's stages written in its runtime's own format for a bundle, as one object: its `name`
+    (`Artifact.format`), why this host cannot write it (`blocker`), `export` a stage, `load` one back as a
+    runner, and the `simulator` that runs its stages where the runtime is absent (named `simulator_name`)."""
+
+    name: ClassVar[str]
+    simulator_name: ClassVar[str] = ""
+
+    def blocker(self, provider: Provider) -> str | None:
+        """Why this host cannot write `provider`'s stages; None when it can."""
+        return None
+
+    @abstractmethod
+    def export(self, provider: Provider, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
+        """Write a stage of `provider` into `folder` (files named `stem.*`)."""
+
+    @abstractmethod
+    def load(self, folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool, trusted: bool,
+             allowed_delegates: Iterable[str | os.PathLike]) -> Runner:
+        """The runner of a stage `export` wrote (see `Provider.load_artifact`)."""
+
+    def simulator(self, provider: Provider) -> Provider | None:
+        """The provider that runs `provider`'s stages here when its runtime is absent; None when there is none."""
+        return None
+
+
 class Provider(ABC):
-    """One way to run ONNX nodes: a runtime on a device."""
+    """One way to run ONNX nodes: a runtime on a device.
+
+    What a provider is, it declares as data: `kind` (the device its stages compute on), `lowerings` (its
+    precisions, each with how a stage is built at it: `precisions`, `variants`, `lower` and `bundle_precisions`
+    follow), `format` (its bundle format: `artifact_format`, `export_blocker`, `export`, `load_artifact` and
+    `simulator` follow) and `static_shapes` (`compile` builds such a stage once per shape it runs at). Beside
+    them it defines `probe` and `build`, and optionally `query` and `check`.
+    """
 
     id: ClassVar[str]
     install: ClassVar[str]  # the command that makes this provider present
     table: ClassVar[CapabilityTable]
-    # The format its stages take in a bundle (`Artifact.format`: "onnx", "openvino-ir"...); None: it writes none.
+    kind: ClassVar[str] = "cpu"  # the device its stages compute on (`DEVICE_KINDS`), unless its options say another
+    npu_resource: ClassVar[str] = "npu"  # the custom resource a Ray node advertises for this provider's NPU
+    # precision -> how a stage is built at it, fp32 (its default) first
+    lowerings: ClassVar[Mapping[str, Lowering]] = {"fp32": FP32}
+    format: ClassVar[ArtifactFormat | None] = None  # its stages in a bundle; None: it writes none
+    # Derived from the above: the format's name (`Artifact.format`: "onnx", "openvino-ir"...), the precisions its
+    # `export` writes a stage at (fp32: its default one), whatever this host computes, and what `simulator()`
+    # runs its stages in, as reports name it.
     artifact_format: ClassVar[str | None] = None
-    # The precisions its `export` writes a stage at (fp32: its default one), whatever this host computes.
     bundle_precisions: ClassVar[tuple[str, ...]] = ("fp32",)
-    simulator_name: ClassVar[str] = ""  # what `simulator()` runs its stages in, as reports name it
+    simulator_name: ClassVar[str] = ""
     # option -> the type its value must have (as pydantic reads a type), checked when a plan file is read
     option_types: ClassVar[dict[str, Any]] = {}
     option_names: ClassVar[frozenset[str]] = frozenset()  # the keys of `option_types`
@@ -228,6 +300,17 @@ class Provider(ABC):
         super().__init_subclass__(**kwargs)
         if "option_types" in cls.__dict__:
             cls.option_names = frozenset(cls.option_types)
+        if "lowerings" in cls.__dict__:
+            cls.bundle_precisions = tuple(dict.fromkeys(("fp32", *cls.lowerings)))
+        if "format" in cls.__dict__:
+            cls.artifact_format = cls.format and cls.format.name
+            cls.simulator_name = cls.format.simulator_name if cls.format else ""
+
+    @classmethod
+    def device_kind(cls, options: Mapping[str, Any]) -> str:
+        """The device kind (`DEVICE_KINDS`) a stage with `options` computes on: `kind`, unless an option names
+        another device."""
+        return cls.kind
 
     def __init__(self, options: Mapping[str, Any] | None = None, threads: int | None = None):
         options = dict(options or {})
@@ -246,19 +329,28 @@ class Provider(ABC):
         return label(self.id, self.options, self.precision)
 
     def precisions(self) -> list[str]:
-        """The precisions this provider builds stages at on this host, fp32 first."""
-        return ["fp32"]
+        """The precisions this provider builds stages at on this host (those of `lowerings` it offers), fp32
+        first."""
+        return [p for p, lowering in self.lowerings.items() if lowering.offered is None or lowering.offered(self)]
 
     def at_precision(self, precision: str, calibration: Any = None) -> Provider:
-        """This provider building its stages at `precision` (int8 quantized on `calibration`)."""
+        """This provider building its stages at `precision` (int8 quantized on `calibration`), with the options
+        its lowering sets."""
         variant = copy.copy(self)
         variant.precision, variant.calibration = precision, calibration
+        lowering = self.lowerings.get(precision, FP32)
+        if lowering.options:
+            merged = {**self.options, **lowering.options}
+            variant.options = {k: v for k, v in merged.items() if v is not None}
         return variant
 
     def quantizations(self) -> tuple[str, ...]:
-        """How this provider makes an int8 stage (`providers.quantize.quantize_int8`'s methods), the default
-        first; the others are named by a `quantization` option, which the label shows."""
-        return ("static",)
+        """How this provider makes an int8 stage (its int8 lowering's methods that this host can run), the
+        default first; the others are named by a `quantization` option, which the label shows."""
+        from .quantize import usable
+
+        methods = self.lowerings["int8"].methods if "int8" in self.lowerings else ()
+        return usable(methods, self.id) or ("static",)
 
     def variants(self, precision: str, calibration: Any = None) -> list[Provider]:
         """The ways this provider builds stages at `precision`, each a candidate of its own with its own
@@ -269,18 +361,15 @@ class Provider(ABC):
         default, *others = self.quantizations()
         named = [self.at_precision(precision, calibration) for _ in others]
         for variant, method in zip(named, others):
-            variant.options = {**self.options, "quantization": method}
+            variant.options = {**variant.options, "quantization": method}
         return [self.at_precision(precision, calibration), *named]
 
     def lower(self, model: onnx.ModelProto) -> onnx.ModelProto:
-        """The stage model this instance compiles: int8 as the model its quantization makes on its
-        calibration; the model itself at any other precision (the runtime is told the precision when it
-        compiles)."""
-        if self.precision != "int8":
-            return model
-        from .quantize import quantize_int8
-
-        return quantize_int8(model, self.calibration, self.options.get("quantization") or self.quantizations()[0])
+        """The stage model this instance compiles, as its precision's lowering makes it: int8 as the model its
+        quantization makes on its calibration; the model itself where the runtime is told the precision when
+        it compiles."""
+        lowering = self.lowerings.get(self.precision)
+        return lowering.model(self, model) if lowering is not None and lowering.model is not None else model
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(options={self.options!r}, threads={self.threads!r})"
@@ -332,11 +421,15 @@ class Provider(ABC):
 
     def export_blocker(self) -> str | None:
         """Why this host cannot write this provider's stages into a bundle; None when it can."""
-        return f"{self.id} cannot write its stages into a bundle yet"
+        if self.format is None:
+            return f"{self.id} cannot write its stages into a bundle yet"
+        return self.format.blocker(self)
 
     def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
         """Write a stage in this runtime's own format into `folder` (files named `stem.*`), for a bundle."""
-        raise ProviderError(f"{self.id} cannot write its stages into a bundle yet")
+        if self.format is None:
+            raise ProviderError(f"{self.id} cannot write its stages into a bundle yet")
+        return self.format.export(self, model, folder, stem)
 
     @classmethod
     def load_artifact(cls, folder: str | os.PathLike, artifact: Mapping[str, Any], threads: int | None = None,
@@ -356,18 +449,30 @@ class Provider(ABC):
     @classmethod
     def _load_artifact(cls, folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool,
                        trusted: bool, allowed_delegates: Iterable[str | os.PathLike]) -> Runner:
-        """`load_artifact` for this provider's format; the default has none."""
-        raise BundleError(f"{cls.id} has no bundle format, so a bundle cannot carry its stages")
+        """`load_artifact` by this provider's format."""
+        if cls.format is None:
+            raise BundleError(f"{cls.id} has no bundle format, so a bundle cannot carry its stages")
+        return cls.format.load(folder, artifact, threads, exclusive, trusted, allowed_delegates)
 
     def simulator(self) -> Provider | None:
         """The provider that runs this provider's stages on this host when its runtime is absent (compiled
         from the stage's ONNX, for checks rather than timing), named `simulator_name`; None when there is none."""
-        return None
+        return self.format.simulator(self) if self.format is not None else None
 
-    @abstractmethod
     def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
-        """Build a runner for a standalone ONNX model. `exclusive` is False when other stages share the
-        process, so the runtime must not keep spinning threads between calls."""
+        """Build a runner for a standalone ONNX model (`build`). `exclusive` is False when other stages share the
+        process, so the runtime must not keep spinning threads between calls. On a runtime that builds for
+        fixed shapes (`static_shapes`), a stage with free dimensions or small integer inputs is built once per
+        shape and integer value it is run at, simplified there (`PerShapeRunner`)."""
+        self.require()
+        if self.static_shapes and PerShapeRunner.needed(model):
+            return PerShapeRunner(model, lambda fixed: self.build(fixed, exclusive=exclusive))
+        return self.build(model, exclusive=exclusive)
+
+    def build(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
+        """The runner of a stage on this runtime, present here (`compile` checked it); on a `static_shapes`
+        runtime the stage's input shapes are fixed."""
+        raise NotImplementedError(f"{type(self).__name__} defines neither build nor compile")
 
 
 def label(ident: str, options: Mapping[str, Any], precision: str) -> str:

@@ -13,7 +13,9 @@ import numpy as np
 from uhop_onnx.errors import missing_module
 
 from . import indices
-from .base import Absent, Artifact, Pool, Provider, Runner, output_dtypes
+from uhop_onnx.host import cpu_features, host_arch
+
+from .base import FP32, Absent, Artifact, ArtifactFormat, Lowering, Pool, Provider, Runner, output_dtypes, quantized
 from .capability import CapabilityTable, OpRule, Support
 
 if TYPE_CHECKING:
@@ -152,6 +154,39 @@ def _onnx_name(port, dtypes: Mapping[str, np.dtype]) -> str:
     return next((n for n in names if n in dtypes), next(iter(names)))
 
 
+class OpenVinoIr(ArtifactFormat):
+    """OpenVINO IR (`.xml` + `.bin`), compiled on the board's device at the stage's precision."""
+
+    name = "openvino-ir"
+
+    def blocker(self, provider: Provider) -> str | None:
+        return missing_module("openvino", provider.install)  # the IR is written by OpenVINO itself
+
+    def export(self, provider: Provider, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
+        """The stage as OpenVINO IR, weights kept in fp32 (in f16 at fp16; an int8 stage's IR is its QDQ
+        model's), with the precision it compiles at (`compile_config`'s inference precision hint)."""
+        import openvino as ov
+
+        ov.save_model(read_model(model.SerializeToString()), folder / f"{stem}.xml",
+                      compress_to_fp16=provider.precision == "fp16")
+        dtypes = {name: dtype.name for name, dtype in output_dtypes(model).items()}
+        return Artifact("openvino-ir", [f"{stem}.xml", f"{stem}.bin"],
+                        {"device": provider.device, "outputs": dtypes, "precision": provider.precision})
+
+    def load(self, folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool, trusted: bool,
+             allowed_delegates: Iterable[str | os.PathLike]) -> Runner:
+        """A bundle's OpenVINO IR stage on the device it was placed on."""
+        import openvino as ov
+
+        options = artifact["options"]
+        core = ov.Core()
+        provider = OpenVino({"device": options["device"]}, threads).at_precision(options.get("precision", "fp32"))
+        config = provider.compile_config()
+        compiled = core.compile_model(core.read_model(folder / artifact["files"][0]), options["device"], config)
+        return OpenVinoRunner(compiled, {name: np.dtype(dtype) for name, dtype in options["outputs"].items()},
+                              options["device"], config)
+
+
 class OpenVino(Provider):
     """OpenVINO on one device (`{"device": "CPU"}` by default; `openvino:GPU`, `openvino:NPU`). Option
     `quantization`: how an int8 stage was made, "nncf" (the default where NNCF is installed) or "static"."""
@@ -159,9 +194,19 @@ class OpenVino(Provider):
     id = "openvino"
     install = "pip install openvino"
     table = OPENVINO_TABLE
-    artifact_format = "openvino-ir"
-    bundle_precisions = ("fp32", "bf16", "fp16", "int8")  # the inference precision hint; int8: the QDQ model's IR
+    # bf16 and fp16: the inference precision hint; int8: NNCF's QDQ model or ONNX Runtime's (`openvino[int8-static]`):
+    # NNCF's is the closer to fp32, and neither was the faster on every model here, so both compete.
+    lowerings = {"fp32": FP32, "bf16": Lowering(offered=lambda p: p.offers("bf16")),
+                 "fp16": Lowering(offered=lambda p: p.offers("fp16")),
+                 "int8": Lowering(quantized, methods=("nncf", "static"), offered=lambda p: p.offers("int8"))}
+    format = OpenVinoIr()
     option_types = {"device": str, "quantization": Literal["nncf", "static"]}
+
+    @classmethod
+    def device_kind(cls, options: Mapping[str, Any]) -> str:
+        """The kind of OpenVINO's device: gpu or npu for its GPU and NPU devices, else cpu."""
+        family = str(options.get("device", "CPU")).upper().split(".")[0]
+        return family.lower() if family in ("GPU", "NPU") else "cpu"
 
     @property
     def device(self) -> str:
@@ -183,25 +228,22 @@ class OpenVino(Provider):
                          install=DEVICE_SETUP.get(self.device, "see OpenVINO's device configuration guide"))
         return ov.get_version().split("-")[0], self.device
 
-    def precisions(self) -> list[str]:
-        """fp32; bf16, fp16 and int8 where the device reports BF16, FP16 or INT8 in its
-        `OPTIMIZATION_CAPABILITIES`; fp16 on GPU and NPU devices, whose native precision it is."""
+    def offers(self, precision: str) -> bool:
+        """Whether this device computes `precision`: where it is present and reports its capability
+        (`CAPABILITIES`) in `OPTIMIZATION_CAPABILITIES` (GPU and NPU devices fp16 always, their native
+        precision), bf16 on the CPU only where the CPU has AVX-512 BF16 and oneDNN is not held below it
+        (`ONEDNN_MAX_CPU_ISA`): held there, the CPU plugin still reports BF16 and fails to compile bf16."""
         if not self.present:
-            return ["fp32"]
+            return False
         import openvino as ov
 
         reported = set(ov.Core().get_property(self.device, "OPTIMIZATION_CAPABILITIES"))
-        if self.device.split(".")[0] in ("GPU", "NPU"):
+        family = self.device.split(".")[0]
+        if family in ("GPU", "NPU"):
             reported.add("FP16")
-        return ["fp32", *(p for p, capability in CAPABILITIES.items() if capability in reported)]
-
-    def quantizations(self) -> tuple[str, ...]:
-        """int8 as the QDQ model NNCF's post-training quantization makes of the stage (the `quantize`
-        extra) and as the one ONNX Runtime's `quantize_static` makes (`openvino[int8-static]`): NNCF's is
-        the closer to fp32, and neither was the faster on every model here, so both compete."""
-        from .quantize import offers
-
-        return ("nncf", "static") if offers("nncf", "openvino int8 by NNCF") else ("static",)
+        if precision == "bf16" and family == "CPU" and not cpu_computes_bf16():
+            return False
+        return CAPABILITIES[precision] in reported
 
     def query(self, model: onnx.ModelProto) -> dict[str, Support]:
         """Nodes OpenVINO's `query_model` does not place on the device, mapped back by output tensor names."""
@@ -228,27 +270,12 @@ class OpenVino(Provider):
         verdicts.update((name, Support(False, reason, "runtime")) for name, reason in indices.unchecked(model).items())
         return verdicts
 
-    def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
+    def build(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
         import openvino as ov
 
-        self.require()
         config = self.compile_config()
         compiled = ov.Core().compile_model(read_model(model.SerializeToString()), self.device, config)
         return indices.checked(model, OpenVinoRunner(compiled, output_dtypes(model), self.device, config))
-
-    def export_blocker(self) -> str | None:
-        return missing_module("openvino", self.install)  # the IR is written by OpenVINO itself
-
-    def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
-        """The stage as OpenVINO IR (`.xml` + `.bin`), weights kept in fp32 (in f16 at fp16; an int8 stage's IR
-        is its QDQ model's), with the precision it compiles at (`compile_config`'s inference precision hint)."""
-        import openvino as ov
-
-        ov.save_model(read_model(model.SerializeToString()), folder / f"{stem}.xml",
-                      compress_to_fp16=self.precision == "fp16")
-        dtypes = {name: dtype.name for name, dtype in output_dtypes(model).items()}
-        return Artifact("openvino-ir", [f"{stem}.xml", f"{stem}.bin"],
-                        {"device": self.device, "outputs": dtypes, "precision": self.precision})
 
     def compile_config(self) -> dict[str, Any]:
         """The properties this instance compiles a stage with (`Core.compile_model`'s config)."""
@@ -260,23 +287,20 @@ class OpenVino(Provider):
                 config["INFERENCE_NUM_THREADS"] = self.threads
         return config
 
-    @classmethod
-    def _load_artifact(cls, folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool,
-                       trusted: bool, allowed_delegates: Iterable[str | os.PathLike]) -> Runner:
-        """A bundle's OpenVINO IR stage on the device it was placed on."""
-        import openvino as ov
-
-        options = artifact["options"]
-        core = ov.Core()
-        provider = cls({"device": options["device"]}, threads).at_precision(options.get("precision", "fp32"))
-        config = provider.compile_config()
-        compiled = core.compile_model(core.read_model(folder / artifact["files"][0]), options["device"], config)
-        return OpenVinoRunner(compiled, {name: np.dtype(dtype) for name, dtype in options["outputs"].items()},
-                              options["device"], config)
-
 
 # A stage's precision -> the device capability that offers it, and the inference precision it compiles at (an
 # int8 stage is a QDQ model: its quantized ops run in int8, the rest in f32).
 CAPABILITIES = {"bf16": "BF16", "fp16": "FP16", "int8": "INT8"}
 HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16", "int8": "f32"}
+# oneDNN's ISA levels below AVX512_CORE_BF16, as `ONEDNN_MAX_CPU_ISA` names them
+BELOW_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
+def cpu_computes_bf16() -> bool:
+    """Whether OpenVINO's CPU plugin may compute bf16 here: on x86-64, where the CPU has AVX-512 BF16 (CPUID)
+    and `ONEDNN_MAX_CPU_ISA` does not hold oneDNN below it; elsewhere as the plugin reports."""
+    if host_arch() != "x86_64":
+        return True
+    held = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper() in BELOW_BF16
+    return "avx512bf16" in cpu_features() and not held
 

@@ -25,8 +25,9 @@ from uhop_onnx.cache import JsonTable, cache_dir
 from uhop_onnx.errors import ProviderError, first_line
 from uhop_onnx.files import atomic_file
 
-from .base import Absent, Artifact, Provider, Runner
+from .base import FP32, INT8_QDQ, Absent, Artifact, ArtifactFormat, Lowering, Provider, Runner, quantized
 from .capability import CapabilityTable, Support
+from .quantize import offers, to_fp16
 
 if TYPE_CHECKING:
     import onnx
@@ -90,7 +91,44 @@ class OrtRunner(Runner):
         self.outputs = [o.name for o in self.session.get_outputs()]
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(zip(self.outputs, self.session.run(self.outputs, dict(feeds)), strict=True))
+        # The session's native run, without the Python wrapper's checks of the feed names (10-20 us a call):
+        # the runtime checks them itself, and the executor names the mistake when a call fails.
+        return dict(zip(self.outputs, self.session._sess.run(self.outputs, dict(feeds), None), strict=True))
+
+
+class OnnxFile(ArtifactFormat):
+    """The stage as an `.onnx` file, with the EP and the options it compiles with (host paths left out)."""
+
+    name = "onnx"
+
+    def export(self, provider: Provider, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
+        (folder / f"{stem}.onnx").write_bytes(model.SerializeToString())
+        entry = provider.stage_entry(model)
+        ep, options = entry if isinstance(entry, tuple) else (entry, {})
+        portable = {k: v for k, v in options.items() if not k.endswith("_path")}
+        return Artifact("onnx", [f"{stem}.onnx"], {"ep": ep, "ep_options": portable})
+
+    def load(self, folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool, trusted: bool,
+             allowed_delegates: Iterable[str | os.PathLike]) -> Runner:
+        """A bundle's `.onnx` stage on the EP it was placed on. EP options that name files or libraries (a
+        TensorRT plugin library, say: native code) are taken only when `trusted`, from a signed bundle."""
+        ort = ortlib.load()
+
+        options = artifact["options"]
+        native = sorted(k for k in options.get("ep_options") or {} if "path" in k or "lib" in k)
+        if native and not trusted:
+            raise ProviderError(f"the unsigned bundle's {options['ep']} options {', '.join(native)} name files on "
+                                "this host; such options are taken only from a signed bundle "
+                                "(load_bundle(path, key=...))")
+        if options["ep"] not in ort.get_available_providers():
+            raise ImportError(f"this onnxruntime ({ort.__version__}) has no {options['ep']}")
+        ep_options = self.board_options(folder, artifact)
+        entry = (options["ep"], ep_options) if ep_options else options["ep"]
+        return OrtRunner((folder / artifact["files"][0]).read_bytes(), [entry], threads, exclusive)
+
+    def board_options(self, folder: Path, artifact: Mapping[str, Any]) -> dict[str, Any]:
+        """The EP options a bundle's stage is loaded with on this host: those it was exported with."""
+        return dict(artifact["options"].get("ep_options") or {})
 
 
 class OrtProvider(Provider):
@@ -98,7 +136,7 @@ class OrtProvider(Provider):
 
     ep: ClassVar[str]
     table = ORT_TABLE
-    artifact_format = "onnx"
+    format = OnnxFile()
 
     def probe(self) -> tuple[str, str]:
         try:
@@ -131,44 +169,11 @@ class OrtProvider(Provider):
             if n.name in taken and taken[n.name] != self.ep
         }
 
-    def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
-        self.require()
-        return OrtRunner(model.SerializeToString(), [self.ep_entry()], self.threads, exclusive)
+    def build(self, model: onnx.ModelProto | bytes, *, exclusive: bool = True) -> Runner:
+        """A session on the stage's model (or its bytes, as a whole model read from its file is given)."""
+        data = model if isinstance(model, bytes) else model.SerializeToString()
+        return OrtRunner(data, [self.ep_entry()], self.threads, exclusive)
 
-    def export_blocker(self) -> str | None:
-        return None  # an .onnx file needs nothing but onnx
-
-    def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
-        """The stage as an `.onnx` file, with the EP and the options it compiles with (host paths left out)."""
-        (folder / f"{stem}.onnx").write_bytes(model.SerializeToString())
-        entry = self.stage_entry(model)
-        ep, options = entry if isinstance(entry, tuple) else (entry, {})
-        portable = {k: v for k, v in options.items() if not k.endswith("_path")}
-        return Artifact("onnx", [f"{stem}.onnx"], {"ep": ep, "ep_options": portable})
-
-    @classmethod
-    def _load_artifact(cls, folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool,
-                       trusted: bool, allowed_delegates: Iterable[str | os.PathLike]) -> Runner:
-        """A bundle's `.onnx` stage on the EP it was placed on. EP options that name files or libraries (a
-        TensorRT plugin library, say: native code) are taken only when `trusted`, from a signed bundle."""
-        ort = ortlib.load()
-
-        options = artifact["options"]
-        native = sorted(k for k in options.get("ep_options") or {} if "path" in k or "lib" in k)
-        if native and not trusted:
-            raise ProviderError(f"the unsigned bundle's {options['ep']} options {', '.join(native)} name files on "
-                                "this host; such options are taken only from a signed bundle "
-                                "(load_bundle(path, key=...))")
-        if options["ep"] not in ort.get_available_providers():
-            raise ImportError(f"this onnxruntime ({ort.__version__}) has no {options['ep']}")
-        ep_options = cls.board_options(folder, artifact)
-        entry = (options["ep"], ep_options) if ep_options else options["ep"]
-        return OrtRunner((folder / artifact["files"][0]).read_bytes(), [entry], threads, exclusive)
-
-    @classmethod
-    def board_options(cls, folder: Path, artifact: Mapping[str, Any]) -> dict[str, Any]:
-        """The EP options a bundle's stage is loaded with on this host: those it was exported with."""
-        return dict(artifact["options"].get("ep_options") or {})
 
 
 def _refusals(entry: Any) -> None:
@@ -184,16 +189,9 @@ class OrtCpu(OrtProvider):
 
     id = "ort-cpu"
     ep = "CPUExecutionProvider"
-    bundle_precisions = ("fp32", "int8")  # int8: the QDQ model
+    lowerings = {"fp32": FP32, "int8": Lowering(quantized, methods=("static", "dynamic"))}  # int8: the QDQ model
     install = "pip install onnxruntime"
     option_types = {"quantization": Literal["static", "dynamic"]}
-
-    def precisions(self) -> list[str]:
-        """fp32, and int8 (static or dynamic)."""
-        return ["fp32", "int8"]
-
-    def quantizations(self) -> tuple[str, ...]:
-        return ("static", "dynamic")
 
 
 class DeviceTensor:
@@ -275,6 +273,7 @@ class OrtGpuProvider(OrtProvider):
     eps: ClassVar[tuple[str, ...]]  # the EPs that implement this provider, preferred first
     package: ClassVar[str]  # the wheel that brings the EP
     device_type: ClassVar[str | None] = "cuda"  # OrtValue device for IO binding; None: hand over on the host
+    kind = "gpu"
     option_types = {"device_id": int | str}
 
     @cached_property
@@ -348,15 +347,16 @@ class OrtGpuProvider(OrtProvider):
     def stage_entry(self, model: onnx.ModelProto) -> Any:
         return (self.ep, self.stage_options(model))
 
-    def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
-        self.require()
+    def build(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
         return OrtGpuRunner(model.SerializeToString(), [self.stage_entry(model)], self.threads,
                             exclusive, self.device_type, self.device_id, self.short.lower())
 
 
 class OrtCuda(OrtGpuProvider):
     id = "ort-cuda"
-    bundle_precisions = ("fp32", "fp16")  # fp16: the float16 model
+    # fp16: the stage converted to float16 by onnxconverter-common (the `quantize` extra)
+    lowerings = {"fp32": FP32, "fp16": Lowering(lambda _, model: to_fp16(model),
+                                                 offered=lambda p: offers("onnxconverter_common", f"{p.id} fp16"))}
     eps = ("CUDAExecutionProvider",)
     package = "onnxruntime-gpu"
     install = "pip install onnxruntime-gpu"
@@ -364,18 +364,38 @@ class OrtCuda(OrtGpuProvider):
     def ep_options(self) -> dict[str, Any]:
         return {"device_id": self.device_id, "use_tf32": 0}  # exact fp32, as ONNX Runtime CPU computes
 
-    def precisions(self) -> list[str]:
-        """fp32, and fp16: the stage converted to float16 by onnxconverter-common (the `quantize` extra)."""
-        from .quantize import offers
 
-        return ["fp32", *(["fp16"] if offers("onnxconverter_common", f"{self.id} fp16") else [])]
+class TensorRtOnnxFile(OnnxFile):
+    """The stage as for any ONNX Runtime EP; an int8 one carries its calibration table too
+    (`stem.calibration.flatbuffers`), which TensorRT reads from the engine cache on the board."""
 
-    def lower(self, model: onnx.ModelProto) -> onnx.ModelProto:
-        if self.precision != "fp16":
-            return super().lower(model)
-        from .quantize import to_fp16
+    def export(self, provider: Provider, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
+        artifact = super().export(provider, model, folder, stem)
+        if provider.precision != "int8":
+            return artifact
+        import shutil
 
-        return to_fp16(model)
+        table = f"{stem}.calibration.flatbuffers"
+        shutil.copyfile(provider.engine_cache / artifact.options["ep_options"]["trt_int8_calibration_table_name"],
+                        folder / table)
+        return replace(artifact, files=[*artifact.files, table])
+
+    def board_options(self, folder: Path, artifact: Mapping[str, Any]) -> dict[str, Any]:
+        """The exported options with this host's engine cache (`trt_engine_cache_path` and the timing cache are
+        left out of a bundle); an int8 stage's calibration table, carried by the bundle, is copied there under
+        the name the options give it."""
+        options = super().board_options(folder, artifact)
+        cache = OrtTensorRT().engine_cache
+        cache.mkdir(parents=True, exist_ok=True)
+        for key in ("trt_engine_cache", "trt_timing_cache"):
+            if options.get(f"{key}_enable"):
+                options[f"{key}_path"] = str(cache)
+        table = options.get("trt_int8_calibration_table_name")
+        if table:
+            carried = next(f for f in artifact["files"] if f.endswith(".calibration.flatbuffers"))
+            with atomic_file(cache / table, "wb") as handle:
+                handle.write((folder / carried).read_bytes())
+        return options
 
 
 class OrtTensorRT(OrtGpuProvider):
@@ -390,10 +410,12 @@ class OrtTensorRT(OrtGpuProvider):
     TABLE_KEY = "uhop.trt_int8_calibration_table"
 
     id = "ort-tensorrt"
-    bundle_precisions = ("fp32", "fp16", "int8")  # EP options; int8 with its calibration table
+    # fp16: an EP option; int8: the model with its calibration table
+    lowerings = {"fp32": FP32, "fp16": FP32, "int8": Lowering(lambda p, model: p.with_calibration_table(model))}
     eps = ("TensorrtExecutionProvider",)
     package = "onnxruntime-gpu"
     install = "pip install onnxruntime-gpu tensorrt"
+    format = TensorRtOnnxFile()
     option_types = {"device_id": int | str, "fp16": bool, "engine_cache": str}
 
     @property
@@ -416,14 +438,9 @@ class OrtTensorRT(OrtGpuProvider):
             "trt_timing_cache_path": str(self.engine_cache),
         }
 
-    def precisions(self) -> list[str]:
-        return ["fp32", "fp16", "int8"]
-
-    def lower(self, model: onnx.ModelProto) -> onnx.ModelProto:
+    def with_calibration_table(self, model: onnx.ModelProto) -> onnx.ModelProto:
         """An int8 stage: the model, its calibration table written into the engine cache and named in its
-        metadata; at any other precision the model itself."""
-        if self.precision != "int8":
-            return model
+        metadata."""
         import onnx
 
         from .quantize import trt_calibration_table
@@ -449,40 +466,9 @@ class OrtTensorRT(OrtGpuProvider):
                         "trt_int8_use_native_calibration_table": False}
         return options
 
-    def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
-        """The stage as for any ONNX Runtime EP; an int8 one carries its calibration table too
-        (`stem.calibration.flatbuffers`), which TensorRT reads from the engine cache on the board."""
-        artifact = super().export(model, folder, stem)
-        if self.precision != "int8":
-            return artifact
-        import shutil
-
-        table = f"{stem}.calibration.flatbuffers"
-        shutil.copyfile(self.engine_cache / artifact.options["ep_options"]["trt_int8_calibration_table_name"],
-                        folder / table)
-        return replace(artifact, files=[*artifact.files, table])
-
-    @classmethod
-    def board_options(cls, folder: Path, artifact: Mapping[str, Any]) -> dict[str, Any]:
-        """The exported options with this host's engine cache (`trt_engine_cache_path` and the timing cache are
-        left out of a bundle); an int8 stage's calibration table, carried by the bundle, is copied there under
-        the name the options give it."""
-        options = super().board_options(folder, artifact)
-        cache = cls().engine_cache
-        cache.mkdir(parents=True, exist_ok=True)
-        for key in ("trt_engine_cache", "trt_timing_cache"):
-            if options.get(f"{key}_enable"):
-                options[f"{key}_path"] = str(cache)
-        table = options.get("trt_int8_calibration_table_name")
-        if table:
-            carried = next(f for f in artifact["files"] if f.endswith(".calibration.flatbuffers"))
-            with atomic_file(cache / table, "wb") as handle:
-                handle.write((folder / carried).read_bytes())
-        return options
-
-    def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
+    def build(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
         self.engine_cache.mkdir(parents=True, exist_ok=True)
-        runner = super().compile(model, exclusive=exclusive)
+        runner = super().build(model, exclusive=exclusive)
         runner.warm_up()
         log.info("%s: engine ready in %.2f s (cache %s)", self.id, runner.build_seconds, self.engine_cache)
         return runner
@@ -497,3 +483,22 @@ class OrtRocm(OrtGpuProvider):
     package = "onnxruntime-migraphx"
     install = "pip install onnxruntime-migraphx"
     device_type = None
+
+
+class OrtQnn(OrtGpuProvider):
+    """Qualcomm NPUs (Hexagon HTP) through ONNX Runtime's QNN EP. Option `backend_type`: htp (the default), gpu
+    or cpu (QNN's backends). fp32 is computed in fp32 (`enable_htp_fp16_precision` off), fp16 with it on; an
+    int8 stage is the QDQ model, which the HTP runs in int8. Stages hand tensors over through host memory."""
+
+    id = "ort-qnn"
+    kind = "npu"
+    lowerings = {"fp32": FP32, "fp16": Lowering(options={"fp16": True}), "int8": INT8_QDQ}
+    eps = ("QNNExecutionProvider",)
+    package = "onnxruntime-qnn"
+    install = "pip install onnxruntime-qnn"
+    device_type = None
+    option_types = {"backend_type": Literal["htp", "gpu", "cpu"], "fp16": bool}
+
+    def ep_options(self) -> dict[str, Any]:
+        return {"backend_type": self.options.get("backend_type", "htp"),
+                "enable_htp_fp16_precision": "1" if self.options.get("fp16") else "0"}

@@ -48,12 +48,19 @@ def _device_type(value: Any) -> str:
     return value.strip().split("_FP")[0]
 
 
+def _qnn_backend(value: Any) -> str:
+    """QNN EP's `backend_type` among the backends uhop-onnx runs stages on."""
+    if str(value).lower() not in ("htp", "gpu", "cpu"):
+        raise ValueError("expected 'htp', 'gpu' or 'cpu'")
+    return str(value).lower()
+
+
 @dataclass(frozen=True)
 class OrtName:
     """What one of ONNX Runtime's EP names means here."""
 
     ident: str  # the provider id it is an alias of
-    device: str | None  # "cpu", "gpu" (its own provider, then the CPU ones), None: exactly `ident`
+    device: str | None  # "cpu", "gpu" or "npu" (its own provider, then the CPU ones), None: exactly `ident`
     mapped: dict[str, tuple[str, Callable[[Any], Any]]] = field(default_factory=dict)  # EP option -> ours
     ignored: frozenset[str] | None = frozenset()  # None: every other option (ONNX Runtime refuses none)
 
@@ -82,6 +89,11 @@ _MIGRAPHX_IGNORED = frozenset("""
     migraphx_int8_calibration_table_name migraphx_int8_enable migraphx_load_compiled_model
     migraphx_load_model_path migraphx_mem_limit migraphx_model_cache_dir migraphx_save_compiled_model
     migraphx_save_model_path migraphx_use_native_calibration_table""".split())
+_QNN_IGNORED = frozenset("""
+    backend_path device_id dump_json_qnn_graph enable_htp_shared_memory_allocator enable_htp_spill_fill_buffer
+    enable_htp_weight_sharing htp_arch htp_graph_finalization_optimization_mode htp_performance_mode
+    json_qnn_graph_dir offload_graph_io_quantization profiling_file_path profiling_level qnn_context_priority
+    qnn_saver_path rpc_control_latency soc_model vtcm_mb""".split())
 _OPENVINO_IGNORED = frozenset("""
     cache_dir context device_id device_luid disable_dynamic_shapes enable_causallm enable_npu_fast_compile
     enable_opencl_throttling enable_qdq_optimizer layout load_config model_priority num_of_threads num_streams
@@ -94,6 +106,8 @@ ORT_NAMES: dict[str, OrtName] = {
         "device_id": ("device_id", _device_id), "trt_fp16_enable": ("fp16", _flag),
         "trt_engine_cache_path": ("engine_cache", _path)}, _TENSORRT_IGNORED),
     "MIGraphXExecutionProvider": OrtName("ort-rocm", "gpu", {"device_id": ("device_id", _device_id)}, _MIGRAPHX_IGNORED),
+    "QNNExecutionProvider": OrtName("ort-qnn", "npu", {"backend_type": ("backend_type", _qnn_backend),
+                                                       "enable_htp_fp16_precision": ("fp16", _flag)}, _QNN_IGNORED),
     "OpenVINOExecutionProvider": OrtName("openvino", None, {"device_type": ("device", _device_type)}, _OPENVINO_IGNORED),
 }
 

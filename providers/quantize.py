@@ -21,6 +21,7 @@ from uhop_onnx import ortlib
 from uhop_onnx.cache import cache_dir
 from uhop_onnx.errors import first_line, missing_module
 from uhop_onnx.files import atomic_file, temporary_folder
+from uhop_onnx.host import cpu_features, host_arch
 from uhop_onnx.inputs import feeds_digest
 
 
@@ -40,6 +41,22 @@ def offers(module: str, variant: str) -> bool:
     if reason:
         log.warning("%s is not offered: %s", variant, reason)
     return reason is None
+
+
+# quantization method -> the module (of the `quantize` extra) it needs, and the tool's name
+NEEDS = {"nncf": ("nncf", "NNCF")}
+
+
+def usable(methods: Sequence[str], who: str) -> tuple[str, ...]:
+    """The int8 `methods` this host can run, in order: those whose module (`NEEDS`) imports (`offers`)."""
+    return tuple(m for m in methods if m not in NEEDS or offers(NEEDS[m][0], f"{who} int8 by {NEEDS[m][1]}"))
+
+
+def reduce_range() -> bool:
+    """Whether ONNX Runtime's quantizer keeps weights to 7 bits (`reduce_range`), as its documentation advises
+    on x86-64 without VNNI: there its u8 x s8 kernels sum pairs of products in int16 (`vpmaddubsw`), which
+    full 8-bit weights can saturate."""
+    return host_arch() == "x86_64" and "avx512vnni" not in cpu_features()
 
 
 class Calibration:
@@ -108,7 +125,7 @@ def stage_values(model: onnx.ModelProto) -> list[str]:
 def quantize_int8(model: onnx.ModelProto, calibration: Calibration | None, method: str = "static"):
     """`model` (a stage cut from the calibration's model) as int8, by `method`:
     - "static": QDQ from ONNX Runtime's `quant_pre_process` and `quantize_static` (per channel), calibrated
-      on the values its inputs take over the samples;
+      on the values its inputs take over the samples (weights in 7 bits where `reduce_range`);
     - "dynamic": ONNX Runtime's `quantize_dynamic` of its MatMuls (weights int8 per channel, activations
       quantized at run time, so no calibration);
     - "nncf": QDQ from NNCF's post-training quantization (`nncf.quantize`, with its bias correction) on the
@@ -119,7 +136,8 @@ def quantize_int8(model: onnx.ModelProto, calibration: Calibration | None, metho
 
     data = model.SerializeToString(deterministic=True)
     digest = "none" if method == "dynamic" else calibration.digest
-    path = cache_dir() / "quantized" / f"{hashlib.sha256(data).hexdigest()[:32]}-{method}-{digest}.onnx"
+    reduced = "-7bit" if method in ("static", "dynamic") and reduce_range() else ""
+    path = cache_dir() / "quantized" / f"{hashlib.sha256(data).hexdigest()[:32]}-{method}{reduced}-{digest}.onnx"
     if path.is_file():
         try:
             return onnx.load_from_string(path.read_bytes())
@@ -166,14 +184,15 @@ class _Reader:
 def _static(source: Path, target: Path, samples: list) -> None:
     from onnxruntime.quantization import QuantFormat, quantize_static
 
-    quantize_static(str(source), str(target), _Reader(samples), quant_format=QuantFormat.QDQ, per_channel=True)
+    quantize_static(str(source), str(target), _Reader(samples), quant_format=QuantFormat.QDQ, per_channel=True,
+                    reduce_range=reduce_range())
 
 
 def _dynamic(source: Path, target: Path, samples: None) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantize_dynamic(str(source), str(target), op_types_to_quantize=["MatMul"], per_channel=True,
-                     weight_type=QuantType.QInt8)
+                     weight_type=QuantType.QInt8, reduce_range=reduce_range())
 
 
 def _nncf(source: Path, target: Path, samples: list) -> None:

@@ -287,7 +287,7 @@ def test_tensorrt_int8_carries_its_calibration_table(tmp_path, monkeypatch):
     assert options["trt_int8_enable"] and not any(k.endswith("_path") for k in options)
     [table] = [f for f in stage["artifact"]["files"] if f.endswith(".calibration.flatbuffers")]
     monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path / "board-cache"))
-    loaded = OrtTensorRT.board_options(bundle, stage["artifact"])
+    loaded = OrtTensorRT.format.board_options(bundle, stage["artifact"])
     assert loaded["trt_engine_cache_path"] == str(tmp_path / "board-cache" / "tensorrt")
     placed = tmp_path / "board-cache" / "tensorrt" / options["trt_int8_calibration_table_name"]
     assert placed.read_bytes() == (bundle / table).read_bytes() and placed.stat().st_size > 0

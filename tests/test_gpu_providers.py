@@ -17,12 +17,12 @@ from uhop_onnx.models import BUILDERS
 from uhop_onnx.partitioner.extract import extract
 from uhop_onnx.providers import REGISTRY, create, devices
 from uhop_onnx.providers.capability import Support
-from uhop_onnx.providers.ort import DeviceTensor, OrtCpu, OrtCuda, OrtGpuProvider, OrtRocm, OrtTensorRT
+from uhop_onnx.providers.ort import DeviceTensor, OrtCpu, OrtCuda, OrtGpuProvider, OrtQnn, OrtRocm, OrtTensorRT
 from uhop_onnx.executor import hand_over
 
 from .conftest import assert_matches, random_feeds, reference
 
-GPU = (OrtTensorRT, OrtCuda, OrtRocm)
+GPU = (OrtTensorRT, OrtCuda, OrtRocm, OrtQnn)
 AVAILABLE = ort.get_available_providers()
 
 
@@ -46,7 +46,7 @@ class AzureAsGpu(OrtGpuProvider):
 
 
 def test_registry_puts_accelerators_first_and_ort_cpu_last():
-    assert list(REGISTRY)[:4] == ["ort-tensorrt", "ort-cuda", "ort-rocm", "rknn"]
+    assert list(REGISTRY)[:5] == ["ort-tensorrt", "ort-cuda", "ort-rocm", "ort-qnn", "rknn"]
     assert list(REGISTRY)[-1] == "ort-cpu"
 
 
@@ -145,3 +145,35 @@ def test_real_gpu_run_matches_onnxruntime_cpu(spec):
         np.testing.assert_allclose(actual[0], expected[0], rtol=1e-3, atol=1e-3)
     else:
         assert_matches(actual, expected)
+
+
+def test_qnn_is_configured_by_its_ep_options_and_its_precisions():
+    """ONNX Runtime's QNN EP as a provider by configuration: fp32 computed in fp32 on the HTP, fp16 by the EP's
+    own option, int8 as the QDQ model; an NPU, so Ray asks for its resource and Triton has no backend for it."""
+    qnn = OrtQnn()
+    assert qnn.ep_entry() == ("QNNExecutionProvider", {"backend_type": "htp", "enable_htp_fp16_precision": "0"})
+    fp16 = qnn.at_precision("fp16")
+    assert fp16.ep_options()["enable_htp_fp16_precision"] == "1" and fp16.label == "ort-qnn[fp16]"
+    assert OrtQnn({"backend_type": "cpu"}).ep_options()["backend_type"] == "cpu"
+    assert qnn.precisions() == ["fp32", "fp16", "int8"] and OrtQnn.bundle_precisions == ("fp32", "fp16", "int8")
+    assert [v.label for v in qnn.variants("int8")] == ["ort-qnn[int8]"]
+    assert qnn.artifact_format == "onnx" and devices_kind("ort-qnn") == "npu"
+    with pytest.raises(ProviderError, match="valid options: backend_type, fp16"):
+        OrtQnn({"device": "NPU"})
+
+
+def devices_kind(ident: str) -> str:
+    from uhop_onnx.providers import device_kind
+
+    return device_kind(ident, {})
+
+
+def test_qnn_ep_name_names_the_npu_then_the_cpu(recwarn):
+    from uhop_onnx.providers import from_ort, listed
+
+    ident, options = from_ort("QNNExecutionProvider", {"backend_type": "HTP", "enable_htp_fp16_precision": "1",
+                                                       "htp_performance_mode": "burst"})
+    assert (ident, options) == ("ort-qnn", {"backend_type": "htp", "fp16": True})
+    assert "htp_performance_mode" in str(recwarn.pop(UserWarning).message)
+    ids = [p.id for p in listed(["QNNExecutionProvider"], None, "device")]
+    assert ids[0] == "ort-qnn" and ids[-1] == "ort-cpu"

@@ -1,9 +1,11 @@
-"""What this host gives a process: its cores (the most threads a runtime is given) and the memory it may still
-allocate (what sample inputs may take)."""
+"""What this host gives a process: its cores (the most threads a runtime is given), the memory it may still
+allocate (what sample inputs may take), and its CPU's architecture and features (what its runtimes compute)."""
 
 from __future__ import annotations
 
+import functools
 import os
+import platform
 import warnings
 from pathlib import Path
 
@@ -46,3 +48,20 @@ def available_memory() -> int | None:
     except (OSError, ValueError):
         pass
     return max(min(limits), 0) if limits else None
+
+
+def host_arch() -> str:
+    """This host's CPU architecture, spelled as target profiles spell it: x86_64 or aarch64."""
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+@functools.cache
+def cpu_features() -> frozenset[str]:
+    """The CPU's features as the runtimes detect them, from CPUID (numpy reads it at import), lower-cased:
+    `avx2`, `avx512vnni`, `avx512bf16`... Under an emulator they are the emulated CPU's, where /proc/cpuinfo
+    would still give the host's."""
+    import numpy
+
+    core = getattr(numpy, "_core", None) or numpy.core
+    return frozenset(name.lower() for name, present in core._multiarray_umath.__cpu_features__.items() if present)

@@ -17,15 +17,18 @@ from typing import Any
 from .errors import PlanError
 from .files import new_folder
 from .plan import Plan, Stage
+from .providers import device_kind
 
 CONFIG = "config.pbtxt"
-# Provider id -> (platform or backend, instance kind, GPU execution accelerator).
-TARGETS: dict[str, tuple[str, str, str | None]] = {
-    "ort-cpu": ("onnxruntime_onnx", "KIND_CPU", None),
-    "ort-cuda": ("onnxruntime_onnx", "KIND_GPU", None),
-    "ort-tensorrt": ("onnxruntime_onnx", "KIND_GPU", "tensorrt"),
-    "openvino": ("openvino", "KIND_CPU", None),
+# Provider id -> (platform or backend, GPU execution accelerator): the providers Triton has a backend for. The
+# instance kind follows the device kind the provider declares.
+TARGETS: dict[str, tuple[str, str | None]] = {
+    "ort-cpu": ("onnxruntime_onnx", None),
+    "ort-cuda": ("onnxruntime_onnx", None),
+    "ort-tensorrt": ("onnxruntime_onnx", "tensorrt"),
+    "openvino": ("openvino", None),
 }
+INSTANCE_KINDS = {"cpu": "KIND_CPU", "gpu": "KIND_GPU"}  # device kind -> Triton's instance kind
 
 
 def export_triton(model_or_plan: Any, repo_dir: str | os.PathLike, model_name: str | None = None,
@@ -96,10 +99,12 @@ def _target(k: int, stage: Stage) -> tuple[str, str, str | None]:
     if stage.precision in ("bf16", "fp16"):  # an int8 stage is its QDQ model, which the backends run as it is
         raise PlanError(f"stage {k} runs at {stage.precision}, which a Triton model config does not carry; "
                         "export a plan optimized with precision='fp32' or 'int8'")
-    device = str(stage.options.get("device", "CPU")).upper()
-    if stage.provider == "openvino" and device != "CPU":
+    engine, accelerator = TARGETS[stage.provider]
+    kind = device_kind(stage.provider, stage.options)
+    if engine == "openvino" and kind != "cpu":
+        device = str(stage.options.get("device", "CPU")).upper()
         raise PlanError(f"stage {k} runs on openvino:{device}; Triton's openvino backend runs on CPU only")
-    return TARGETS[stage.provider]
+    return engine, INSTANCE_KINDS[kind], accelerator
 
 
 def _check_batch_axis(k: int, model) -> None:

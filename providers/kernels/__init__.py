@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -20,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from uhop_onnx.errors import ProviderError
+from uhop_onnx.host import host_arch
 
-from ..base import Absent, Artifact, Provider, Runner
+from ..base import Absent, Artifact, ArtifactFormat, Provider, Runner
 from ..capability import Support
 from .lowering import KERNELS_TABLE, lower, refusals
 from .runner import KernelsRunner
@@ -39,73 +39,18 @@ ARCH_TARGETS = {
 }
 
 
-def host_arch() -> str:
-    """This host's CPU architecture, spelled as target profiles spell it: x86_64 or aarch64."""
-    machine = platform.machine().lower()
-    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+class KernelsFiles(ArtifactFormat):
+    """The stage's steps as JSON, its constants as `.npz`, and the library built for the board's architecture
+    with its C source; its simulator runs an aarch64 board's build under qemu."""
 
-
-class KernelsProvider(Provider):
-    """Kernels generated for this host's ISA, built with its C compiler, verified against numpy."""
-
-    id = "kernels"
-    install = "apt-get install -y gcc  (any C11 compiler reachable as `cc`)"
-    table = KERNELS_TABLE
-    artifact_format = "kernels"
+    name = "kernels"
     simulator_name = "qemu"
-    # arch: the board's, for bundles; emulate: run the board's build under qemu (to verify its stages here)
-    option_types = {"tune": bool, "arch": str, "emulate": bool}
 
-    def probe(self) -> tuple[str, str]:
-        from uhop_onnx.custom_ops.build import BuildError, compiler_version
-        from uhop_onnx.custom_ops.spec import host_target
-
-        if shutil.which("cc") is None:
-            raise Absent("no C compiler: `cc` is not on PATH")
-        try:
-            version = compiler_version("cc")
-        except BuildError as error:
-            raise Absent(str(error)) from None
-        return version, host_target()
-
-    def query(self, model: onnx.ModelProto) -> dict[str, Support]:
-        """Refuse what `lower` cannot take: Adds that are not a bias, Clips without constant bounds and MatMuls
-        of vectors."""
-        return {name: Support(False, reason, "runtime") for name, reason in refusals(model).items()}
-
-    def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
-        """A runner over the host's verified library. The library's worker threads spin briefly between
-        kernel calls; sharing the process with other stages (`exclusive=False`), the runner sends them to
-        sleep at the end of each run, so they take no core from the next stage."""
-        from uhop_onnx.custom_ops.build import BuildError
-        from uhop_onnx.custom_ops.verify import VerificationError, host_library
-
-        self.require()
-        try:
-            lib = self._emulated() if self.options.get("emulate") else host_library()
-        except (VerificationError, BuildError) as error:
-            raise ProviderError(f"kernels: no library built and passed verification on this host: {error}") from None
-        threads = self.threads or len(os.sched_getaffinity(0))
-        return KernelsRunner(*lower(model), lib, threads, bool(self.options.get("tune", False)), exclusive)
-
-    def _emulated(self):
-        """The board's (option `arch`) kernels under qemu; only aarch64 has an emulator here."""
-        from uhop_onnx.custom_ops import cross
-        from uhop_onnx.custom_ops.spec import LibrarySpec
-
-        arch = self.options.get("arch", host_arch())
-        if arch != "aarch64":
-            raise ProviderError(f"kernels: emulate runs aarch64 kernels under qemu; arch is {arch!r}")
-        missing = cross.missing_tools()
-        if missing:
-            raise ProviderError(f"kernels: emulating aarch64 needs {', '.join(missing)}; install: {cross.INSTALL}")
-        return cross.Emulated(LibrarySpec(ARCH_TARGETS[arch][0]))
-
-    def export_blocker(self) -> str | None:
+    def blocker(self, provider: Provider) -> str | None:
         """None when this host can build the library for the option `arch` (the host's by default)."""
         from uhop_onnx.custom_ops.spec import TARGETS
 
-        arch = self.options.get("arch", host_arch())
+        arch = provider.options.get("arch", host_arch())
         if arch not in ARCH_TARGETS:
             return f"kernels: unknown arch {arch!r}; valid: {', '.join(ARCH_TARGETS)}"
         target, install = ARCH_TARGETS[arch]
@@ -116,17 +61,17 @@ class KernelsProvider(Provider):
             return f"kernels for {arch} need the C compiler {compiler}, which is not on PATH; install: {install}"
         return None
 
-    def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
+    def export(self, provider: Provider, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
         """The stage's steps as `stem.json`, its constants as `stem.npz`, and for the board's architecture the
         library `kernels_<target>.so` (verified here when this host runs its ISA) and its C source
         `kernels_<target>.c`, from which a board builds its own when the bundle is not signed."""
         from uhop_onnx.custom_ops import codegen
         from uhop_onnx.custom_ops.spec import LibrarySpec
 
-        blocker = self.export_blocker()
+        blocker = self.blocker(provider)
         if blocker:
             raise ProviderError(blocker)
-        target = ARCH_TARGETS[self.options.get("arch", host_arch())][0]
+        target = ARCH_TARGETS[provider.options.get("arch", host_arch())][0]
         program, constants = lower(model)
         used = sorted({name for s in program["steps"] for name in (*s["inputs"], s["bias"]) if name in constants})
         library, source = f"kernels_{target}.so", f"kernels_{target}.c"  # one copy, shared by the kernels stages
@@ -136,11 +81,10 @@ class KernelsProvider(Provider):
         (folder / f"{stem}.json").write_text(json.dumps({**program, "constants": used}, indent=1) + "\n")
         np.savez(folder / f"{stem}.npz", *[constants[name] for name in used])
         return Artifact("kernels", [f"{stem}.json", f"{stem}.npz", library, source],
-                        {"target": target, "tune": bool(self.options.get("tune", False))})
+                        {"target": target, "tune": bool(provider.options.get("tune", False))})
 
-    @classmethod
-    def _load_artifact(cls, folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool,
-                       trusted: bool, allowed_delegates: Iterable[str | os.PathLike]) -> Runner:
+    def load(self, folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool, trusted: bool,
+             allowed_delegates: Iterable[str | os.PathLike]) -> Runner:
         """A bundle's kernels stage: its steps and constants over a library that passed its self-test.
 
         The library the bundle carries is loaded only when `trusted` (a signature the loader checked covers it);
@@ -165,13 +109,67 @@ class KernelsProvider(Provider):
         return KernelsRunner(program, constants, lib, threads or len(os.sched_getaffinity(0)),
                              bool(options.get("tune")), exclusive)
 
-    def simulator(self) -> Provider | None:
+    def simulator(self, provider: Provider) -> Provider | None:
         """The aarch64 build under qemu (`emulate`), for a stage built for an aarch64 board on another host."""
-        arch = self.options.get("arch", host_arch())
-        if self.options.get("emulate") or arch != "aarch64" or arch == host_arch():
+        arch = provider.options.get("arch", host_arch())
+        if provider.options.get("emulate") or arch != "aarch64" or arch == host_arch():
             return None
-        return KernelsProvider({**self.options, "emulate": True}, self.threads)
+        return KernelsProvider({**provider.options, "emulate": True}, provider.threads)
 
+
+class KernelsProvider(Provider):
+    """Kernels generated for this host's ISA, built with its C compiler, verified against numpy."""
+
+    id = "kernels"
+    install = "apt-get install -y gcc  (any C11 compiler reachable as `cc`)"
+    table = KERNELS_TABLE
+    format = KernelsFiles()
+    # arch: the board's, for bundles; emulate: run the board's build under qemu (to verify its stages here)
+    option_types = {"tune": bool, "arch": str, "emulate": bool}
+
+    def probe(self) -> tuple[str, str]:
+        from uhop_onnx.custom_ops.build import BuildError, compiler_version
+        from uhop_onnx.custom_ops.spec import host_target
+
+        if shutil.which("cc") is None:
+            raise Absent("no C compiler: `cc` is not on PATH")
+        try:
+            version = compiler_version("cc")
+        except BuildError as error:
+            raise Absent(str(error)) from None
+        return version, host_target()
+
+    def query(self, model: onnx.ModelProto) -> dict[str, Support]:
+        """Refuse what `lower` cannot take: Adds that are not a bias, Clips without constant bounds and MatMuls
+        of vectors."""
+        return {name: Support(False, reason, "runtime") for name, reason in refusals(model).items()}
+
+    def build(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
+        """A runner over the host's verified library. The library's worker threads spin briefly between
+        kernel calls; sharing the process with other stages (`exclusive=False`), the runner sends them to
+        sleep at the end of each run, so they take no core from the next stage."""
+        from uhop_onnx.custom_ops.build import BuildError
+        from uhop_onnx.custom_ops.verify import VerificationError, host_library
+
+        try:
+            lib = self._emulated() if self.options.get("emulate") else host_library()
+        except (VerificationError, BuildError) as error:
+            raise ProviderError(f"kernels: no library built and passed verification on this host: {error}") from None
+        threads = self.threads or len(os.sched_getaffinity(0))
+        return KernelsRunner(*lower(model), lib, threads, bool(self.options.get("tune", False)), exclusive)
+
+    def _emulated(self):
+        """The board's (option `arch`) kernels under qemu; only aarch64 has an emulator here."""
+        from uhop_onnx.custom_ops import cross
+        from uhop_onnx.custom_ops.spec import LibrarySpec
+
+        arch = self.options.get("arch", host_arch())
+        if arch != "aarch64":
+            raise ProviderError(f"kernels: emulate runs aarch64 kernels under qemu; arch is {arch!r}")
+        missing = cross.missing_tools()
+        if missing:
+            raise ProviderError(f"kernels: emulating aarch64 needs {', '.join(missing)}; install: {cross.INSTALL}")
+        return cross.Emulated(LibrarySpec(ARCH_TARGETS[arch][0]))
 
 def _library(target: str) -> Path:
     """The built library for `target`: loaded and verified when this host runs that ISA, else built only."""

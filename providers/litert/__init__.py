@@ -24,7 +24,7 @@ from uhop_onnx.inputs import free_inputs
 from uhop_onnx.precision import FP32_TOLERANCE
 
 from .. import indices
-from ..base import Absent, Artifact, PerShapeRunner, Provider, Runner
+from ..base import FP32, Absent, Artifact, ArtifactFormat, Lowering, Provider, Runner
 from ..capability import Support
 from . import delegates
 from .runner import LiteRtRunner, empty_runner, interpreter_module
@@ -45,6 +45,50 @@ INT8_TOLERANCE = {"l2": 0.1, "atol": 1e-3}
 ROUNDING = 1e-6
 
 
+class Tflite(ArtifactFormat):
+    """A `.tflite` file with its delegate settings (for the board)."""
+
+    name = "tflite"
+
+    def blocker(self, provider: Provider) -> str | None:
+        return missing_module("tflite", "pip install tflite")  # the converter writes with its schema
+
+    def export(self, provider: Provider, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
+        """The stage converted, checked against ONNX Runtime on XNNPACK first where LiteRT runs on this host. At
+        int8, the full-integer file the converter writes from the calibration ranges the stage carries (`lower`
+        put them there)."""
+        from .converter import convert, prepared
+
+        calibrated = provider._calibrated(model)
+        if provider.precision == "int8" and calibrated is None:
+            raise ProviderError("litert[int8]: the stage carries no calibration ranges to quantize from; export "
+                                "with calibration=...")
+        fp16 = bool(provider.options.get("fp16"))
+        model = prepared(model)
+        blob = convert(model, fp16=fp16, ranges=calibrated and calibrated.ranges)
+        try:
+            interpreter_module()
+        except Exception as error:  # noqa: BLE001 - missing or broken, the runtime cannot check it here
+            log.info("litert: %s written unchecked: no LiteRT interpreter on this host (%s)", stem, error)
+        else:
+            verify(model, LiteRtRunner(blob, provider.threads), provider.tolerance, inputs=_check_inputs(calibrated))
+        (folder / f"{stem}.tflite").write_bytes(blob)
+        options = {k: v for k, v in provider.delegate_options().items() if v}
+        return Artifact("tflite", [f"{stem}.tflite"], options, FP16_TOLERANCE if fp16 else None)
+
+    def load(self, folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool, trusted: bool,
+             allowed_delegates: Iterable[str | os.PathLike]) -> Runner:
+        """A bundle's `.tflite` stage, with the delegate it was exported with: any when `trusted`, else only a
+        known one or one in `allowed_delegates` or the environment (see `delegates`)."""
+        options = artifact.get("options", {})
+        delegate = options.get("delegate")
+        why = delegates.refusal(delegate, allowed_delegates) if delegate and not trusted else ""
+        if why:
+            raise ProviderError(f"the unsigned bundle's LiteRT delegate {why}")
+        return LiteRtRunner((folder / artifact["files"][0]).read_bytes(), threads, delegate,
+                            options.get("delegate_options"), bool(options.get("allow_fallback")))
+
+
 class LiteRt(Provider):
     """LiteRT on the CPU (XNNPACK), or through an external delegate.
 
@@ -59,11 +103,20 @@ class LiteRt(Provider):
     id = "litert"
     install = "pip install 'uhop-onnx[litert]'  (ai-edge-litert and tflite)"
     table = LITERT_TABLE
-    artifact_format = "tflite"
-    bundle_precisions = ("fp32", "fp16", "int8")  # fp16 weights; full-integer int8
+    # fp16: float16 weights (the `fp16` option); int8 where LiteRT runs here: full integer, quantized by the
+    # converter from the calibration ranges `calibrated` gives the stage
+    lowerings = {"fp32": FP32, "fp16": Lowering(options={"fp16": True}),
+                 "int8": Lowering(lambda p, model: p.calibrated(model), options={"fp16": None},
+                                  offered=lambda p: p.present)}
+    format = Tflite()
     option_types = {"delegate": str, "delegate_options": dict[str, str | int | float | bool], "allow_fallback": bool,
                     "fp16": bool}
-    static_shapes = True
+    static_shapes = True  # converted once per shape and integer input value a stage runs at
+
+    @classmethod
+    def device_kind(cls, options: Mapping[str, Any]) -> str:
+        """With an external delegate, "delegate" (the device is the delegate's own); else "cpu"."""
+        return "delegate" if options.get("delegate") else "cpu"
 
     @property
     def tolerance(self) -> dict[str, float]:
@@ -71,25 +124,9 @@ class LiteRt(Provider):
             return INT8_TOLERANCE
         return FP16_TOLERANCE if self.options.get("fp16") else FP32_TOLERANCE
 
-    def precisions(self) -> list[str]:
-        """fp32; fp16: float16 weights (the `fp16` option); int8 where LiteRT runs here: full integer,
-        quantized from calibration ranges by the converter."""
-        return ["fp32", "fp16", *(["int8"] if self.present else [])]
-
-    def at_precision(self, precision: str, calibration: Any = None) -> Provider:
-        variant = super().at_precision(precision, calibration)
-        variant.options = dict(self.options)
-        if precision == "fp16":
-            variant.options["fp16"] = True
-        elif precision == "int8":
-            variant.options.pop("fp16", None)  # int8 weights are quantized from the float32 ones
-        return variant
-
-    def lower(self, model: onnx.ModelProto) -> onnx.ModelProto:
-        """At int8, the stage carrying the range of each of its values over the calibration samples (and
-        each input's mean and standard deviation there); the stage itself at any other precision."""
-        if self.precision != "int8":
-            return model
+    def calibrated(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """An int8 stage: the stage carrying the range of each of its values over the calibration samples (and
+        each input's mean and standard deviation there)."""
         from ..quantize import stage_values
         from .int8 import Calibrated, with_calibration
 
@@ -132,18 +169,10 @@ class LiteRt(Provider):
         if not free_inputs(model):
             self._compile_fixed(self.lower(model)).close()
 
-    def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
-        """Convert, load and check the stage against ONNX Runtime on random inputs (`CheckError` when they
-        differ); a stage with free input dimensions or small integer inputs is converted (and checked) once per
-        shape and integer value it is run at (`PerShapeRunner`), and not at all at a zero-sized input shape
-        (`empty_runner`)."""
-        from uhop_onnx.simplify import simplify
-
-        self.require()
-        if PerShapeRunner.needed(model):
-            return PerShapeRunner(model, lambda fixed: empty_runner(fixed)
-                                  or indices.checked(fixed, self._compile_fixed(simplify(fixed))))
-        return indices.checked(model, self._compile_fixed(model))
+    def build(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
+        """Convert, load and check the stage, at fixed shapes, against ONNX Runtime on random inputs
+        (`CheckError` when they differ); not at all at a zero-sized input shape (`empty_runner`)."""
+        return empty_runner(model) or indices.checked(model, self._compile_fixed(model))
 
     def _compile_fixed(self, model: onnx.ModelProto) -> LiteRtRunner:
         from .converter import convert, prepared
@@ -193,46 +222,6 @@ class LiteRt(Provider):
     def delegate_options(self) -> dict:
         return {"delegate": self.options.get("delegate"), "delegate_options": self.options.get("delegate_options"),
                 "allow_fallback": bool(self.options.get("allow_fallback"))}
-
-    def export_blocker(self) -> str | None:
-        return missing_module("tflite", "pip install tflite")  # the converter writes with its schema
-
-    def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
-        """The stage as a `.tflite` file with its delegate settings (for the board); checked against ONNX
-        Runtime on XNNPACK first where LiteRT runs on this host. At int8, the full-integer file the converter
-        writes from the calibration ranges the stage carries (`lower` put them there)."""
-        from .converter import convert, prepared
-
-        calibrated = self._calibrated(model)
-        if self.precision == "int8" and calibrated is None:
-            raise ProviderError("litert[int8]: the stage carries no calibration ranges to quantize from; export "
-                                "with calibration=...")
-        fp16 = bool(self.options.get("fp16"))
-        model = prepared(model)
-        blob = convert(model, fp16=fp16, ranges=calibrated and calibrated.ranges)
-        try:
-            interpreter_module()
-        except Exception as error:  # noqa: BLE001 - missing or broken, the runtime cannot check it here
-            log.info("litert: %s written unchecked: no LiteRT interpreter on this host (%s)", stem, error)
-        else:
-            verify(model, LiteRtRunner(blob, self.threads), self.tolerance, inputs=_check_inputs(calibrated))
-        (folder / f"{stem}.tflite").write_bytes(blob)
-        options = {k: v for k, v in self.delegate_options().items() if v}
-        return Artifact("tflite", [f"{stem}.tflite"], options, FP16_TOLERANCE if fp16 else None)
-
-    @classmethod
-    def _load_artifact(cls, folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool,
-                       trusted: bool, allowed_delegates: Iterable[str | os.PathLike]) -> Runner:
-        """A bundle's `.tflite` stage, with the delegate it was exported with: any when `trusted`, else only a
-        known one or one in `allowed_delegates` or the environment (see `delegates`)."""
-        options = artifact.get("options", {})
-        delegate = options.get("delegate")
-        why = delegates.refusal(delegate, allowed_delegates) if delegate and not trusted else ""
-        if why:
-            raise ProviderError(f"the unsigned bundle's LiteRT delegate {why}")
-        return LiteRtRunner((folder / artifact["files"][0]).read_bytes(), threads, delegate,
-                            options.get("delegate_options"), bool(options.get("allow_fallback")))
-
 
 def _check_inputs(calibrated) -> dict[str, tuple[float, float, float, float]] | None:
     """What `verify` draws an int8 stage's inputs from: each one's (mean, standard deviation, least, greatest)

@@ -37,7 +37,7 @@ import numpy as np
 
 from uhop_onnx.errors import ProviderError
 
-from ..base import Absent, Artifact, PerShapeRunner, Provider, Runner, output_dtypes
+from ..base import Absent, Artifact, Provider, Runner, output_dtypes
 from . import cores
 from .runner import CORE_MASKS, RUNTIME_LIBRARY, data_formats
 from .setup import TOOLKIT, is_ready, venv_path
@@ -70,6 +70,8 @@ class Rknn(Provider):
     option_types = {"target": str, "dtype": str, "calibration": str, "core_mask": str, "simulate": bool}
     static_shapes = True
     fp16_said = False  # whether `export` has warned that its fp16 stages could be int8
+    kind = "npu"
+    npu_resource = "rknn"  # `ray start --resources '{"rknn": 3}'` on the boards
 
     def __init__(self, options: Mapping[str, Any] | None = None, threads: int | None = None):
         super().__init__(options, threads)
@@ -223,17 +225,8 @@ class Rknn(Provider):
         count = min(len(a) for a in arrays.values())
         return [{name: a[k] for name, a in arrays.items()} for k in range(count)]
 
-    def compile(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
-        """The stage converted to `.rknn` (run in the simulator with `simulate`); a stage with free input
-        dimensions or small integer inputs is converted once per shape and integer value it is run at."""
-        self.require()
-        if PerShapeRunner.needed(model):
-            from uhop_onnx.simplify import simplify
-
-            return PerShapeRunner(model, lambda fixed: self._compile_fixed(simplify(fixed)))
-        return self._compile_fixed(model)
-
-    def _compile_fixed(self, model: onnx.ModelProto) -> Runner:
+    def build(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
+        """The stage, at fixed shapes, converted to `.rknn` (run in the simulator with `simulate`)."""
         from .converter import SimulatorRunner, convert, model_inputs
 
         if self.simulate:

@@ -25,6 +25,7 @@ from ray import serve
 
 from ..errors import UhopError
 from ..plan import Plan, Stage
+from ..providers import REGISTRY, device_kind
 from ..providers.base import Runner
 from ..runtime import compile_stage
 from .app import RETRY_AFTER_S, create_app
@@ -34,10 +35,6 @@ from .metrics import Metrics, configure_tracing
 from .replicas import Replicas, bounded, plan_executor
 
 log = logging.getLogger(__name__)
-
-GPU_PROVIDERS = frozenset({"ort-cuda", "ort-tensorrt", "ort-rocm"})
-# Custom Ray resources a node must advertise (`ray start --resources '{"rknn": 3}'`) to host NPU stages.
-NPU_RESOURCE = {"rknn": "rknn", "openvino": "npu"}
 
 
 @serve.deployment(max_ongoing_requests=4)
@@ -94,13 +91,15 @@ class PlanReplica:
 
 
 def stage_resources(stage: Stage, num_cpus: float, accelerators: float = 1.0) -> dict[str, Any]:
-    """Ray actor options for one replica of `stage`."""
-    device = str(stage.options.get("device", "CPU")).upper()
+    """Ray actor options for one replica of `stage`, by the device kind its provider declares: a GPU stage
+    asks for `accelerators` GPUs, an NPU stage as much of the custom resource its provider names (a node
+    advertises it: `ray start --resources '{"rknn": 3}'`)."""
+    kind = device_kind(stage.provider, stage.options)
     options: dict[str, Any] = {"num_cpus": num_cpus}
-    if stage.provider in GPU_PROVIDERS or (stage.provider == "openvino" and device.startswith("GPU")):
+    if kind == "gpu":
         options["num_gpus"] = accelerators
-    elif stage.provider == "rknn" or (stage.provider == "openvino" and device.startswith("NPU")):
-        options["resources"] = {NPU_RESOURCE[stage.provider]: accelerators}
+    elif kind == "npu":
+        options["resources"] = {REGISTRY[stage.provider].npu_resource: accelerators}
     return options
 
 

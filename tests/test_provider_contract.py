@@ -1,0 +1,123 @@
+"""Every registered provider through the one contract: what it declares (device kind, precisions, bundle format)
+agrees with what it answers; present here, it answers capability with reasons, compiles, runs as ONNX Runtime
+CPU computes in fp32, is safe to call from many threads, closes, and writes and loads its bundle stage where
+it has a format this host can write. A provider absent here is skipped with its own reason."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from uhop_onnx.graph import Graph
+from uhop_onnx.providers import DEVICE_KINDS, REGISTRY, device_kind
+from uhop_onnx.providers.capability import check
+
+from .conftest import random_feeds, reference
+
+IDS = list(REGISTRY)
+BY_HOOKS = {"rknn"}  # still declares its precisions and bundle format by overriding the hooks they derive
+
+
+def dense(batch: int | str = 4) -> onnx.ModelProto:
+    """x [batch, 16] -> Gemm -> Relu -> MatMul -> Add (a bias) -> y [batch, 8]: ops every provider runs."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+               for name, shape in (("w1", (16, 32)), ("b1", (32,)), ("w2", (32, 8)), ("b2", (8,)))]
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="gemm"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w2"], ["m"], name="matmul"),
+             helper.make_node("Add", ["m", "b2"], ["y"], name="bias")]
+    graph = helper.make_graph(nodes, "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 8])], weights)
+    return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _present(ident: str):
+    provider = REGISTRY[ident](threads=1)
+    if not provider.present:
+        pytest.skip(f"{ident} is absent here: {provider.availability.reason}")
+    return provider
+
+
+def _assert_fp32(model, got: dict, feeds: dict) -> None:
+    """Within the accuracy every fp32 provider promises against ONNX Runtime CPU (rtol 1e-4, atol 1e-5)."""
+    for name, want in zip((o.name for o in model.graph.output), reference(model, feeds), strict=True):
+        np.testing.assert_allclose(np.asarray(got[name]), want, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("ident", IDS)
+def test_declarations_agree(ident):
+    cls = REGISTRY[ident]
+    assert cls.kind in DEVICE_KINDS
+    for options in cls.known_options():
+        assert device_kind(ident, options) in DEVICE_KINDS
+    assert cls.bundle_precisions[0] == "fp32"
+    assert set(cls().precisions()) <= set(cls.bundle_precisions)
+    if ident in BY_HOOKS:
+        return
+    assert list(cls.lowerings)[0] == "fp32" and cls.bundle_precisions == tuple(cls.lowerings)
+    assert (cls.artifact_format, cls.simulator_name) == ((cls.format.name, cls.format.simulator_name)
+                                                         if cls.format else (None, ""))
+    absent = cls().availability
+    if not absent.present:
+        assert absent.reason and absent.install, absent
+
+
+@pytest.mark.parametrize("ident", IDS)
+def test_capability_answers_carry_reasons(ident):
+    provider = REGISTRY[ident]()
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    node = helper.make_node("Mystery", ["x"], ["y"], name="mystery", domain="com.example")
+    model = helper.make_model(helper.make_graph([node], "g", [x], [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, [2])]), opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(
+        "com.example", 1)])
+    refused = check(provider.table, Graph.from_model(model).nodes[0], Graph.from_model(model))
+    assert not refused.ok and "com.example" in refused.reason
+    present = _present(ident)
+    for name, verdict in present.query(dense()).items():
+        assert verdict.ok or verdict.reason, name
+
+
+@pytest.mark.parametrize("ident", IDS)
+def test_compiles_runs_as_onnx_runtime_from_many_threads_and_closes(ident):
+    provider = _present(ident)
+    model = dense()
+    samples = [random_feeds(model, seed=k) for k in range(8)]
+    with provider.compile(model, exclusive=False) as runner:
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(runner.run, samples))
+        for feeds, got in zip(samples, results, strict=True):
+            _assert_fp32(model, {k: runner.to_host(v) for k, v in got.items()}, feeds)
+
+
+@pytest.mark.parametrize("ident", IDS)
+def test_free_batch_runs_at_each_shape(ident):
+    """A stage with a free batch dimension runs at two batch sizes, on a fixed-shape runtime too."""
+    provider = _present(ident)
+    model = dense("batch")
+    with provider.compile(model, exclusive=False) as runner:
+        for batch in (1, 3):
+            feeds = {"x": np.random.default_rng(batch).standard_normal((batch, 16)).astype(np.float32)}
+            _assert_fp32(model, {k: runner.to_host(v) for k, v in runner.run(feeds).items()}, feeds)
+
+
+@pytest.mark.parametrize("ident", IDS)
+def test_exports_and_loads_its_format(ident, tmp_path):
+    provider = _present(ident)
+    if provider.format is None and provider.artifact_format is None:
+        assert provider.export_blocker()
+        pytest.skip(f"{ident} has no bundle format")
+    blocker = provider.export_blocker()
+    if blocker:
+        pytest.skip(f"{ident} cannot write its stages here: {blocker}")
+    model = dense()
+    artifact = provider.export(model, tmp_path, "stage").to_json()
+    assert artifact["format"] == provider.artifact_format
+    assert all((tmp_path / name).is_file() for name in artifact["files"])
+    feeds = random_feeds(model, seed=3)
+    with type(provider).load_artifact(tmp_path, artifact, threads=1) as runner:
+        _assert_fp32(model, {k: runner.to_host(v) for k, v in runner.run(feeds).items()}, feeds)
