@@ -24,7 +24,7 @@ that stops at its deadline with the best plan found so far. What settles the mos
    by bisection, and timed: partial precision, e.g. int8 early in a network and bf16 where int8 errs.
 
 With `workers`, blocks on every provider but ONNX Runtime's CPU (whose compile is the reference's, made in
-this process anyway) are lowered, compiled and timed in one worker process (`measure.BlockWorker`), so that a
+this process anyway) are lowered, compiled and timed in one worker process (`measure.SearchWorker`), so that a
 native crash there costs the block it was building, recorded as its failure with the signal named. The sample
 values blocks are timed on come from ONNX Runtime's CPU first, each block's runner closed once it ran; the
 runners a chunk of blocks is timed with are closed once it is timed.
@@ -56,9 +56,8 @@ import onnx
 from uhop_onnx.cache import JsonTable
 from uhop_onnx.errors import MeasurementError, ProviderError, StageError, first_line
 from uhop_onnx.executor import Executor, hand_over
-from uhop_onnx.files import temporary_folder
 from uhop_onnx.inputs import feeds_digest
-from uhop_onnx.measure import LATE, BlockWorker, Measurement, Profiler, build, faster
+from uhop_onnx.measure import LATE, Measurement, Profiler, SearchWorker, build, faster
 from uhop_onnx.plan import Stage
 from uhop_onnx.providers import LAST_RESORT, Provider, Runner, create
 from uhop_onnx.report import stages_summary
@@ -132,11 +131,7 @@ class _Searching:
         self.gated: dict[str, tuple[bool, dict[str, Any] | None]] = {}  # by candidate
         self.deadline = config.deadline or Deadline.after(config.budget_s)
         self.complete = True  # False once a step was left out at the deadline
-        self.worker: BlockWorker | None = None
-        if config.workers:
-            folder = runners.enter_context(temporary_folder("blocks"))
-            self.worker = BlockWorker(config.profiler, folder)
-            runners.callback(self.worker.close)
+        self.worker = runners.enter_context(SearchWorker(config.profiler)) if config.workers else None
 
     def run(self) -> Placement:
         started = time.monotonic()
@@ -358,7 +353,7 @@ class _Searching:
                 with ExitStack() as closed:
                     return self._here({key: (lambda k=k: job(k, p, closed)) for key, k in chunk.items()})
 
-            if self.worker is None or self.providers[p].id == IN_PROCESS:
+            if self.worker is None or self.providers[p].id == IN_PROCESS or not self.worker.takes(self.providers[p]):
                 return here
             return lambda chunk: feeds.in_worker(self.providers[p], chunk)
 

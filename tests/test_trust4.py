@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 
 import uhop_onnx
 from uhop_onnx import InputError
-from uhop_onnx.measure import BlockWorker, Profiler
+from uhop_onnx.measure import Profiler, SearchWorker
 from uhop_onnx.models import mlp
 from uhop_onnx.providers import REGISTRY
 from uhop_onnx.providers.ort import OrtCpu
@@ -53,14 +53,12 @@ def test_a_block_that_crashes_its_worker_is_its_failure_and_the_others_are_measu
         blocks[name] = (str(tmp_path / f"{name}.onnx"), str(tmp_path / f"{name}.npz"))
     provider = Crashing()
     provider.crashes = {"crashes": "segfault"}
-    worker = BlockWorker(Profiler(rounds=2, max_rounds=2, warmup=1), tmp_path)
-    try:
+    with SearchWorker(Profiler(rounds=2, max_rounds=2, warmup=1)) as worker:
         figures = worker.measure(provider, blocks, Deadline.after(120))
-    finally:
-        worker.close()
     assert figures["first"].ok and figures["last"].ok
     assert not figures["crashes"].ok
-    assert "crashing-cpu: the worker was killed by SIGSEGV while building and first running it" in figures["crashes"].error
+    said = "crashing-cpu: the worker was killed by SIGSEGV while building and first running it"
+    assert said in figures["crashes"].error
 
 
 def test_optimize_finishes_when_a_runtime_aborts_on_a_block(monkeypatch):
@@ -71,6 +69,24 @@ def test_optimize_finishes_when_a_runtime_aborts_on_a_block(monkeypatch):
     failures = [f for f in plan.profile["failures"] if f["kind"] == "block" and "SIGABRT" in f["error"]]
     assert failures and failures[0]["on"] == Crashing.id, plan.profile["failures"]
     assert plan.stages
+
+
+class CrashingQuery(OrtCpu):
+    """ONNX Runtime's CPU, except that asking it what it can run aborts the process."""
+
+    id = "crashing-query"
+
+    def query(self, model: onnx.ModelProto):
+        os.abort()
+
+
+def test_optimize_finishes_when_asking_a_runtime_what_it_can_run_aborts(monkeypatch):
+    """The provider whose query aborts runs nothing, each node's reason naming SIGABRT; the plan is made."""
+    monkeypatch.setitem(REGISTRY, CrashingQuery.id, CrashingQuery)
+    plan = uhop_onnx.optimize(mlp(), providers=[CrashingQuery.id, "ort-cpu"], budget=120)
+    assert {s.provider for s in plan.stages} == {"ort-cpu"}
+    reasons = [r["reason"] for r in plan.replaced if r["provider"] == CrashingQuery.id]
+    assert reasons and all("SIGABRT" in r for r in reasons), plan.replaced
 
 
 def _tiles(repeats: int) -> onnx.ModelProto:

@@ -14,10 +14,12 @@ one round each in turn, in a fresh (seeded) order every round and with a pause b
 candidate always follows one whose runtime leaves threads spinning. Calls per round follow `timing`'s one
 rule.
 
-`BlockWorker` runs a `Profiler` in one worker process (`python -m uhop_onnx.measure blocks REQUEST`): the
-search's blocks on a provider whose conversion, quantization or compile may crash natively are lowered,
-compiled and timed there, so that a crash costs the block it was building (its failure names the signal),
-and the runners it held leave with the process. A crashed worker is replaced for the blocks still to measure.
+`SearchWorker` is one worker process (`python -m uhop_onnx.measure search REQUEST`) for what may crash
+natively while a plan is sought: the search's blocks on a provider whose conversion, quantization or compile
+may crash are lowered, compiled and timed there by a `Profiler`, and a provider's capability questions (a
+conversion, a runtime's query) are answered there (`call`). A crash costs the block it was building (its
+failure names the signal) or the question; what the runtimes held leaves with the process. A crashed worker
+is replaced for what is still to do.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from .files import temporary_folder
 from .timing import Clock, Deadline, calls_per_round, round_median
 
 K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -350,16 +353,56 @@ def _builder(spec: str | None) -> Build:
 HANG_SECONDS = 1.0  # a block worker still busy this long past the deadline is stopped
 
 
-class BlockWorker:
-    """One worker process that lowers, compiles and times blocks with `profiler`'s settings (on the worker's
-    own clock), started when first asked; providers are pickled for it into `folder`. `close` ends it."""
+class SearchWorker:
+    """One worker process, started when first asked, that times blocks with `profiler`'s settings (on the
+    worker's own clock) and answers calls; what it is sent is pickled into a temporary folder, a model once
+    per object. `close` ends it."""
 
-    def __init__(self, profiler: Profiler, folder: str | os.PathLike):
+    def __init__(self, profiler: Profiler | None = None):
+        profiler = profiler or Profiler()
         self.settings = {f.name: getattr(profiler, f.name) for f in fields(profiler) if f.name != "clock"}
-        self.folder = Path(folder)
+        self.scratch = temporary_folder("search")
+        self.folder = Path(self.scratch.name)
         self.pickled: dict[str, str] = {}  # provider label -> its pickle
+        self.models: dict[int, tuple[Any, str]] = {}  # id of a model sent -> (the model, its file)
+        self.calls = 0
         self.worker: subprocess.Popen | None = None
         self.log: Any = None
+
+    def call(self, function: Callable[..., T], *args: Any) -> T:
+        """`function(*args)` run in the worker (a module-level function or a bound method, and arguments
+        that pickle); what it raises is raised here. `WorkerFailed` naming the signal when the worker
+        crashed (a new one answers the next call)."""
+        self.calls += 1
+        path = self.folder / f"call{self.calls}.pickle"
+        with open(path, "wb") as f:
+            _ModelPickler(f, self).dump((function, args))
+        worker = self._started()
+        try:
+            worker.stdin.write(json.dumps({"call": str(path)}) + "\n")
+            worker.stdin.flush()
+            done = any(line.rstrip("\n") == "done" for line in worker.stdout)
+        except BrokenPipeError:
+            done = False
+        if not done:
+            raise WorkerFailed(self._ended())
+        with open(f"{path}.out", "rb") as f:
+            raised, value = pickle.load(f)  # noqa: S301 - written by this coordinator's own worker
+        os.unlink(path)
+        os.unlink(f"{path}.out")
+        if raised:
+            raise value
+        return value
+
+    def model_file(self, model: Any) -> str:
+        """The file `model` (an `onnx.ModelProto`) is saved in for the worker, once per object."""
+        if id(model) not in self.models:
+            import onnx
+
+            path = self.folder / f"model{len(self.models)}.onnx"
+            onnx.save(model, path)
+            self.models[id(model)] = (model, str(path))  # the model kept: its id stays its own
+        return self.models[id(model)][1]
 
     def measure(self, provider: Any, blocks: Mapping[str, tuple[str, str]], deadline: Deadline
                 ) -> dict[str, Measurement]:
@@ -413,9 +456,18 @@ class BlockWorker:
         if self.worker is None:
             self.log = tempfile.TemporaryFile(mode="w+")
             request = json.dumps({"profiler": self.settings})
-            self.worker = subprocess.Popen([sys.executable, "-m", "uhop_onnx.measure", "blocks", request],
+            self.worker = subprocess.Popen([sys.executable, "-m", "uhop_onnx.measure", "search", request],
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
         return self.worker
+
+    def takes(self, provider: Any) -> bool:
+        """Whether `provider` can be sent to the worker (it pickles: a class defined inside a function, say,
+        does not)."""
+        try:
+            self._pickle(provider)
+        except (pickle.PicklingError, AttributeError, TypeError):
+            return False
+        return True
 
     def _pickle(self, provider: Any) -> str:
         """The path of `provider` pickled for the worker (once per label)."""
@@ -436,28 +488,66 @@ class BlockWorker:
         return f"{exit_reason(code)}{f' ({said})' if said else ''}"
 
     def close(self) -> None:
-        """Tell the worker to exit (it closes its runners), and kill it if it is slow to."""
-        if self.worker is None:
-            return
-        self.worker.stdin.close()
-        try:
-            self.worker.wait(timeout=EXIT_SECONDS)
-        except subprocess.TimeoutExpired:
-            self.worker.kill()
-            self.worker.wait()
-        self.log.close()
-        self.worker = None
+        """Tell the worker to exit (it closes its runners), kill it if it is slow to, and remove the folder."""
+        if self.worker is not None:
+            self.worker.stdin.close()
+            try:
+                self.worker.wait(timeout=EXIT_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.worker.kill()
+                self.worker.wait()
+            self.log.close()
+            self.worker = None
+        self.models.clear()
+        self.scratch.cleanup()
+
+    def __enter__(self) -> SearchWorker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
-def _blocks_worker(request: dict) -> None:
-    """Answer each line `{"provider": PICKLE, "blocks": {KEY: [MODEL, FEEDS]}, "seconds": S}` on stdin: `at
-    KEY` before lowering, compiling and first running each block, `rounds` before timing them together
-    (`request["profiler"]`'s settings, for at most S seconds), then `figures {KEY: figure}`. The runners are
-    closed before the next line."""
+class _ModelPickler(pickle.Pickler):
+    """Pickles an `onnx.ModelProto` as the file the worker saved it in (`SearchWorker.model_file`)."""
+
+    def __init__(self, file: Any, worker: SearchWorker):
+        super().__init__(file)
+        self.worker = worker
+
+    def persistent_id(self, obj: Any) -> str | None:
+        return self.worker.model_file(obj) if type(obj).__name__ == "ModelProto" else None
+
+
+class _ModelUnpickler(pickle.Unpickler):
+    """Reads what `_ModelPickler` wrote, each model file loaded once."""
+
+    def __init__(self, file: Any, models: dict[str, Any]):
+        super().__init__(file)
+        self.models = models
+
+    def persistent_load(self, pid: str) -> Any:
+        if pid not in self.models:
+            import onnx
+
+            self.models[pid] = onnx.load(pid)
+        return self.models[pid]
+
+
+def _search_worker(request: dict) -> None:
+    """Answer each line on stdin. `{"call": PICKLE}`: run the pickled `(function, args)`, write `(raised,
+    result or exception)` to `PICKLE.out`, say `done`. `{"provider": PICKLE, "blocks": {KEY: [MODEL, FEEDS]},
+    "seconds": S}`: say `at KEY` before lowering, compiling and first running each block, `rounds` before
+    timing them together (`request["profiler"]`'s settings, for at most S seconds), then `figures {KEY:
+    figure}`; the runners are closed before the next line."""
     profiler = Profiler(**request["profiler"])
     providers: dict[str, Any] = {}
+    models: dict[str, Any] = {}
     for line in sys.stdin:
         ask = json.loads(line)
+        if "call" in ask:
+            _answer(ask["call"], models)
+            continue
         if ask["provider"] not in providers:
             with open(ask["provider"], "rb") as f:
                 providers[ask["provider"]] = pickle.load(f)  # noqa: S301 - written by this worker's coordinator
@@ -473,6 +563,24 @@ def _blocks_worker(request: dict) -> None:
             print("rounds", flush=True)
             figures = profiler.measure(calls, Deadline.after(ask["seconds"])) | failed
         print("figures", json.dumps({k: _named(provider.label, m).to_json() for k, m in figures.items()}), flush=True)
+
+
+def _answer(path: str, models: dict[str, Any]) -> None:
+    """Run the call pickled at `path`; its result, or what it raised, pickled at `path.out`."""
+    with open(path, "rb") as f:
+        function, args = _ModelUnpickler(f, models).load()  # noqa: S301 - written by this worker's coordinator
+    try:
+        answer = (False, function(*args))
+    except Exception as error:  # noqa: BLE001 - raised again in the coordinator
+        answer = (True, error)
+    with open(f"{path}.out", "wb") as f:
+        try:
+            pickle.dump(answer, f)
+        except Exception as error:  # noqa: BLE001 - an exception that does not pickle is told in one line
+            f.seek(0)
+            f.truncate()
+            pickle.dump((True, RuntimeError(first_line(answer[1] if answer[0] else error))), f)
+    print("done", flush=True)
 
 
 def _block_call(provider: Any, model: str, feeds: str, runners: ExitStack) -> Callable[[], object]:
@@ -517,4 +625,4 @@ def _worker(request: dict) -> None:
 
 if __name__ == "__main__":
     command, payload = sys.argv[1], json.loads(sys.argv[2])
-    {"worker": _worker, "blocks": _blocks_worker}[command](payload)
+    {"worker": _worker, "search": _search_worker}[command](payload)

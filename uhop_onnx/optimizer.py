@@ -21,7 +21,7 @@ from .errors import InputError, PlanError, UhopError, first_line
 from .graph import Graph, declared_outputs
 from .inputs import Inputs, Shapes, free_inputs, inputs_digest, measured_shapes, profile_feeds
 from .loader import load, model_name
-from .measure import LATE, Measurement, Profiler, time_plans_in_processes
+from .measure import LATE, Measurement, Profiler, SearchWorker, WorkerFailed, time_plans_in_processes
 from .partitioner.capabilities import capabilities, only_the_rest
 from .partitioner.extract import extract
 from .partitioner.partition import partition
@@ -55,14 +55,15 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
             progress: Callable[[str], None] = lambda step: None, *,
             chosen: list[Provider] | None = None, strict: bool = False,
             resolved: list[Provider] | None = None, shapes: Shapes | None = None, inputs: Inputs | None = None,
-            sample: bool = False, deadline: Deadline | None = None) -> Analysis:
+            sample: bool = False, deadline: Deadline | None = None, isolate: bool = False) -> Analysis:
     """Load, check and simplify `model`, and ask every provider which of its nodes it can run.
 
     `chosen` gives the provider objects directly (a target board's, present here or not); a provider not
     present on this host answers from its table alone. `resolved` is `resolve(providers, threads, strict)`
     when the caller has it already. With `sample` (or given `shapes` or `inputs`), the inputs measurements
     run on are settled first (`inputs.profile_feeds`), so that free dimensions nobody gave stop it before
-    anything is measured.
+    anything is measured. With `isolate`, providers but ONNX Runtime's CPU are asked in a worker process
+    (`_asked`).
     """
     progress("loading and checking the model")
     loaded = load(model)
@@ -94,6 +95,7 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
             log.warning("the model at %s could not be prepared for fixed-shape runtimes: %s",
                         shapes_text(measured_shapes(feeds)), first_line(error))
     support = {}
+    worker = SearchWorker() if isolate else None
     for provider in list(chosen):
         if deadline is not None and deadline.passed and provider not in (chosen[0], chosen[-1]) \
                 and provider.label not in pinned.values():
@@ -103,13 +105,30 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
             continue
         progress(f"asking {provider.label} what it can run")
         if fixed and provider.static_shapes:
-            support[provider.label] = fixed.capabilities(graph, provider)
+            support[provider.label] = _asked(worker, provider, graph, fixed.capabilities, graph, provider)
         else:
-            support[provider.label] = capabilities(simplified, graph, provider, query=provider.present)
+            support[provider.label] = _asked(worker, provider, graph, capabilities, simplified, graph, provider,
+                                             provider.present)
+    if worker:
+        worker.close()
     last = chosen[-1].label
     if chosen[-1].appended:
         support[last] = only_the_rest(support, keep={node for node, p in pinned.items() if p == last})
     return Analysis(model, loaded, simplified, graph, chosen, support, pinned, feeds)
+
+
+def _asked(worker: SearchWorker | None, provider: Provider, graph: Graph, question: Callable[..., dict[str, Support]],
+           *args: Any) -> dict[str, Support]:
+    """`question(*args)`: `provider`'s capability answers, in `worker` (where its conversions and queries
+    may crash natively) unless it is ONNX Runtime's CPU; when the worker crashes, a "no" for every node,
+    naming the signal."""
+    if worker is None or provider.id == LAST_RESORT or not worker.takes(provider):
+        return question(*args)
+    try:
+        return worker.call(question, *args)
+    except WorkerFailed as crash:
+        log.warning("%s: asking it what it can run crashed (%s); it runs nothing here", provider.label, crash)
+        return {n.name: Support(False, f"asking {provider.label} crashed: {crash}", "check") for n in graph.nodes}
 
 
 class FixedShapes:
@@ -208,7 +227,8 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     def analysis() -> Analysis:
         try:
             a = analyze(model, providers, assign, threads, progress, resolved=chosen, shapes=shapes,
-                        inputs=measure_on, sample=profile, deadline=deadline)
+                        inputs=measure_on, sample=profile, deadline=deadline,
+                        isolate=profile and profiler is None)
         except InputError as error:
             if measure_on is inputs:
                 raise
