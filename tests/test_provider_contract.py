@@ -1,11 +1,16 @@
 """Every registered provider through the one contract: what it declares (device kind, precisions, bundle format)
 agrees with what it answers; present here, it answers capability with reasons, compiles, runs as ONNX Runtime
 CPU computes in fp32, is safe to call from many threads, closes, and writes and loads its bundle stage where
-it has a format this host can write. A provider absent here is skipped with its own reason."""
+it has a format this host can write. A provider absent here is skipped with its own reason. The precisions a
+provider offers follow what this host computes."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -13,11 +18,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from uhop_onnx.graph import Graph
+from uhop_onnx.host import cpu_features, host_arch
 from uhop_onnx.providers import DEVICE_KINDS, REGISTRY, device_kind
 from uhop_onnx.providers.capability import check
 
 from .conftest import random_feeds, reference
 
+ROOT = Path(__file__).resolve().parents[1]
 IDS = list(REGISTRY)
 BY_HOOKS = {"rknn"}  # still declares its precisions and bundle format by overriding the hooks they derive
 
@@ -121,3 +128,50 @@ def test_exports_and_loads_its_format(ident, tmp_path):
     feeds = random_feeds(model, seed=3)
     with type(provider).load_artifact(tmp_path, artifact, threads=1) as runner:
         _assert_fp32(model, {k: runner.to_host(v) for k, v in runner.run(feeds).items()}, feeds)
+
+
+def test_openvino_offers_only_precisions_it_compiles_with_onednn_held_to_avx2():
+    """Held below AVX-512 BF16, OpenVINO's CPU plugin still reports BF16 but fails to compile bf16: not offered
+    there, and every precision it does offer compiles (in a process of its own, as oneDNN reads the variable
+    once)."""
+    _present("openvino")
+    code = """if True:
+        import numpy as np
+        from tests.test_provider_contract import dense
+        from uhop_onnx.providers.openvino import OpenVino
+        offered = OpenVino().precisions()
+        assert "bf16" not in offered, offered
+        for precision in offered:
+            if precision != "int8":
+                OpenVino().at_precision(precision).compile(dense()).run({"x": np.ones((4, 16), np.float32)})
+        print(offered)
+    """
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_openvino_offers_bf16_where_the_cpu_computes_it():
+    provider = _present("openvino")
+    import openvino as ov
+
+    reported = "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    computes = host_arch() != "x86_64" or "avx512bf16" in cpu_features()
+    assert ("bf16" in provider.precisions()) == (reported and computes)
+
+
+@pytest.mark.parametrize("reduced", [True, False])
+def test_onnx_runtime_int8_weights_keep_to_7_bits_where_asked(monkeypatch, reduced):
+    """`reduce_range` (on x86-64 without VNNI) quantizes weights into [-64, 64], else into the full int8 range."""
+    from uhop_onnx.providers import quantize
+
+    monkeypatch.setattr(quantize, "reduce_range", lambda: reduced)
+    model = dense()
+    calibration = quantize.Calibration(model, [random_feeds(model, seed=k) for k in range(4)])
+    stage = quantize.quantize_int8(model, calibration, "static")
+    weights = [numpy_helper.to_array(t) for t in stage.graph.initializer
+               if t.data_type == TensorProto.INT8 and t.name.removesuffix("_quantized") in ("w1", "w2")]
+    assert len(weights) == 2
+    widest = max(int(np.abs(w.astype(np.int32)).max()) for w in weights)
+    assert (widest <= 64) == reduced, widest

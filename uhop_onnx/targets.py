@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UhopError
+from .providers import device_kind
 from .precision.values import REDUCED
 
 BUILTIN = Path(__file__).with_name("targets.json")
 # A CPU computes bf16 only with one of these in its `isa` (x86's AVX-512 BF16 or AMX, Arm's BF16 extension);
 # without them a runtime asked for bf16 computes in fp32, so a profile declaring it would be wrong.
 BF16_ISA = ("avx512_bf16", "amx_bf16", "bf16")
-ACCELERATORS = ("ort-cuda", "ort-tensorrt", "ort-rocm", "rknn")  # providers that never run on the CPU
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,8 @@ class TargetProvider:
 
     @property
     def on_cpu(self) -> bool:
-        """Whether it computes on the board's CPU (no accelerator device, no delegate)."""
-        device = str(self.options.get("device", "CPU")).upper()
-        return self.id not in ACCELERATORS and device.startswith("CPU") and "delegate" not in self.options
+        """Whether it computes on the board's CPU, by the device kind its provider declares for its options."""
+        return device_kind(self.id, self.options) == "cpu"
 
 
 @dataclass(frozen=True)
