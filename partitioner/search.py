@@ -25,7 +25,8 @@ that stops at its deadline with the best plan found so far. What settles the mos
 
 With `workers`, blocks on every provider but ONNX Runtime's CPU (whose compile is the reference's, made in
 this process anyway) are lowered, compiled and timed in one worker process (`measure.SearchWorker`), so that a
-native crash there costs the block it was building, recorded as its failure with the signal named. The sample
+native crash there costs the block it was building, recorded as its failure with the signal named; the gate
+runs there too (a crash rejects the candidate, naming the signal). The sample
 values blocks are timed on come from ONNX Runtime's CPU first, each block's runner closed once it ran; the
 runners a chunk of blocks is timed with are closed once it is timed.
 
@@ -57,7 +58,7 @@ from uhop_onnx.cache import JsonTable
 from uhop_onnx.errors import MeasurementError, ProviderError, StageError, first_line
 from uhop_onnx.executor import Executor, hand_over
 from uhop_onnx.inputs import feeds_digest
-from uhop_onnx.measure import LATE, Measurement, Profiler, SearchWorker, build, faster
+from uhop_onnx.measure import LATE, Measurement, Profiler, SearchWorker, Unsendable, WorkerFailed, build, faster
 from uhop_onnx.plan import Stage
 from uhop_onnx.providers import LAST_RESORT, Provider, Runner, create
 from uhop_onnx.report import stages_summary
@@ -254,10 +255,22 @@ class _Searching:
         if gate is None:
             return True
         if name not in self.gated:
-            self.gated[name] = gate(choice)
+            self.gated[name] = self._gated(gate, choice)
             if not self.gated[name][0]:
                 log.info("candidate %s is outside the accuracy tolerance: %s", name, self.gated[name][1])
         return self.gated[name][0]
+
+    def _gated(self, gate: Gate, choice: Choice) -> tuple[bool, dict[str, Any] | None]:
+        """The gate's verdict on `choice`, given in the worker where there is one (the plan it compiles may
+        crash natively): a crash is a rejection whose error names the signal."""
+        if self.worker is None:
+            return gate(choice)
+        try:
+            return self.worker.call(gate, choice)
+        except Unsendable:
+            return gate(choice)
+        except WorkerFailed as crash:
+            return False, {"error": str(crash)}
 
     def _candidate(self, name: str, choice: Choice, figure: Measurement) -> Candidate:
         """A whole plan timed, with the gate's figures of its outputs where it checked them."""

@@ -5,6 +5,7 @@ the process; and what a search cannot fit in this host's memory is refused, name
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 
 import numpy as np
@@ -13,9 +14,11 @@ import pytest
 from onnx import TensorProto, helper
 
 import uhop_onnx
-from uhop_onnx import InputError
-from uhop_onnx.measure import Profiler, SearchWorker
+from uhop_onnx import InputError, MeasurementError
+from uhop_onnx.measure import Measurement, Profiler, SearchWorker
 from uhop_onnx.models import mlp
+from uhop_onnx.optimizer import analyze
+from uhop_onnx.partitioner.search import Search
 from uhop_onnx.providers import REGISTRY
 from uhop_onnx.providers.ort import OrtCpu
 from uhop_onnx.samples import check_runs_fit
@@ -87,6 +90,22 @@ def test_optimize_finishes_when_asking_a_runtime_what_it_can_run_aborts(monkeypa
     assert {s.provider for s in plan.stages} == {"ort-cpu"}
     reasons = [r["reason"] for r in plan.replaced if r["provider"] == CrashingQuery.id]
     assert reasons and all("SIGABRT" in r for r in reasons), plan.replaced
+
+
+def aborting_gate(choice):
+    """A gate whose run of the candidate plan aborts the process."""
+    os.abort()
+
+
+def test_a_gate_that_aborts_rejects_its_candidate_naming_the_signal(caplog):
+    """The gate runs in the search's worker: each candidate it crashed on is rejected, the error naming
+    SIGABRT, and the search ends in a named error instead of taking the process with it."""
+    analysis = analyze(mlp(), ["ort-cpu"], sample=True)
+    search = Search(lambda choices: {name: Measurement(1.0, 0.0, 5) for name in choices}, gate=aborting_gate,
+                    workers=True, budget_s=120)
+    with caplog.at_level(logging.INFO), pytest.raises(MeasurementError, match="outside the accuracy tolerance"):
+        search.place(analysis)
+    assert "the worker was killed by SIGABRT" in caplog.text
 
 
 def _tiles(repeats: int) -> onnx.ModelProto:

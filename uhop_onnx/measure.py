@@ -289,6 +289,10 @@ class WorkerFailed(Exception):
     """A worker reported a failure, or exited; the message is its one-line reason."""
 
 
+class Unsendable(TypeError):
+    """A call that cannot be sent to a worker (it does not pickle): run it in this process."""
+
+
 def _reply(worker: subprocess.Popen, word: str, log) -> str:
     """The rest of the worker's next line that starts with `word` (other lines are runtime chatter)."""
     for line in worker.stdout:
@@ -372,11 +376,15 @@ class SearchWorker:
     def call(self, function: Callable[..., T], *args: Any) -> T:
         """`function(*args)` run in the worker (a module-level function or a bound method, and arguments
         that pickle); what it raises is raised here. `WorkerFailed` naming the signal when the worker
-        crashed (a new one answers the next call)."""
+        crashed (a new one answers the next call); `Unsendable` when the call does not pickle."""
         self.calls += 1
         path = self.folder / f"call{self.calls}.pickle"
-        with open(path, "wb") as f:
-            _ModelPickler(f, self).dump((function, args))
+        try:
+            with open(path, "wb") as f:
+                _ModelPickler(f, self).dump((function, args))
+        except (pickle.PicklingError, AttributeError, TypeError) as error:
+            os.unlink(path)
+            raise Unsendable(f"{function!r} cannot be sent to a worker: {first_line(error)}") from error
         worker = self._started()
         try:
             worker.stdin.write(json.dumps({"call": str(path)}) + "\n")

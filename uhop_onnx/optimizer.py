@@ -8,6 +8,7 @@ import logging
 import os
 import warnings
 from dataclasses import replace
+from functools import partial
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -317,7 +318,7 @@ def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, pr
     store = JsonTable(cache_dir() / "profiles" / f"{device_fingerprint(threads, *labels)}.json",
                       check=Measurement.from_json)
     placer = Search(time_plans, profiler=profiler or Profiler(), store=store, budget_s=budget, threads=threads,
-                    gate=None if a.precision is None else lambda choice: _gate(a, choice, threads),
+                    gate=None if a.precision is None else partial(_gate, a, threads=threads),
                     deadline=deadline, progress=progress, workers=profiler is None)
     with ExitStack() as compiled:  # the plans timed in this process, closed once the search is done
         placement = placer.place(a)
