@@ -6,15 +6,17 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
-from onnx import helper
 
 from . import ortlib
 from .dtypes import numpy_dtype
 from .errors import InputError, ModelError, first_line
 from .host import available_memory
+
+if TYPE_CHECKING:
+    import onnx
 
 
 def sample_feeds(inputs: Iterable, seed: int = 0, shapes: Mapping[str, Sequence[int]] | None = None
@@ -68,6 +70,9 @@ def largest_node(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) ->
     bytes at `shapes`, and those bytes; `("", 0)` where shape inference fails. Inference runs on a copy
     without the weights' values (those of 1024 elements or more, which shapes are never computed from); a
     dimension it cannot find counts as 1."""
+    import onnx  # here, not at the top: a board's runner reads samples and has no onnx
+    from onnx import helper
+
     g = model.graph
     weights = {t.name for t in g.initializer}
     values = [t for t in g.initializer if math.prod(t.dims) < 1024]
@@ -91,6 +96,8 @@ def largest_node(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) ->
 
 def _nbytes(value: onnx.ValueInfoProto) -> int:
     """The bytes of a tensor of this type (an unknown dimension as 1); 0 for what is not a tensor."""
+    from onnx import helper
+
     tensor = value.type.tensor_type
     if not value.type.HasField("tensor_type") or not tensor.elem_type:
         return 0
