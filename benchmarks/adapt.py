@@ -108,7 +108,14 @@ def _decided(session) -> bool:
     return bool(buckets) and all(b["decision"] for b in buckets)
 
 
+# Both sides import compiled bytecode, as an installed package does (pip compiles it): a source checkout run
+# with PYTHONDONTWRITEBYTECODE would otherwise compile uhop-onnx's modules again in every fresh process.
+PYCACHE = Path(tempfile.gettempdir()) / "uhop-adapt-bench-pycache"
+
+
 def _in_process(command: list[str], env: dict | None = None) -> dict:
+    env = {k: v for k, v in (env or os.environ).items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
     done = subprocess.run([sys.executable, __file__, *command], capture_output=True, text=True, env=env, timeout=1800)
     if done.returncode != 0:
         return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
@@ -127,6 +134,7 @@ def compare(name: str, rounds: int, settle: float) -> None:
     shapes = ", ".join(f"{k}: {'x'.join(map(str, v.shape))}" for k, v in feeds.items())
     print(f"\n== {name} ({path.name}) at {shapes}")
     starts: dict[str, list[dict]] = {"ort": [], "uhop": []}
+    _in_process(["start", "uhop", str(path), str(feeds_path)], {**os.environ, "UHOP_CACHE_DIR": str(work / "warm")})
     for r in range(rounds):
         for mode in ("ort", "uhop") if r % 2 == 0 else ("uhop", "ort"):
             env = {**os.environ, "UHOP_CACHE_DIR": str(work / f"cold-{r}")}

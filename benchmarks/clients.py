@@ -5,7 +5,8 @@ and under uhop, side by side.
 
 Each library runs in a process of its own per mode, the modes alternating within each round: `stock` (ONNX
 Runtime), `uhop` (the plain swap `onnxruntime.InferenceSession = uhop_onnx.InferenceSession`, on an empty cache:
-a program's first start). Each process reports its import time (the library, and uhop with it), its init time (the
+a program's first start) and `kept` (the same swap, on the cache a first process left after calling the library
+until its sessions decided, at most `--learn` seconds: a program's later starts). Each process reports its import time (the library, and uhop with it), its init time (the
 library's object made and its first call, where the library makes its sessions), and its steady per-call latency
 (the median of the calls after the first half, so that an adapting session has had its warm-up); the figure of a
 mode is the minimum over rounds. Ratios are uhop / stock, between figures of the same run; the per-call ratio of
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -30,7 +32,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "clients"))
 import run as clients  # noqa: E402 -- tests/clients/run.py: the clients' registry and driver
 
-MODES = ("stock", "uhop")
+MODES = ("stock", "uhop", "kept")
 # Calls timed per process after the first (which is part of init): a few seconds of calls each.
 CALLS = {"rapidocr_pages": 2, "magika_files": 6, "silero_speech": 8, "nudenet_pictures": 30}
 WHAT = {"rapidocr_pages": "OCR of a page (det, cls, rec)", "magika_files": "types of 25 files",
@@ -40,7 +42,7 @@ WHAT = {"rapidocr_pages": "OCR of a page (det, cls, rec)", "magika_files": "type
 def worker(name: str, mode: str) -> None:
     """One process's figures for client `name` in `mode`, printed as JSON on the last line."""
     start = time.perf_counter()
-    if mode == "uhop":
+    if mode != "stock":
         clients.swap_in_uhop()
     else:
         import onnxruntime  # noqa: F401 -- timed as uhop's import is
@@ -62,6 +64,29 @@ def worker(name: str, mode: str) -> None:
                       "providers": {k: describe(s) for k, s in sessions.items()}}))
 
 
+def learn(name: str, seconds: float) -> None:
+    """Client `name` called under uhop until each of its sessions has decided, or for `seconds`: the cache it
+    leaves is what `kept` starts from."""
+    clients.swap_in_uhop()
+    client = clients.load(name)
+    app = client.build()
+    x = client.inputs()[0]
+    begin, calls = time.perf_counter(), 0
+    while time.perf_counter() - begin < seconds and not (calls and decided(client.sessions(app))):
+        client.call(app, x)
+        calls += 1
+    sessions = client.sessions(app)
+    print(json.dumps({"calls": calls, "seconds": time.perf_counter() - begin, "decided": decided(sessions),
+                      "providers": {k: describe(s) for k, s in sessions.items()},
+                      "decisions": {k: [b["decision"] for b in s.adaptation.values()] for k, s in sessions.items()}}))
+
+
+def decided(sessions: dict) -> bool:
+    """Whether every shape bucket of every session has its decision."""
+    buckets = [b for s in sessions.values() for b in (getattr(s, "adaptation", None) or {}).values()]
+    return bool(buckets) and all(b["decision"] for b in buckets)
+
+
 def describe(session) -> str:
     """The providers a session runs on (its number of stages where it has several), and for an adapting
     session the candidates it has tried and where each stands: `ort-cpu [openvino compiling]`."""
@@ -74,45 +99,63 @@ def describe(session) -> str:
     return providers + (f" [{', '.join(tried)}]" if tried else "")
 
 
-def measure(name: str, mode: str) -> dict:
-    """Runs the worker for `name` in `mode` in a fresh process (uhop: on an empty cache)."""
+def measure(name: str, mode: str, kept: Path) -> dict:
+    """Runs the worker for `name` in `mode` in a fresh process, on an empty cache (`kept`: on a copy of `kept`)."""
     with tempfile.TemporaryDirectory(prefix="uhop-clients-") as cache:
-        done = subprocess.run([sys.executable, __file__, "--worker", name, mode], capture_output=True, text=True,
-                              env={**os.environ, "UHOP_CACHE_DIR": cache}, timeout=900)
+        if mode == "kept":
+            shutil.copytree(kept, cache, dirs_exist_ok=True)
+        return _in_process(["--worker", name, mode], cache)
+
+
+def _in_process(command: list[str], cache: str) -> dict:
+    done = subprocess.run([sys.executable, __file__, *command], capture_output=True, text=True,
+                          env={**os.environ, "UHOP_CACHE_DIR": cache}, timeout=900)
     if done.returncode:
         return {"error": (done.stderr.strip().splitlines() or ["exit status %d" % done.returncode])[-1]}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main(rounds: int = 3, clients_: str = typer.Option(",".join(CALLS), "--clients"),
+         learn_s: float = typer.Option(120.0, "--learn", help="Seconds a first process may call a library for."),
          json_out: Path | None = typer.Option(None, "--json")) -> None:
     console = Console(width=200)
     names = [n for n in clients_.split(",") if not clients.missing(n)]
     for n in set(clients_.split(",")) - set(names):
         console.print(f"[yellow]{n} skipped: {clients.missing(n)}")
     load_before = os.getloadavg()[0]
+    work = Path(tempfile.mkdtemp(prefix="uhop-clients-kept-"))
+    learned = {}
+    for n in names:
+        learned[n] = _in_process(["--learn", n, str(learn_s)], str(work / n))
+        console.print(f"learning {n}: {learned[n]}")
     runs = {n: {m: [] for m in MODES} for n in names}
     for r in range(rounds):
         for n in names:
             for mode in MODES if r % 2 == 0 else MODES[::-1]:
-                runs[n][mode].append(measure(n, mode))
+                runs[n][mode].append(measure(n, mode, work / n))
                 console.print(f"round {r + 1}/{rounds} {n} {mode}: {runs[n][mode][-1]}")
     best = {n: {m: best_of(runs[n][m]) for m in MODES} for n in names}
     table = Table("library", "one call", "import s stock / uhop", "init s stock / uhop", "init ratio",
-                  "per call ms stock / uhop", "per call ratio", "each round's", "uhop's providers",
+                  "per call ms stock / uhop / kept", "per call ratio uhop, kept", "each round's (uhop; kept)",
+                  "uhop's providers", "kept's providers (decided after)",
                   title=f"{rounds} alternating rounds, each library and mode in its own process, uhop on an empty "
-                        "cache; minimum over rounds",
+                        "cache, kept on the cache a first run left; minimum over rounds",
                   caption=f"{cpu_model()}, {os.cpu_count()} cores; load average {load_before:.1f} before, "
                           f"{os.getloadavg()[0]:.1f} after")
     for n in names:
-        s, u = best[n]["stock"], best[n]["uhop"]
-        if "error" in s or "error" in u:
-            table.add_row(n, WHAT[n], "", "", "", "", "", "", (s.get("error") or u.get("error"))[:120])
+        s, u, k = best[n]["stock"], best[n]["uhop"], best[n]["kept"]
+        failed = next((f["error"] for f in (s, u, k, learned[n]) if "error" in f), None)
+        if failed:
+            table.add_row(n, WHAT[n], "", "", "", "", "", "", "", failed[:120])
             continue
         table.add_row(n, WHAT[n], f"{s['import_s']:.2f} / {u['import_s']:.2f}",
                       f"{s['init_s']:.2f} / {u['init_s']:.2f}", f"{u['init_s'] / s['init_s']:.2f}",
-                      f"{s['call_ms']:.1f} / {u['call_ms']:.1f}", f"{u['call_ms'] / s['call_ms']:.3f}",
-                      round_ratios(runs[n], "call_ms"), "; ".join(f"{k}: {v}" for k, v in u["providers"].items()))
+                      f"{s['call_ms']:.1f} / {u['call_ms']:.1f} / {k['call_ms']:.1f}",
+                      f"{u['call_ms'] / s['call_ms']:.3f}, {k['call_ms'] / s['call_ms']:.3f}",
+                      f"{round_ratios(runs[n], 'uhop')}; {round_ratios(runs[n], 'kept')}",
+                      "; ".join(f"{key}: {v}" for key, v in u["providers"].items()),
+                      "; ".join(f"{key}: {v}" for key, v in k["providers"].items())
+                      + f" ({learned[n]['calls']} calls, {learned[n]['seconds']:.0f} s)")
     console.print(table)
     if json_out:
         json_out.write_text(json.dumps({"runs": runs, "best": best}, indent=1))
@@ -127,9 +170,9 @@ def best_of(figures: list[dict]) -> dict:
             "call_ms": min(f["call_ms"] for f in ok), "providers": ok[-1]["providers"]}
 
 
-def round_ratios(runs: dict, figure: str) -> str:
-    """uhop / stock of `figure` in each round where both ran: how far apart the rounds are."""
-    return " ".join(f"{u[figure] / s[figure]:.2f}" for s, u in zip(runs["stock"], runs["uhop"])
+def round_ratios(runs: dict, mode: str) -> str:
+    """`mode` / stock per call in each round where both ran: how far apart the rounds are."""
+    return " ".join(f"{u['call_ms'] / s['call_ms']:.2f}" for s, u in zip(runs["stock"], runs[mode])
                     if "error" not in s and "error" not in u)
 
 
@@ -143,5 +186,7 @@ def cpu_model() -> str:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
         worker(*sys.argv[2:])
+    elif sys.argv[1:2] == ["--learn"]:
+        learn(sys.argv[2], float(sys.argv[3]))
     else:
         typer.run(main)

@@ -11,10 +11,12 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
+from typer.testing import CliRunner
 
 import uhop_onnx
 from uhop_onnx.adapt import EXPLORE_AFTER, FIRST_ROUNDS, MIN_PAIRS, ROUND, Decisions, Serving
 from uhop_onnx.cache import cache_dir
+from uhop_onnx.cli import app
 from uhop_onnx.models import BUILDERS
 from uhop_onnx.optimizer import optimize
 from uhop_onnx.runtime import compile_plan
@@ -92,6 +94,11 @@ def test_a_faster_candidate_replaces_the_serving_plan_and_is_kept(tmp_path):
     label, plan, calls = decisions.read()[bucket["bucket"]]
     assert label == "openvino" and plan.get_providers() == ["openvino"] and calls >= MIN_PAIRS * ROUND
     assert serving.run(None, feeds)[1].get_providers() == ["openvino"]
+    # the kept plan says how it was chosen, and explain shows it
+    assert plan.adaptation[bucket["bucket"]]["decision"] == bucket["decision"]
+    shown = CliRunner().invoke(app, ["explain", str(plan.folder)])
+    assert shown.exit_code == 0, shown.output
+    assert f"adapted at {bucket['bucket']}" in shown.output and "openvino: faster" in shown.output, shown.output
     serving.close()
 
 

@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 
 EXPLORE_AFTER = 3  # calls at a bucket before its candidates are prepared, once they took EXPLORE_AFTER_S too
 EXPLORE_AFTER_S = 2.0  # seconds of calls at a bucket before it is worth exploring (short programs never pay)
-ROUND = 3  # calls an arm serves in a row (a runtime's threads still busy from the last call touch one of them)
+ROUND = 4  # calls an arm serves in a row; the median of all but the first is the round's figure, since the
+# first shares the cores with the other arm's runtime threads, still spinning after its last call
 FIRST_ROUNDS = 2  # a candidate's rounds before the 1.5x rule judges it
 DROP_RATIO = 1.5  # a candidate this much slower than the serving plan stops at once
 MIN_PAIRS, MAX_PAIRS = 8, 30  # paired rounds before a verdict; after the last, "within noise"
@@ -114,6 +115,15 @@ class Bucket:
     settled: bool = False  # decided, and nothing on trial any more
     sample: dict[str, np.ndarray] | None = None
 
+    def to_json(self) -> dict[str, Any]:
+        return {"bucket": self.key, "calls": self.calls, "serving": self.current.label,
+                "candidates": [t.to_json() for t in self.trials.values()], "decision": self.decision}
+
+    def decided(self) -> None:
+        """Record the decision in the serving plan, as a plan it saves shows it (`explain`)."""
+        plan = self.current.plan
+        self.current.plan = replace(plan, adaptation={**(plan.adaptation or {}), self.key: self.to_json()})
+
     def arms(self) -> list[Arm]:
         """The serving arm, then each candidate on trial, in turn order."""
         return [self.current, *(t.arm for t in self.trials.values() if t.state == "trying" and t.arm)]
@@ -182,9 +192,7 @@ class Serving:
     def adaptation(self) -> dict[str, dict[str, Any]]:
         """Per shape bucket: `{"bucket", "calls", "serving", "candidates": [...], "decision"}`."""
         with self._lock:
-            return {key: {"bucket": key, "calls": b.calls, "serving": b.current.label,
-                          "candidates": [t.to_json() for t in b.trials.values()], "decision": b.decision}
-                    for key, b in self._buckets.items()}
+            return {key: b.to_json() for key, b in self._buckets.items()}
 
     # running
 
@@ -259,13 +267,13 @@ class Serving:
             if arm is bucket.current:
                 bucket.round_ms.append(ms)
                 if len(bucket.round_ms) == ROUND:
-                    bucket.last_ms, bucket.round_ms = statistics.median(bucket.round_ms), []
+                    bucket.last_ms, bucket.round_ms = statistics.median(bucket.round_ms[1:]), []
             else:
                 trial = next((t for t in bucket.trials.values() if t.arm is arm and t.state == "trying"), None)
                 if trial is not None and bucket.last_ms > 0:
                     trial.round_ms.append(ms)
                     if len(trial.round_ms) == ROUND:
-                        trial.pairs.append((statistics.median(trial.round_ms), bucket.last_ms))
+                        trial.pairs.append((statistics.median(trial.round_ms[1:]), bucket.last_ms))
                         trial.round_ms = []
                         self._judge(bucket, trial)
             bucket.busy_s += ms / 1e3
@@ -273,6 +281,7 @@ class Serving:
             explore = due and not self._closed and self._spent < self._budget_s
             if due and not explore:
                 bucket.decision, bucket.settled = f"kept {bucket.current.label}: the adapt_budget is spent", True
+                bucket.decided()
             if explore:
                 bucket.explored = True
                 bucket.sample = {name: _copied(value) for name, value in feeds.items()}
@@ -310,6 +319,7 @@ class Serving:
         bucket.settled = True
         if not faster:
             bucket.decision = bucket.decision or f"kept {bucket.current.label}: no candidate was faster beyond noise"
+            bucket.decided()
             return
         best = min(faster, key=lambda t: t.ratio_interval()[0])
         median, low, high = best.ratio_interval()
@@ -318,6 +328,7 @@ class Serving:
         bucket.decision = (f"{best.label} replaced {old.label}: {median:.3f}x its time (95% interval "
                            f"{low:.3f}-{high:.3f}) over {len(best.pairs)} interleaved rounds of {ROUND} calls")
         log.info("%s at %s: %s", best.arm.plan.model_name, bucket.key, bucket.decision)
+        bucket.decided()
         for trial in faster:
             if trial is not best:
                 self._retire(trial.arm)
@@ -391,6 +402,7 @@ class Serving:
                 with self._lock:
                     if arm is not None and trial.state == "compiling":
                         trial.arm, trial.state = arm, "trying"
+                        bucket.turn, bucket.round_ms = 0, []  # rounds start together: the serving arm's first
                 self._await(trial)
             with self._lock:
                 bucket.sample, bucket.preparing = None, False
@@ -453,6 +465,8 @@ class Serving:
 def _dims(value: Any) -> tuple[int, ...]:
     """A feed's shape: an array's, an `OrtValue`'s, a sequence's length; () for anything else."""
     shape = getattr(value, "shape", None)
+    if type(shape) is tuple:  # an array's: most calls
+        return shape
     if callable(shape):  # an OrtValue
         shape = shape()
     if shape is None:

@@ -338,6 +338,7 @@ def optimize(model: Path, output: Annotated[Path, typer.Option("--output", "-o",
     _print_stages(plan, title=f"{model.name} -> {output}")
     if plan.profile:
         _print_candidates(plan.profile)
+    _print_adaptation(plan)
     _print_replaced(plan)
 
 
@@ -365,6 +366,19 @@ def _print_replaced(plan) -> None:
     for r in plan.replaced:
         out.print(f"[yellow]re-placed[/] {escape(r['node'])}: {r['provider']} failed its build check, now on "
                   f"{where.get(r['node'], '?')} ({escape(r['reason'])})", highlight=False)
+
+
+def _print_adaptation(plan) -> None:
+    """Per shape bucket an adapting session decided on this plan: its decision, then each candidate tried with
+    its figure (its time over the serving plan's, a 95% interval) and where it stood."""
+    for key, bucket in (plan.adaptation or {}).items():
+        out.print(f"[bold]adapted at {escape(key)}[/] ({bucket['calls']} calls): {escape(bucket['decision'] or '')}",
+                  highlight=False)
+        for trial in bucket["candidates"]:
+            low, high = trial["interval"] or (None, None)
+            figure = f", {low:.3f}-{high:.3f}x the serving plan's time" if low is not None else ""
+            why = f": {trial['error']}" if trial.get("error") else ""
+            out.print(f"  {escape(trial['label'])}: {escape(trial['state'])}{figure}{escape(why)}", highlight=False)
 
 
 def _print_candidates(profile: dict) -> None:
@@ -555,6 +569,7 @@ def explain(plan_dir: Annotated[Path, typer.Argument(help="A plan folder written
     _print_stages(plan, title=str(plan_dir), wide=wide)
     if plan.profile:
         _print_candidates(plan.profile)
+    _print_adaptation(plan)
     _print_replaced(plan)
 
 

@@ -114,6 +114,9 @@ class Plan:
     # against ONNX Runtime fp32 over the gate's samples ({"max_abs_error", "max_rel_error", "cosine", ...}).
     tolerance: float | None = None
     accuracy: dict[str, dict[str, Any]] | None = None
+    # Shape bucket -> what an adapting session tried there and decided (`InferenceSession.adaptation`'s
+    # entries), for the buckets that decided on this plan.
+    adaptation: dict[str, dict[str, Any]] | None = None
     folder: Path | None = field(default=None, repr=False)
     constants_hash: str | None = field(default=None, repr=False)  # of `constants.npz`, recorded by `save`
 
@@ -179,6 +182,7 @@ class Plan:
             "fallbacks": {str(k): v for k, v in sorted(self.fallbacks.items())},
             "replaced": self.replaced,
             **({"tolerance": self.tolerance, "accuracy": self.accuracy} if self.tolerance is not None else {}),
+            **({"adaptation": self.adaptation} if self.adaptation is not None else {}),
             "stages": [s.to_json() for s in self.stages],
         }
 
@@ -281,6 +285,7 @@ class Plan:
             tolerance=data.tolerance,
             accuracy={name: a.model_dump(exclude_none=True) for name, a in data.accuracy.items()}
             if data.accuracy is not None else None,
+            adaptation={k: a.model_dump() for k, a in data.adaptation.items()} if data.adaptation is not None else None,
             folder=folder,
             constants_hash=data.constants_sha256,
         )

@@ -62,6 +62,27 @@ class Replaced(_Strict):
     reason: str
 
 
+class Trial(_Strict):
+    """A candidate an adapting session tried at one shape bucket (`adapt.Trial.to_json`)."""
+
+    label: str
+    state: str
+    calls: int = Field(ge=0)
+    ms: float | None = None
+    interval: list[float] | None = None  # of its time over the serving plan's
+    error: str | None = None
+
+
+class Adaptation(_Strict):
+    """What an adapting session did at one shape bucket: its calls, the plan serving, what was tried, the decision."""
+
+    bucket: str
+    calls: int = Field(ge=0)
+    serving: str
+    candidates: list[Trial] = []
+    decision: str | None = None
+
+
 class Candidate(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -164,6 +185,7 @@ class PlanFile(_Strict):
     shapes: dict[str, list[Annotated[int, Field(ge=0)]]] | None = None  # input -> the shape it was placed at
     tolerance: float | None = Field(default=None, gt=0)  # what a reduced-precision plan was gated with
     accuracy: dict[str, OutputAccuracy] | None = None
+    adaptation: dict[str, Adaptation] | None = None  # shape bucket -> how an adapting session chose this plan
     stages: list[StageEntry]  # none where every output is an input or a constant (a graph of no nodes)
 
     @field_validator("threads")

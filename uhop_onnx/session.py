@@ -375,8 +375,10 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
                                 policy=policy, inputs=dict(sample), progress=progress,
                                 **{"budget": min(30.0, budget_s), **optimize_options})
 
-        return {**{p.label: (lambda sample, label=p.label: first_then_rest(a, label, threads)) for p in a.providers},
-                "search": search}
+        recipes = {p.label: (lambda sample, label=p.label: first_then_rest(a, label, threads)) for p in a.providers}
+        # our kernels build a C library for the model's shapes (minutes for a large CNN): their turn comes last
+        slow = {label: recipes.pop(label) for label in [p.label for p in a.providers if p.id == "kernels"]}
+        return {**recipes, "search": search, **slow}
 
     return Serving(starter, compile, label, candidates, budget_s=budget_s, decisions=decisions, decided=decided)
 
