@@ -87,6 +87,15 @@ def _backbone(name: str, cuts: list[int], **kw):
     return stages, channels
 
 
+def _laterals(stages, laterals, x) -> list:
+    """The lateral convolution of each backbone stage's output, shallowest first (an FPN's inputs)."""
+    levels = []
+    for stage, lateral in zip(stages, laterals):
+        x = stage(x)
+        levels.append(lateral(x))
+    return levels
+
+
 def _conv(c1: int, c2: int, k: int = 3, s: int | tuple[int, int] = 1):
     from torch import nn
 
@@ -113,11 +122,7 @@ def _RetinaFace(width: int = 64, anchors: int = 2):
                                        for _ in channels)
 
         def forward(self, x):
-            levels = []
-            for stage in self.stages:
-                x = stage(x)
-                levels.append(x)
-            levels = [lateral(f) for lateral, f in zip(self.lateral, levels)]
+            levels = _laterals(self.stages, self.lateral, x)
             for k in (1, 0):  # top-down
                 up = F.interpolate(levels[k + 1], size=levels[k].shape[-2:], mode="nearest")
                 levels[k] = self.smooth[k](levels[k] + up)
@@ -153,11 +158,7 @@ def _TextDetector(width: int = 96):
                                       nn.Sigmoid())
 
         def forward(self, x):
-            levels = []
-            for stage in self.stages:
-                x = stage(x)
-                levels.append(x)
-            levels = [lateral(f) for lateral, f in zip(self.lateral, levels)]
+            levels = _laterals(self.stages, self.lateral, x)
             for k in (2, 1, 0):
                 levels[k] = levels[k] + F.interpolate(levels[k + 1], size=levels[k].shape[-2:], mode="nearest")
             size = levels[0].shape[-2:]
