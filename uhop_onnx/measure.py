@@ -354,7 +354,7 @@ def _builder(spec: str | None) -> Build:
     return getattr(import_module(module), function)
 
 
-HANG_SECONDS = 1.0  # a block worker still busy this long past the deadline is stopped
+HANG_SECONDS = 0.5  # a search worker still busy this long past the deadline is stopped
 
 
 class SearchWorker:
@@ -491,21 +491,22 @@ class SearchWorker:
         code = self.worker.wait()
         self.log.seek(0)
         said = last_line(self.log.read())
-        self.log.close()
-        self.worker = None
+        self._stop()
         return f"{exit_reason(code)}{f' ({said})' if said else ''}"
 
-    def close(self) -> None:
-        """Tell the worker to exit (it closes its runners), kill it if it is slow to, and remove the folder."""
+    def _stop(self) -> None:
+        """Kill the worker (what it holds is needed no more, and runtimes can be slow to tear down)."""
         if self.worker is not None:
+            self.worker.kill()
+            self.worker.wait()
             self.worker.stdin.close()
-            try:
-                self.worker.wait(timeout=EXIT_SECONDS)
-            except subprocess.TimeoutExpired:
-                self.worker.kill()
-                self.worker.wait()
+            self.worker.stdout.close()
             self.log.close()
             self.worker = None
+
+    def close(self) -> None:
+        """Stop the worker and remove what was sent to it."""
+        self._stop()
         self.models.clear()
         self.scratch.cleanup()
 
