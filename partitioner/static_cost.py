@@ -71,17 +71,16 @@ def estimate_ms(model: CostModel, graph: Graph, nodes: Sequence[Node]) -> float:
 
 
 def off_preferred(a: Analysis, stages: Sequence[PlacedStage], models: Mapping[str, CostModel],
-                  preferred: str) -> list[dict[str, Any]]:
-    """Each node of `stages` (a plan's, placed by the cost `models` over `a`, best `sized`) that is not on a
-    provider of id `preferred`, with why: `kind` "assign" (the user's), "capability" (the provider's table said
-    no), "build check" (its runtime's own check said no) or "cost" (the cost model's `ms` for the node's stage
-    where it went and, for the nodes the preferred provider runs, there). Empty when `a` has no such provider."""
-    mine = [p.label for p in a.providers if p.id == preferred]
-    if not mine:
-        return []
+                  preferred: Sequence[str]) -> list[dict[str, Any]]:
+    """Each node of `stages` (a plan's, placed by the cost `models` over `a`, best `sized`) that is not on one
+    of the `preferred` labels (a provider and its precision variants), with why: `kind` "assign" (the user's),
+    "capability" (the provider's table said no), "build check" (its runtime's own check said no) or "cost" (the
+    cost model's `ms` for the node's stage where it went and, for the nodes the preferred provider runs,
+    there)."""
+    mine = list(preferred)
     graph, out = a.graph, []
     for stage in stages:
-        if a.provider(stage.label).id == preferred:
+        if stage.label in mine:
             continue
         nodes = [graph.nodes[graph.index_of[name]] for name in stage.nodes]
         able = [n for n in nodes if any(a.support[label][n.name] for label in mine)]

@@ -111,9 +111,10 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
         progress("placing for the target with its static cost model")
         models = {label: e.at(a.provider(label).precision) for label, e in _entries(a, entries).items()}
         plan, gated = _place_static(a, models, threads, progress)
-        preferred = next((e.id for e in profile.providers if not e.on_cpu), None)
-        if preferred is not None:  # each node off the board's accelerator, and why
-            off = {"off_accelerator": {"provider": preferred,
+        accelerator = next((e for e in entries if not e.on_cpu), None)  # each node off it, and why
+        preferred = [label for label, e in _entries(a, entries).items() if e is accelerator]
+        if preferred:
+            off = {"off_accelerator": {"provider": preferred[0],
                                        "nodes": off_preferred(sized(a), plan.stages, models, preferred)}}
         plan = replace(plan, placement=f"static cost model of target {profile.name}")
     with writing(out), (temporary_folder("export") if archive else new_folder(out)) as staging:
