@@ -131,3 +131,7 @@ def test_exec_runs_a_script_or_a_module_under_the_patch(tmp_path):
     assert run.returncode == 2 and "UHOP_PRECISION/UHOP_TOLERANCE: precision: 'fp12' is not one of" in run.stderr
     run = _run(["-m", "uhop_onnx.exec", "missing.py"], tmp_path)
     assert run.returncode == 2 and "missing.py is not a file" in run.stderr
+    # the command line's form: the program's own options (-v here) are its own
+    run = _run(["-m", "uhop_onnx.cli", "exec", "--", "python", "app.py", "cnn.onnx", "-v"], tmp_path)
+    assert run.returncode == 3 and run.stdout.splitlines()[1] == "['cnn.onnx', '-v'] __main__", run.stderr[-3000:]
+    assert run.stdout.splitlines()[2].startswith("uhop_onnx.patch [")
