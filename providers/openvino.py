@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterable, Mapping
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -235,15 +236,17 @@ class OpenVino(Provider):
         (`ONEDNN_MAX_CPU_ISA`): held there, the CPU plugin still reports BF16 and fails to compile bf16."""
         if not self.present:
             return False
+        if precision == "bf16" and self.device.split(".")[0] == "CPU" and not cpu_computes_bf16():
+            return False
+        return CAPABILITIES[precision] in self.reported
+
+    @cached_property
+    def reported(self) -> frozenset[str]:
+        """The device's `OPTIMIZATION_CAPABILITIES`, with FP16 on GPU and NPU devices."""
         import openvino as ov
 
         reported = set(ov.Core().get_property(self.device, "OPTIMIZATION_CAPABILITIES"))
-        family = self.device.split(".")[0]
-        if family in ("GPU", "NPU"):
-            reported.add("FP16")
-        if precision == "bf16" and family == "CPU" and not cpu_computes_bf16():
-            return False
-        return CAPABILITIES[precision] in reported
+        return frozenset(reported | ({"FP16"} if self.device.split(".")[0] in ("GPU", "NPU") else set()))
 
     def query(self, model: onnx.ModelProto) -> dict[str, Support]:
         """Nodes OpenVINO's `query_model` does not place on the device, mapped back by output tensor names."""

@@ -1,8 +1,10 @@
 """ONNX Runtime providers: one class over ONNX Runtime's execution providers, configured by EP name.
 
-`ort-cpu` runs on the CPU EP. The GPU providers (`ort-cuda`, `ort-tensorrt`, `ort-rocm`) are present only
-when their EP is in this build *and* a tiny session runs on the device; their stages keep outputs on the
-device (IO binding), so consecutive stages on the same GPU hand tensors over without a host copy.
+`ort-cpu` runs on the CPU EP. The device providers, the GPUs' (`ort-cuda`, `ort-tensorrt`, `ort-rocm`) and
+Qualcomm's NPU (`ort-qnn`), are present only when their EP is in this build *and* a tiny session runs on the
+device; CUDA and TensorRT stages keep outputs on the device (IO binding), so consecutive stages on the same GPU
+hand tensors over without a host copy. A device provider is configuration: its EPs, wheel, device kind,
+precisions and EP options.
 """
 
 from __future__ import annotations
@@ -262,7 +264,7 @@ def _probe_model() -> bytes:
 
 
 class OrtGpuProvider(OrtProvider):
-    """ONNX Runtime on a GPU execution provider (option `device_id`, default 0).
+    """ONNX Runtime on an accelerator's execution provider: a GPU's (option `device_id`, default 0), or an NPU's.
 
     Present when the EP is in this onnxruntime build and a tiny session runs on the device (ONNX
     Runtime's assignment record shows the EP took its node, and the result is right). Capability comes
