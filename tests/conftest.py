@@ -13,8 +13,9 @@ import pytest
 
 from uhop_onnx.cache import cache_dir
 from uhop_onnx.models import BUILDERS
+from uhop_onnx.precision import FP32_TOLERANCE, compare
 
-RTOL, ATOL = 1e-4, 1e-5
+RTOL, ATOL = FP32_TOLERANCE["rtol"], FP32_TOLERANCE["atol"]
 
 # Profiles and built kernels go to a cache of this run, not the user's; the corpus's exports stay in the
 # user's cache, where they last between runs.
@@ -55,7 +56,8 @@ def assert_matches(actual: list[np.ndarray], expected: list[np.ndarray]) -> None
     assert len(actual) == len(expected)
     for a, e in zip(actual, expected):
         assert a.dtype == e.dtype and a.shape == e.shape
-        np.testing.assert_allclose(a, e, rtol=RTOL, atol=ATOL)
+        result = compare(a, e, FP32_TOLERANCE)  # the one accuracy rule, at fp32's tolerance
+        assert result["ok"], result
 
 
 @pytest.fixture(params=sorted(BUILDERS), scope="session")
