@@ -216,10 +216,10 @@ class Lowering:
     (`providers.quantize.quantize_int8`'s, the default first); `offered(provider)` whether this host offers the
     precision (None: always)."""
 
-    model: Callable[[Any, onnx.ModelProto], onnx.ModelProto] | None = None
+    model: Callable[[Provider, onnx.ModelProto], onnx.ModelProto] | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
     methods: tuple[str, ...] = ()
-    offered: Callable[[Any], bool] | None = None
+    offered: Callable[[Provider], bool] | None = None
 
 
 def quantized(provider: Provider, model: onnx.ModelProto) -> onnx.ModelProto:
