@@ -231,7 +231,6 @@ def quantized(provider: Provider, model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 FP32 = Lowering()  # the stage as it is
-INT8_QDQ = Lowering(quantized, methods=("static",))  # the QDQ model ONNX Runtime's quantize_static makes
 
 
 class ArtifactFormat(ABC):

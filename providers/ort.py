@@ -27,7 +27,7 @@ from uhop_onnx.cache import JsonTable, cache_dir
 from uhop_onnx.errors import ProviderError, first_line
 from uhop_onnx.files import atomic_file
 
-from .base import FP32, INT8_QDQ, Absent, Artifact, ArtifactFormat, Lowering, Provider, Runner, quantized
+from .base import FP32, Absent, Artifact, ArtifactFormat, Lowering, Provider, Runner, quantized
 from .capability import CapabilityTable, Support
 from .quantize import offers, to_fp16
 
@@ -490,11 +490,13 @@ class OrtRocm(OrtGpuProvider):
 class OrtQnn(OrtGpuProvider):
     """Qualcomm NPUs (Hexagon HTP) through ONNX Runtime's QNN EP. Option `backend_type`: htp (the default), gpu
     or cpu (QNN's backends). fp32 is computed in fp32 (`enable_htp_fp16_precision` off), fp16 with it on; an
-    int8 stage is the QDQ model, which the HTP runs in int8. Stages hand tensors over through host memory."""
+    int8 stage is the QDQ model ONNX Runtime's QNN configuration makes (uint8), which the HTP runs in 8 bits.
+    Stages hand tensors over through host memory."""
 
     id = "ort-qnn"
     kind = "npu"
-    lowerings = {"fp32": FP32, "fp16": Lowering(options={"fp16": True}), "int8": INT8_QDQ}
+    lowerings = {"fp32": FP32, "fp16": Lowering(options={"fp16": True}),
+                 "int8": Lowering(quantized, methods=("qnn",))}
     eps = ("QNNExecutionProvider",)
     package = "onnxruntime-qnn"
     install = "pip install onnxruntime-qnn"

@@ -129,7 +129,8 @@ def quantize_int8(model: onnx.ModelProto, calibration: Calibration | None, metho
     - "dynamic": ONNX Runtime's `quantize_dynamic` of its MatMuls (weights int8 per channel, activations
       quantized at run time, so no calibration);
     - "nncf": QDQ from NNCF's post-training quantization (`nncf.quantize`, with its bias correction) on the
-      same values.
+      same values;
+    - "qnn": QDQ as ONNX Runtime configures it for the QNN EP's HTP, on the same values.
     Kept in the cache by the model's bytes, the method and the calibration's digest, so the same data gives
     the same model."""
     import onnx
@@ -211,7 +212,22 @@ def _nncf(source: Path, target: Path, samples: list) -> None:
     onnx.save(quantized, target)
 
 
-QUANTIZERS = {"static": _static, "dynamic": _dynamic, "nncf": _nncf}
+def _qnn(source: Path, target: Path, samples: list) -> None:
+    """QDQ as ONNX Runtime prepares a model for the QNN EP's HTP: `qnn_preprocess_model`, then `quantize` with
+    the configuration `get_qnn_qdq_config` gives (uint8 activations and weights)."""
+    import onnx
+    from onnxruntime.quantization import quantize
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
+
+    model, plain, prepared = onnx.load(source), target.with_name("plain.onnx"), target.with_name("qnn.onnx")
+    del model.metadata_props[:]  # qnn_preprocess_model (onnxruntime 1.32) fails on a model that has any
+    onnx.save(model, plain)
+    if not qnn_preprocess_model(str(plain), str(prepared)):
+        prepared = plain
+    quantize(str(prepared), str(target), get_qnn_qdq_config(str(prepared), _Reader(samples)))
+
+
+QUANTIZERS = {"static": _static, "dynamic": _dynamic, "nncf": _nncf, "qnn": _qnn}
 
 
 def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -177,3 +177,22 @@ def test_qnn_ep_name_names_the_npu_then_the_cpu(recwarn):
     assert "htp_performance_mode" in str(recwarn.pop(UserWarning).message)
     ids = [p.id for p in listed(["QNNExecutionProvider"], None, "device")]
     assert ids[0] == "ort-qnn" and ids[-1] == "ort-cpu"
+
+
+def test_qnn_int8_stage_is_onnx_runtimes_qnn_qdq_model():
+    """The int8 stage is the uint8 QDQ model ONNX Runtime configures for the QNN EP; ONNX Runtime's CPU runs
+    it close to fp32 (checked here, where no HTP is)."""
+    from onnx import numpy_helper
+
+    from uhop_onnx.providers.quantize import Calibration
+
+    model = BUILDERS["mlp"]()
+    samples = [random_feeds(model, seed=k) for k in range(8)]
+    (variant,) = OrtQnn().variants("int8", Calibration(model, samples))
+    stage = variant.lower(model)
+    zero_points = [numpy_helper.to_array(t) for t in stage.graph.initializer if t.name.endswith("zero_point")]
+    assert {"QuantizeLinear", "DequantizeLinear"} <= {n.op_type for n in stage.graph.node}
+    assert zero_points and {z.dtype for z in zero_points} <= {np.dtype(np.uint8), np.dtype(np.int32)}
+    feeds = random_feeds(model, seed=9)
+    got, want = reference(stage, feeds)[0], reference(model, feeds)[0]
+    assert np.abs(got - want).max() <= 0.05 * (1 + np.abs(want).max())
