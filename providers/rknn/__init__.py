@@ -15,7 +15,8 @@ Options: `target` (rk3588 default, rk3576, rk3568, rk3566, rk3562), `dtype` (fp1
 on the board, as `tune` writes it, the fastest measured there), `simulate` (bool).
 
 Bundles: `export` writes the stage's `.rknn` (needs the toolkit environment, on any host) with what
-`load_artifact` needs on the board. Its tolerance against ONNX Runtime is `FP16_TOLERANCE` for fp16. int8
+`load_artifact` needs on the board. Its tolerance against ONNX Runtime is `FP16_TOLERANCE` for fp16, its atol
+scaled by the stage's largest output (`converter.fp16_tolerance`). int8
 has no bound that holds for every input, so the bundle carries a measured one: the stage is run in the
 simulator on its calibration samples right after it is built, and the atol is `INT8_MARGIN` times the
 largest error seen there (rtol as fp16). It holds for inputs like the calibration data, and `verify`
@@ -123,7 +124,7 @@ class Rknn(Provider):
         the board's runner needs, and its tolerance (see the module's docstring). An int8 stage carries the
         calibration samples it was quantized on too (`stem.calibration.npz`, samples on the first axis), so that
         a simulator elsewhere rebuilds the same model."""
-        from .converter import convert, convert_measured, model_inputs
+        from .converter import convert, convert_measured, fp16_tolerance, model_inputs
 
         path, files = folder / f"{stem}.rknn", [f"{stem}.rknn"]
         if self.dtype == "int8":
@@ -137,7 +138,7 @@ class Rknn(Provider):
             np.savez(folder / files[-1], **{name: np.stack([s[name] for s in samples]) for name in samples[0]})
         else:
             convert(model, path, self.target, self.dtype)
-            tolerance = FP16_TOLERANCE
+            tolerance = fp16_tolerance(model)
             if not self.fp16_said:
                 log.warning("rknn: stages are fp16; the NPU is fastest at int8: export with --precision int8 "
                             "--calibration DATA (precision='int8', calibration=...)")
