@@ -163,6 +163,7 @@ def adapted(settle: str, model: str, feeds: dict[str, np.ndarray],
                 break
         yield (lambda: session.run(None, feeds)), stage_labels(session.plan)
 
+
 def _optimize(request: dict) -> None:
     from .optimizer import optimize
 
