@@ -23,7 +23,7 @@ that stops at its deadline with the best plan found so far. What settles the mos
    differs from the fastest accepted one (the rest as there) are gated, the longest accepted prefix found
    by bisection, and timed: partial precision, e.g. int8 early in a network and bf16 where int8 errs.
 
-With `workers`, blocks on every provider but ONNX Runtime's CPU (whose compile is the reference's, made in
+With a `worker`, blocks on every provider but ONNX Runtime's CPU (whose compile is the reference's, made in
 this process anyway) are lowered, compiled and timed in one worker process (`measure.SearchWorker`), so that a
 native crash there costs the block it was building, recorded as its failure with the signal named; the gate
 runs there too (a crash rejects the candidate, naming the signal). The sample
@@ -75,7 +75,7 @@ log = logging.getLogger(__name__)
 
 NOISY = 0.25  # a cached figure whose spread is above this is measured again
 CHUNK = 8  # blocks measured together between two looks at the deadline
-IN_PROCESS = LAST_RESORT  # the provider whose blocks are measured in this process even with `workers`
+IN_PROCESS = LAST_RESORT  # the provider whose blocks are measured in this process even with a worker
 BEST = "best so far: "  # the progress step that names the best plan so far and its figure
 NOT_MEASURED = "not measured: the budget ran out"
 REJECTED = "not timed: outside the accuracy tolerance"
@@ -107,11 +107,10 @@ class Search:
     gate: Gate | None = None
     deadline: Deadline | None = None
     progress: Callable[[str], None] = lambda step: None
-    workers: bool = False  # blocks on providers but `IN_PROCESS` measured in a worker process
+    worker: SearchWorker | None = None  # where blocks on providers but `IN_PROCESS`, and the gate, run
 
     def place(self, analysis: Analysis) -> Placement:
-        """The fastest placement found by the deadline; every runner it compiled, and its worker, are closed
-        when it returns."""
+        """The fastest placement found by the deadline; every runner it compiled is closed when it returns."""
         with ExitStack() as runners:
             return _Searching(self, analysis, runners).run()
 
@@ -132,7 +131,7 @@ class _Searching:
         self.gated: dict[str, tuple[bool, dict[str, Any] | None]] = {}  # by candidate
         self.deadline = config.deadline or Deadline.after(config.budget_s)
         self.complete = True  # False once a step was left out at the deadline
-        self.worker = runners.enter_context(SearchWorker(config.profiler)) if config.workers else None
+        self.worker = config.worker
 
     def run(self) -> Placement:
         started = time.monotonic()
@@ -515,7 +514,8 @@ class _Feeds:
             except (ProviderError, OSError, ValueError) as error:
                 failed[key] = Measurement.failed(error)
         worker = self.search.worker
-        return failed | (worker.measure(provider, saved, self.search.deadline) if saved and worker else {})
+        return failed | (worker.measure(provider, saved, self.search.deadline, self.search.config.profiler)
+                          if saved and worker else {})
 
     def _saved(self, k: int) -> tuple[str, str]:
         """Where block k's model and inputs (an `.npz`) are saved, in the worker's folder."""

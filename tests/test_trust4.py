@@ -56,8 +56,8 @@ def test_a_block_that_crashes_its_worker_is_its_failure_and_the_others_are_measu
         blocks[name] = (str(tmp_path / f"{name}.onnx"), str(tmp_path / f"{name}.npz"))
     provider = Crashing()
     provider.crashes = {"crashes": "segfault"}
-    with SearchWorker(Profiler(rounds=2, max_rounds=2, warmup=1)) as worker:
-        figures = worker.measure(provider, blocks, Deadline.after(120))
+    with SearchWorker() as worker:
+        figures = worker.measure(provider, blocks, Deadline.after(120), Profiler(rounds=2, max_rounds=2, warmup=1))
     assert figures["first"].ok and figures["last"].ok
     assert not figures["crashes"].ok
     said = "crashing-cpu: the worker was killed by SIGSEGV while building and first running it"
@@ -101,10 +101,10 @@ def test_a_gate_that_aborts_rejects_its_candidate_naming_the_signal(caplog):
     """The gate runs in the search's worker: each candidate it crashed on is rejected, the error naming
     SIGABRT, and the search ends in a named error instead of taking the process with it."""
     analysis = analyze(mlp(), ["ort-cpu"], sample=True)
-    search = Search(lambda choices: {name: Measurement(1.0, 0.0, 5) for name in choices}, gate=aborting_gate,
-                    workers=True, budget_s=120)
-    with caplog.at_level(logging.INFO), pytest.raises(MeasurementError, match="outside the accuracy tolerance"):
-        search.place(analysis)
+    with SearchWorker() as worker, caplog.at_level(logging.INFO), \
+            pytest.raises(MeasurementError, match="outside the accuracy tolerance"):
+        Search(lambda choices: {name: Measurement(1.0, 0.0, 5) for name in choices}, gate=aborting_gate,
+               worker=worker, budget_s=120).place(analysis)
     assert "the worker was killed by SIGABRT" in caplog.text
 
 

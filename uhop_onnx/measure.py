@@ -14,7 +14,7 @@ one round each in turn, in a fresh (seeded) order every round and with a pause b
 candidate always follows one whose runtime leaves threads spinning. Calls per round follow `timing`'s one
 rule.
 
-`SearchWorker` is one worker process (`python -m uhop_onnx.measure search REQUEST`) for what may crash
+`SearchWorker` is one worker process (`python -m uhop_onnx.measure search`) for what may crash
 natively while a plan is sought: the search's blocks on a provider whose conversion, quantization or compile
 may crash are lowered, compiled and timed there by a `Profiler`, and a provider's capability questions (a
 conversion, a runtime's query) are answered there (`call`). A crash costs the block it was building (its
@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass, field, fields
 from importlib import import_module
 from pathlib import Path
@@ -277,6 +277,8 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
             except subprocess.TimeoutExpired:  # a runtime slow to tear down holds nothing we need
                 worker.kill()
                 worker.wait()
+            worker.stdin.close()
+            worker.stdout.close()
             logs[name].close()
         os.unlink(shared.name)
     return {name: {"ms": min(m) if m and name not in errors else None,
@@ -358,13 +360,11 @@ HANG_SECONDS = 0.5  # a search worker still busy this long past the deadline is 
 
 
 class SearchWorker:
-    """One worker process, started when first asked, that times blocks with `profiler`'s settings (on the
-    worker's own clock) and answers calls; what it is sent is pickled into a temporary folder, a model once
-    per object. `close` ends it."""
+    """One worker process that times blocks and answers calls, started at once (it imports the runtimes
+    while its coordinator loads the model) and again after a crash; what it is sent is pickled into a
+    temporary folder, a model once per object. `close` ends it."""
 
-    def __init__(self, profiler: Profiler | None = None):
-        profiler = profiler or Profiler()
-        self.settings = {f.name: getattr(profiler, f.name) for f in fields(profiler) if f.name != "clock"}
+    def __init__(self) -> None:
         self.scratch = temporary_folder("search")
         self.folder = Path(self.scratch.name)
         self.pickled: dict[str, str] = {}  # provider label -> its pickle
@@ -372,6 +372,7 @@ class SearchWorker:
         self.calls = 0
         self.worker: subprocess.Popen | None = None
         self.log: Any = None
+        self._started()
 
     def call(self, function: Callable[..., T], *args: Any) -> T:
         """`function(*args)` run in the worker (a module-level function or a bound method, and arguments
@@ -412,16 +413,17 @@ class SearchWorker:
             self.models[id(model)] = (model, str(path))  # the model kept: its id stays its own
         return self.models[id(model)][1]
 
-    def measure(self, provider: Any, blocks: Mapping[str, tuple[str, str]], deadline: Deadline
-                ) -> dict[str, Measurement]:
+    def measure(self, provider: Any, blocks: Mapping[str, tuple[str, str]], deadline: Deadline,
+                profiler: Profiler) -> dict[str, Measurement]:
         """Per key, the figure on `provider` of the block model saved at `blocks[key][0]`, run on the inputs
-        saved at `blocks[key][1]` (an `.npz`), the blocks timed together. The block a worker crashed on is a
+        saved at `blocks[key][1]` (an `.npz`), the blocks timed together with `profiler`'s settings (on the
+        worker's clock). The block a worker crashed on is a
         failure naming the signal, and a new worker measures the rest; past the `deadline` the worker is
         stopped, and what it had not measured is a failure saying so."""
         failed: dict[str, Measurement] = {}
         todo = dict(blocks)
         while todo and not deadline.passed:
-            figures, building = self._ask(provider, todo, deadline)
+            figures, building = self._ask(provider, todo, deadline, profiler)
             if figures is not None:
                 return failed | figures
             reason = self._ended()
@@ -433,7 +435,7 @@ class SearchWorker:
             todo = {k: v for k, v in todo.items() if k not in failed}
         return failed | {k: Measurement.failed(LATE) for k in todo}
 
-    def _ask(self, provider: Any, blocks: Mapping[str, tuple[str, str]], deadline: Deadline
+    def _ask(self, provider: Any, blocks: Mapping[str, tuple[str, str]], deadline: Deadline, profiler: Profiler
              ) -> tuple[dict[str, Measurement] | None, str | None]:
         """The worker's figures of `blocks`, or None and the block it was building when it ended (None when
         it ended while timing them all)."""
@@ -443,7 +445,8 @@ class SearchWorker:
         watchdog.start()
         building = None
         try:
-            worker.stdin.write(json.dumps({"provider": self._pickle(provider), "blocks": blocks,
+            settings = {f.name: getattr(profiler, f.name) for f in fields(profiler) if f.name != "clock"}
+            worker.stdin.write(json.dumps({"provider": self._pickle(provider), "blocks": blocks, "profiler": settings,
                                            "seconds": deadline.left()}) + "\n")
             worker.stdin.flush()
             for line in worker.stdout:
@@ -463,8 +466,7 @@ class SearchWorker:
     def _started(self) -> subprocess.Popen:
         if self.worker is None:
             self.log = tempfile.TemporaryFile(mode="w+")
-            request = json.dumps({"profiler": self.settings})
-            self.worker = subprocess.Popen([sys.executable, "-m", "uhop_onnx.measure", "search", request],
+            self.worker = subprocess.Popen([sys.executable, "-m", "uhop_onnx.measure", "search"],
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
         return self.worker
 
@@ -499,7 +501,8 @@ class SearchWorker:
         if self.worker is not None:
             self.worker.kill()
             self.worker.wait()
-            self.worker.stdin.close()
+            with suppress(BrokenPipeError):  # a request it was killed reading
+                self.worker.stdin.close()
             self.worker.stdout.close()
             self.log.close()
             self.worker = None
@@ -543,13 +546,15 @@ class _ModelUnpickler(pickle.Unpickler):
         return self.models[pid]
 
 
-def _search_worker(request: dict) -> None:
+def _search_worker() -> None:
     """Answer each line on stdin. `{"call": PICKLE}`: run the pickled `(function, args)`, write `(raised,
     result or exception)` to `PICKLE.out`, say `done`. `{"provider": PICKLE, "blocks": {KEY: [MODEL, FEEDS]},
-    "seconds": S}`: say `at KEY` before lowering, compiling and first running each block, `rounds` before
-    timing them together (`request["profiler"]`'s settings, for at most S seconds), then `figures {KEY:
-    figure}`; the runners are closed before the next line."""
-    profiler = Profiler(**request["profiler"])
+    "profiler": SETTINGS, "seconds": S}`: say `at KEY` before lowering, compiling and first running each block,
+    `rounds` before timing them together (with a `Profiler` of those settings, for at most S seconds), then
+    `figures {KEY: figure}`; the runners are closed before the next line."""
+    from .providers import resolve
+
+    resolve(None)  # the runtimes present imported, before the first request
     providers: dict[str, Any] = {}
     models: dict[str, Any] = {}
     for line in sys.stdin:
@@ -570,7 +575,7 @@ def _search_worker(request: dict) -> None:
                 except Exception as error:  # noqa: BLE001 - a runtime may refuse a block in any way
                     failed[key] = Measurement.failed(error)
             print("rounds", flush=True)
-            figures = profiler.measure(calls, Deadline.after(ask["seconds"])) | failed
+            figures = Profiler(**ask["profiler"]).measure(calls, Deadline.after(ask["seconds"])) | failed
         print("figures", json.dumps({k: _named(provider.label, m).to_json() for k, m in figures.items()}), flush=True)
 
 
@@ -633,5 +638,7 @@ def _worker(request: dict) -> None:
 
 
 if __name__ == "__main__":
-    command, payload = sys.argv[1], json.loads(sys.argv[2])
-    {"worker": _worker, "search": _search_worker}[command](payload)
+    if sys.argv[1] == "search":
+        _search_worker()
+    elif sys.argv[1] == "worker":
+        _worker(json.loads(sys.argv[2]))

@@ -56,15 +56,14 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
             progress: Callable[[str], None] = lambda step: None, *,
             chosen: list[Provider] | None = None, strict: bool = False,
             resolved: list[Provider] | None = None, shapes: Shapes | None = None, inputs: Inputs | None = None,
-            sample: bool = False, deadline: Deadline | None = None, isolate: bool = False) -> Analysis:
+            sample: bool = False, deadline: Deadline | None = None, worker: SearchWorker | None = None) -> Analysis:
     """Load, check and simplify `model`, and ask every provider which of its nodes it can run.
 
     `chosen` gives the provider objects directly (a target board's, present here or not); a provider not
     present on this host answers from its table alone. `resolved` is `resolve(providers, threads, strict)`
     when the caller has it already. With `sample` (or given `shapes` or `inputs`), the inputs measurements
     run on are settled first (`inputs.profile_feeds`), so that free dimensions nobody gave stop it before
-    anything is measured. With `isolate`, providers but ONNX Runtime's CPU are asked in a worker process
-    (`_asked`).
+    anything is measured. With a `worker`, providers but ONNX Runtime's CPU are asked there (`_asked`).
     """
     progress("loading and checking the model")
     loaded = load(model)
@@ -96,7 +95,6 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
             log.warning("the model at %s could not be prepared for fixed-shape runtimes: %s",
                         shapes_text(measured_shapes(feeds)), first_line(error))
     support = {}
-    worker = SearchWorker() if isolate else None
     for provider in list(chosen):
         if deadline is not None and deadline.passed and provider not in (chosen[0], chosen[-1]) \
                 and provider.label not in pinned.values():
@@ -110,8 +108,6 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
         else:
             support[provider.label] = _asked(worker, provider, graph, capabilities, simplified, graph, provider,
                                              provider.present)
-    if worker:
-        worker.close()
     last = chosen[-1].label
     if chosen[-1].appended:
         support[last] = only_the_rest(support, keep={node for node, p in pinned.items() if p == last})
@@ -225,11 +221,10 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
         raise InputError(f"precision={precision!r} chooses by measuring: it needs profile=True (drop --no-profile)")
     chosen = resolve(providers, threads, strict, policy)
 
-    def analysis() -> Analysis:
+    def analysis(worker: SearchWorker | None = None) -> Analysis:
         try:
             a = analyze(model, providers, assign, threads, progress, resolved=chosen, shapes=shapes,
-                        inputs=measure_on, sample=profile, deadline=deadline,
-                        isolate=profile and profiler is None)
+                        inputs=measure_on, sample=profile, deadline=deadline, worker=worker)
         except InputError as error:
             if measure_on is inputs:
                 raise
@@ -266,8 +261,9 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
             log.info("reusing the plan measured earlier on this machine: %s", folder)
             touch(folder)
             return plan
-    plan = place_measured(analysis(), threads, budget=budget, profiler=profiler, progress=progress,
-                          deadline=deadline)
+    with SearchWorker() as worker:  # what may crash natively while the plan is sought runs there
+        plan = place_measured(analysis(worker), threads, budget=budget, progress=progress, deadline=deadline,
+                              worker=worker)
     try:
         plan.save(folder, report=False)  # the report is written where the user saves the plan
     except (UhopError, OSError) as error:  # a full disk, or another process caching the same plan
@@ -288,9 +284,10 @@ def _plan_key(model: str | os.PathLike | onnx.ModelProto | bytes, chosen: Sequen
 
 
 def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, profiler: Profiler | None = None,
-                   progress: Callable[[str], None] = lambda step: None, deadline: Deadline | None = None) -> Plan:
+                   progress: Callable[[str], None] = lambda step: None, deadline: Deadline | None = None,
+                   worker: SearchWorker | None = None) -> Plan:
     """The plan of `a` that measures fastest on this machine by the `deadline` (default: `budget` seconds
-    from now); see `optimize`."""
+    from now), with what may crash natively in `worker` (`Search.worker`); see `optimize`."""
     deadline = deadline or Deadline.after(budget)
     built: dict[Choice, Plan] = {}  # a plan timed again is not built again
 
@@ -319,7 +316,7 @@ def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, pr
                       check=Measurement.from_json)
     placer = Search(time_plans, profiler=profiler or Profiler(), store=store, budget_s=budget, threads=threads,
                     gate=None if a.precision is None else partial(_gate, a, threads=threads),
-                    deadline=deadline, progress=progress, workers=profiler is None)
+                    deadline=deadline, progress=progress, worker=worker)
     with ExitStack() as compiled:  # the plans timed in this process, closed once the search is done
         placement = placer.place(a)
     chosen = plan_of(placement.choice)  # with what the search found of it, a new plan
