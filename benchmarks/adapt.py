@@ -110,7 +110,7 @@ def _decided(session) -> bool:
 
 # Both sides import compiled bytecode, as an installed package does (pip compiles it): a source checkout run
 # with PYTHONDONTWRITEBYTECODE would otherwise compile uhop-onnx's modules again in every fresh process.
-PYCACHE = Path(tempfile.gettempdir()) / "uhop-adapt-bench-pycache"
+PYCACHE = Path(tempfile.mkdtemp(prefix="uhop-adapt-bench-pycache-"))
 
 
 def _in_process(command: list[str], env: dict | None = None) -> dict:

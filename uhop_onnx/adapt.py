@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 
 from .cache import JsonTable
-from .compare import compare_within
+from .precision import compare
 from .errors import UhopError, first_line
 from .executor import Executor, Timing
 from .graph import declared_outputs, io_signatures
@@ -437,7 +437,7 @@ class Serving:
         for _ in range(WARM_UP):
             got = arm.executor.run(None, bucket.sample)
         for name, a, b in zip(arm.executor.outputs, got, want):
-            verdict = compare_within(a, b, self._tolerance)
+            verdict = compare(a, b, self._tolerance)
             if not verdict["ok"]:
                 with self._lock:
                     self._retire(arm)

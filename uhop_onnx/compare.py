@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from .precision.accuracy import FP32_TOLERANCE, Tolerance, compare, scaled
 
-compare_within = compare  # adaptive sessions compare candidates' outputs by this name
-
 
 def tolerance_for(gated: float | None, rtol: float | None = None, atol: float | None = None) -> Tolerance:
     """`{"rtol", "atol"}` where either is given (the other at fp32's), else the gate's `scaled(gated)` for
