@@ -8,16 +8,7 @@ import functools
 import os
 import platform
 
-
-@functools.cache
-def cpu_features() -> frozenset[str]:
-    """The CPU's features as the runtimes detect them, from CPUID (numpy reads it at import), lower-cased:
-    `avx2`, `avx512vnni`, `avx512bf16`... Under an emulator (`qemu-x86_64 -cpu Haswell`) they are the
-    emulated CPU's, where /proc/cpuinfo would still give the host's."""
-    import numpy
-
-    core = getattr(numpy, "_core", None) or numpy.core
-    return frozenset(name.lower() for name, present in core._multiarray_umath.__cpu_features__.items() if present)
+from uhop_onnx.host import cpu_features
 
 
 @functools.cache
