@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from uhop_onnx.errors import missing_module
+from uhop_onnx.errors import InputError, missing_module
 
 from . import indices
 from uhop_onnx.host import cpu_features, host_arch
@@ -205,9 +205,15 @@ class OpenVino(Provider):
 
     @classmethod
     def device_kind(cls, options: Mapping[str, Any]) -> str:
-        """The kind of OpenVINO's device: gpu or npu for its GPU and NPU devices, else cpu."""
-        family = str(options.get("device", "CPU")).upper().split(".")[0]
-        return family.lower() if family in ("GPU", "NPU") else "cpu"
+        """The kind of OpenVINO's device: cpu, gpu or npu for its CPU, GPU and NPU devices (`GPU.1` too); a
+        device that chooses among others at run time (`AUTO`, `HETERO:...`, `MULTI:...`) is an `InputError`."""
+        device = str(options.get("device", "CPU")).upper()
+        family = device.split(".")[0]
+        if family not in ("CPU", "GPU", "NPU"):
+            raise InputError(f"openvino device {device!r} is not one device (CPU, GPU or NPU, as GPU.1): its kind, "
+                             "which placement, Ray and Triton need, depends on what OpenVINO chooses at run time; "
+                             "name the device")
+        return family.lower()
 
     @property
     def device(self) -> str:
