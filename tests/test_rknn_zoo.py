@@ -1,7 +1,8 @@
 """Rockchip's model zoo classes for the RK3588, exported by their own libraries (`benchmarks/rknn_zoo.py`) with
 free batch, height and width, each placed at a small input size: at least 95% of its FLOPs on the NPU, the
 simulator's outputs within the fp16 tolerance of ONNX Runtime, and every node left on the CPU listed with its
-reason. Two YOLO sizes and the int8 run are slow: `UHOP_RKNN_ZOO_ALL=1` runs them too."""
+reason. The torchvision classifiers, two YOLO sizes and the int8 run are slow: `UHOP_RKNN_ZOO_ALL=1` runs them
+too."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from benchmarks.rknn_zoo import ZOO, available, calibration, export_onnx, npu_sh
 
 from .test_rknn_shapes import needs_toolkit
 
-SLOW = {"yolov8s", "yolo11n", "resnet50"}
+SLOW = {"yolov8s", "yolo11n", "resnet50", "mobilenetv2"}
 ALL = os.environ.get("UHOP_RKNN_ZOO_ALL") == "1"
 
 
