@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
-from functools import cache
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,20 +52,25 @@ def usable(methods: Sequence[str], who: str) -> tuple[str, ...]:
     return tuple(m for m in methods if m not in NEEDS or offers(NEEDS[m][0], f"{who} int8 by {NEEDS[m][1]}"))
 
 
-def reduce_range() -> bool:
-    """Whether ONNX Runtime's quantizer keeps weights to 7 bits (`reduce_range`), as its documentation advises
-    on x86-64 without VNNI: there its u8 x s8 kernels sum pairs of products in int16 (`vpmaddubsw`), which
-    full 8-bit weights can saturate."""
-    return host_arch() == "x86_64" and "avx512vnni" not in cpu_features()
+def reduce_range(cpu: tuple[str, Iterable[str]] | None = None) -> bool:
+    """Whether ONNX Runtime's quantizer keeps weights to 7 bits (`reduce_range`) for the CPU that runs the
+    stage (`cpu`: its arch and ISA extensions as a target profile names them; None: this host's), as its
+    documentation advises on x86-64 without VNNI: there its u8 x s8 kernels sum pairs of products in int16
+    (`vpmaddubsw`), which full 8-bit weights can saturate."""
+    arch, isa = cpu if cpu is not None else (host_arch(), cpu_features())
+    return arch == "x86_64" and not any("vnni" in name.lower() for name in isa)
 
 
 class Calibration:
     """Calibration samples over a model's inputs, and the fp32 values (ONNX Runtime CPU) of any tensor of
-    that model on them: what a stage cut from the model is quantized on."""
+    that model on them: what a stage cut from the model is quantized on, for the CPU that will run it (`cpu`,
+    as `reduce_range` takes it: a target board's; None: this host)."""
 
-    def __init__(self, model, samples: Sequence[Mapping[str, np.ndarray]]):
+    def __init__(self, model, samples: Sequence[Mapping[str, np.ndarray]],
+                 cpu: tuple[str, Iterable[str]] | None = None):
         self.model = model
         self.samples = [dict(s) for s in samples]
+        self.reduce_range = reduce_range(cpu)
         self.digest = feeds_digest({f"{k}/{name}": v for k, s in enumerate(self.samples) for name, v in s.items()})
         self._values: list[dict[str, np.ndarray]] = [dict(s) for s in self.samples]
         self._ranges: dict[str, tuple[float, float] | None] = {}
@@ -137,14 +142,16 @@ def quantize_int8(model: onnx.ModelProto, calibration: Calibration | None, metho
 
     data = model.SerializeToString(deterministic=True)
     digest = "none" if method == "dynamic" else calibration.digest
-    reduced = "-7bit" if method in ("static", "dynamic") and reduce_range() else ""
+    seven = calibration.reduce_range if calibration is not None else reduce_range()
+    reduced = "-7bit" if method in ("static", "dynamic") and seven else ""
     path = cache_dir() / "quantized" / f"{hashlib.sha256(data).hexdigest()[:32]}-{method}{reduced}-{digest}.onnx"
     if path.is_file():
         try:
             return onnx.load_from_string(path.read_bytes())
         except Exception as error:  # noqa: BLE001 - a damaged cache entry is made again
             log.warning("quantized stage %s is unreadable (%s); quantizing again", path, first_line(error))
-    quantized = _in_files(model, QUANTIZERS[method], None if method == "dynamic" else calibration.of(model))
+    quantize = partial(QUANTIZERS[method], reduce_range=seven) if reduced else QUANTIZERS[method]
+    quantized = _in_files(model, quantize, None if method == "dynamic" else calibration.of(model))
     try:
         with atomic_file(path, "wb") as handle:
             handle.write(quantized.SerializeToString(deterministic=True))
@@ -182,18 +189,18 @@ class _Reader:
         return next(self.left, None)
 
 
-def _static(source: Path, target: Path, samples: list) -> None:
+def _static(source: Path, target: Path, samples: list, reduce_range: bool = False) -> None:
     from onnxruntime.quantization import QuantFormat, quantize_static
 
     quantize_static(str(source), str(target), _Reader(samples), quant_format=QuantFormat.QDQ, per_channel=True,
-                    reduce_range=reduce_range())
+                    reduce_range=reduce_range)
 
 
-def _dynamic(source: Path, target: Path, samples: None) -> None:
+def _dynamic(source: Path, target: Path, samples: None, reduce_range: bool = False) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantize_dynamic(str(source), str(target), op_types_to_quantize=["MatMul"], per_channel=True,
-                     weight_type=QuantType.QInt8, reduce_range=reduce_range())
+                     weight_type=QuantType.QInt8, reduce_range=reduce_range)
 
 
 def _nncf(source: Path, target: Path, samples: list) -> None:

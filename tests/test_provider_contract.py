@@ -179,14 +179,16 @@ def test_openvino_offers_bf16_where_the_cpu_computes_it():
     assert ("bf16" in provider.precisions()) == (reported and computes)
 
 
-@pytest.mark.parametrize("reduced", [True, False])
-def test_onnx_runtime_int8_weights_keep_to_7_bits_where_asked(monkeypatch, reduced):
-    """`reduce_range` (on x86-64 without VNNI) quantizes weights into [-64, 64], else into the full int8 range."""
+@pytest.mark.parametrize("cpu", [("x86_64", ["avx2", "fma"]), ("x86_64", ["avx2", "avx512_vnni"]),
+                                 ("x86_64", ["avx2", "avx-vnni"]), ("aarch64", ["neon", "dotprod"])])
+def test_onnx_runtime_int8_weights_keep_to_7_bits_for_a_cpu_without_vnni(cpu):
+    """Quantized for an x86-64 CPU without VNNI (a target's, not this host's), weights keep within [-64, 64];
+    else they take the full int8 range."""
     from uhop_onnx.providers import quantize
 
-    monkeypatch.setattr(quantize, "reduce_range", lambda: reduced)
+    reduced = cpu == ("x86_64", ["avx2", "fma"])
     model = dense()
-    calibration = quantize.Calibration(model, [random_feeds(model, seed=k) for k in range(4)])
+    calibration = quantize.Calibration(model, [random_feeds(model, seed=k) for k in range(4)], cpu)
     stage = quantize.quantize_int8(model, calibration, "static")
     weights = [numpy_helper.to_array(t) for t in stage.graph.initializer
                if t.data_type == TensorProto.INT8 and t.name.removesuffix("_quantized") in ("w1", "w2")]

@@ -107,7 +107,8 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
         if precision != "fp32":
             progress("preparing the target's reduced-precision variants and the fp32 reference")
             declared = _declared(a, entries, precision, profile)
-            a = with_precisions(a, precision, tolerance, samples, offered=lambda p: declared[p.label])
+            a = with_precisions(a, precision, tolerance, samples, offered=lambda p: declared[p.label],
+                                cpu=(profile.arch, profile.isa))
         progress("placing for the target with its static cost model")
         models = {label: e.at(a.provider(label).precision) for label, e in _entries(a, entries).items()}
         plan, gated = _place_static(a, models, threads, progress)

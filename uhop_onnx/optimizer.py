@@ -145,11 +145,13 @@ class FixedShapes:
 
 
 def with_precisions(a: Analysis, choice: str, tolerance: float, samples: list[dict[str, Any]] | None,
-                    offered: Callable[[Provider], Sequence[str]] | None = None) -> Analysis:
+                    offered: Callable[[Provider], Sequence[str]] | None = None,
+                    cpu: tuple[str, Sequence[str]] | None = None) -> Analysis:
     """`a` with each provider's reduced-precision variants that compete under `choice` placed right after it
     (each runs what its provider runs), of the precisions `offered` says it has (default: what it builds on
     this host). Gated on the calibration `samples`, or without them on generated ones, with a warning; int8
-    needs the calibration samples and is left out without them."""
+    needs the calibration samples and is left out without them, and is quantized for `cpu` (a target's arch
+    and ISA extensions; None: this host's)."""
     offered = offered or (lambda provider: provider.precisions())
     names = list(a.graph.inputs)
     signatures = [a.graph.signature(name) for name in names]
@@ -165,7 +167,7 @@ def with_precisions(a: Analysis, choice: str, tolerance: float, samples: list[di
     else:
         check_samples(samples, names)
         gate_samples = [profile_feeds(signatures, inputs=s) for s in samples]
-        calibration = Calibration(a.simplified, gate_samples)
+        calibration = Calibration(a.simplified, gate_samples, cpu)
     providers, support = [], {}
     for provider in a.providers:
         for p in wanted(choice, offered(provider)):  # fp32 first: a pin stays on the provider's fp32 stages
