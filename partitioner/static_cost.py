@@ -3,6 +3,7 @@ the shapes the plan is built for; and, under it, why a node is off the board's p
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -10,10 +11,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from uhop_onnx.dtypes import numpy_dtype
+from uhop_onnx.errors import first_line
 from uhop_onnx.graph import Graph, Node
 from uhop_onnx.inputs import at_shapes, free_inputs, measured_shapes
+from uhop_onnx.samples import shapes_text
 
 from .placer import Analysis
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from .static import CostModel
@@ -30,7 +35,13 @@ def sized(a: Analysis) -> Analysis:
     those of `a.graph`; a tensor whose size depends on values (a `Range`'s) stays unknown and counts nothing."""
     if not a.feeds or not free_inputs(a.simplified):
         return a
-    return replace(a, graph=Graph.from_model(at_shapes(a.simplified, measured_shapes(a.feeds))))
+    shapes = measured_shapes(a.feeds)
+    try:
+        return replace(a, graph=Graph.from_model(at_shapes(a.simplified, shapes)))
+    except Exception as error:  # noqa: BLE001 - shape inference may refuse the shapes; the declared ones stand
+        log.warning("the static cost model counts at the declared shapes: inferring the model's at %s failed: %s",
+                    shapes_text(shapes), first_line(error))
+        return a
 
 
 def elements(graph: Graph, name: str) -> int:
