@@ -343,13 +343,6 @@ class _Searching:
         shapes = ",".join(f"{n}={'x'.join(map(str, np.shape(v)))}" for n, v in sorted(self.feeds.items()))
         return f"at={shapes}@{feeds_digest(self.feeds)}"
 
-    def compiled(self, provider: Provider, model: onnx.ModelProto, lower: bool = True,
-                 closed: ExitStack | None = None) -> Runner:
-        """`model` compiled on `provider` to share the process (a block at the provider's precision, int8
-        quantized first, unless not `lower`), and closed with `closed` (default: when the search ends)."""
-        return (closed or self.runners).enter_context(_raised_by(
-            provider, lambda: provider.compile(provider.lower(model) if lower else model, exclusive=False)))
-
     def _block_costs(self, units: Sequence[Sequence[int]], allowed: Sequence[Sequence[str]],
                      order: Sequence[str]) -> list[dict[str, Measurement]]:
         """Each block's figure on each provider allowed to run it, provider by provider in `order`, `CHUNK`
@@ -372,7 +365,7 @@ class _Searching:
 
         def job(k: int, p: str, closed: ExitStack) -> Callable[[], object]:
             block_feeds = feeds.for_block(k)
-            runner = self.compiled(self.providers[p], models[k], closed=closed)
+            runner = _compiled(self.providers[p], models[k], closed)
             return lambda: _raised_by(self.providers[p], runner.run, block_feeds)
 
         measured: dict[str, Measurement] = {}
@@ -392,29 +385,26 @@ class _Searching:
         over c bytes) fed from the host, as entry[p][c]; and for each ordered pair (q, p), the cost of such
         a stage on p right after one on q, less q's own, as boundary[q, p][c]."""
         used = [p for p in self.providers if any(p in ps for ps in allowed)]
-        runners: dict[tuple[str, int], Runner] = {}
-
-        def runner(p: str, size: int) -> Runner:
-            if (p, size) not in runners:
-                runners[p, size] = self.compiled(self.providers[p], _entry_model(size // 4, self.model), lower=False)
-            return runners[p, size]
-
-        def alone(p: str, size: int) -> Callable[[], object]:
-            data = {"x": np.zeros(size // 4, np.float32)}
-            return lambda: _raised_by(self.providers[p], runner(p, size).run, data)
-
-        def pair(q: str, p: str, size: int) -> Callable[[], object]:
-            first, second, data = runner(q, size), runner(p, size), {"x": np.zeros(size // 4, np.float32)}
-            return lambda: _raised_by(self.providers[p], second.run, {
-                "x": hand_over(_raised_by(self.providers[q], first.run, data)["y"], first, second)})
-
         sizes = sorted(set(classes))
         keys = {(p, c): self._key("entry", p, f"bytes={c}") for p in used for c in sizes}
         pairs = {(q, p, c): self._key("pair", p, f"bytes={c}", after=q)
                  for q in used for p in used if q != p for c in sizes}
-        measured = self._cached({key: (lambda p=p, c=c: alone(p, c)) for (p, c), key in keys.items()}
-                                | {key: (lambda q=q, p=p, c=c: pair(q, p, c)) for (q, p, c), key in pairs.items()},
-                                together=True)
+        stages = {key: (p, c) for (p, c), key in keys.items()} | {key: (q, p, c) for (q, p, c), key in pairs.items()}
+        providers = {p: self.providers[p] for p in used}
+
+        def here(todo: Mapping[str, tuple]) -> dict[str, Measurement]:
+            return self._here(_entry_jobs(providers, todo, self.model, self.runners))
+
+        def in_worker(todo: Mapping[str, tuple]) -> dict[str, Measurement]:
+            try:
+                return self.worker.call(_entry_figures, providers, todo, self.model, self.config.profiler,
+                                        self.deadline.left())
+            except Unsendable:
+                return here(todo)
+            except WorkerFailed as crash:
+                return {key: Measurement.failed(str(crash)) for key in todo}
+
+        measured = self._cached(stages, together=True, measure=here if self.worker is None else in_worker)
         entry: dict[str, dict[int, Measurement]] = {}
         for (p, c), key in keys.items():
             entry.setdefault(p, {})[c] = measured[key]
@@ -567,12 +557,52 @@ class _FirstThatRuns(Runner):
         for provider in providers:
             try:
                 with ExitStack() as closed:
-                    runner = search.compiled(provider, model, closed=closed)
+                    runner = _compiled(provider, model, closed)
                     results = _raised_by(provider, runner.run, feeds)
                     return {name: runner.to_host(value) for name, value in results.items()}
             except ProviderError as error:
                 errors.append(str(error))
         raise ProviderError("; ".join(errors))
+
+
+def _compiled(provider: Provider, model: onnx.ModelProto, closed: ExitStack) -> Runner:
+    """A block compiled on `provider` at its precision (int8 quantized first) to share the process, closed
+    with `closed`."""
+    return closed.enter_context(_raised_by(provider, lambda: provider.compile(provider.lower(model), exclusive=False)))
+
+
+def _entry_jobs(providers: Mapping[str, Provider], stages: Mapping[str, tuple], like: onnx.ModelProto,
+                closed: ExitStack) -> dict[str, Callable[[], Callable[[], object]]]:
+    """The jobs that time one-Relu stages (`_entry_model`, in the IR and opset of `like`): per key, `(p, c)`
+    is such a stage over c bytes on provider p fed from the host, `(q, p, c)` one on p right after one on q
+    (the tensor handed over as the session does). Runners are compiled once per provider and size, closed
+    with `closed`."""
+    runners: dict[tuple[str, int], Runner] = {}
+
+    def runner(p: str, size: int) -> Runner:
+        if (p, size) not in runners:
+            provider, model = providers[p], _entry_model(size // 4, like)
+            runners[p, size] = closed.enter_context(_raised_by(provider, provider.compile, model, exclusive=False))
+        return runners[p, size]
+
+    def alone(p: str, size: int) -> Callable[[], object]:
+        data = {"x": np.zeros(size // 4, np.float32)}
+        return lambda: _raised_by(providers[p], runner(p, size).run, data)
+
+    def pair(q: str, p: str, size: int) -> Callable[[], object]:
+        first, second, data = runner(q, size), runner(p, size), {"x": np.zeros(size // 4, np.float32)}
+        return lambda: _raised_by(providers[p], second.run, {
+            "x": hand_over(_raised_by(providers[q], first.run, data)["y"], first, second)})
+
+    return {key: (lambda s=stage: alone(*s) if len(s) == 2 else pair(*s)) for key, stage in stages.items()}
+
+
+def _entry_figures(providers: Mapping[str, Provider], stages: Mapping[str, tuple], like: onnx.ModelProto,
+                   profiler: Profiler, seconds: float) -> dict[str, Measurement]:
+    """`_entry_jobs`' stages timed together with `profiler` for at most `seconds`: what a search worker runs."""
+    with ExitStack() as closed:
+        calls, failed = build(_entry_jobs(providers, stages, like, closed))
+        return profiler.measure(calls, Deadline.after(seconds)) | failed
 
 
 def _raised_by(provider: Provider, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
