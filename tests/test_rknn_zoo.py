@@ -1,7 +1,7 @@
 """Rockchip's model zoo classes for the RK3588, exported by their own libraries (`benchmarks/rknn_zoo.py`) with
 free batch, height and width, each placed at a small input size: at least 95% of its FLOPs on the NPU, the
 simulator's outputs within the fp16 tolerance of ONNX Runtime, and every node left on the CPU listed with its
-reason. The torchvision classifiers, two YOLO sizes and the int8 run are slow: `UHOP_RKNN_ZOO_ALL=1` runs them
+reason. The torchvision classifiers, two YOLO sizes and the int8 run are slow: `UHOP_SLOW=1` runs them
 too."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from benchmarks.rknn_zoo import ZOO, available, calibration, export_onnx, npu_sh
 from .test_rknn_shapes import needs_toolkit
 
 SLOW = {"yolov8s", "yolo11n", "resnet50", "mobilenetv2"}
-ALL = os.environ.get("UHOP_RKNN_ZOO_ALL") == "1"
+ALL = bool(os.environ.get("UHOP_SLOW"))
 
 
 def cases():
@@ -27,7 +27,7 @@ def cases():
         if missing:
             marks.append(pytest.mark.skip(reason=f"{model.name}: {missing}"))
         if model.name in SLOW and not ALL:
-            marks.append(pytest.mark.skip(reason=f"{model.name} is slow; UHOP_RKNN_ZOO_ALL=1 runs it"))
+            marks.append(pytest.mark.skip(reason=f"{model.name} is slow; UHOP_SLOW=1 runs it"))
         yield pytest.param(model, id=model.name, marks=marks)
 
 
@@ -45,7 +45,7 @@ def test_zoo_model_runs_on_the_npu_in_the_simulator(model, tmp_path):
 
 
 @needs_toolkit
-@pytest.mark.skipif(not ALL, reason="int8 quantization in the simulator is slow; UHOP_RKNN_ZOO_ALL=1 runs it")
+@pytest.mark.skipif(not ALL, reason="int8 quantization in the simulator is slow; UHOP_SLOW=1 runs it")
 def test_a_zoo_detector_at_int8_is_gated_in_the_simulator(tmp_path):
     (model,) = [m for m in ZOO if m.name == "retinaface-mobile"]
     path = export_onnx(model, tmp_path / "model.onnx")
