@@ -85,7 +85,8 @@ def off_preferred(a: Analysis, stages: Sequence[PlacedStage], models: Mapping[st
                   preferred: Sequence[str]) -> list[dict[str, Any]]:
     """Each node of `stages` (a plan's, placed by the cost `models` over `a`, best `sized`) that is not on one
     of the `preferred` labels (a provider and its precision variants), with why: `kind` "assign" (the user's),
-    "capability" (the provider's table said no), "build check" (its runtime's own check said no) or "cost" (the
+    "capability" (the provider's table or its runtime's own query said no), "build check" (the provider's build
+    check refused it) or "cost" (the
     cost model's `ms` for the node's stage where it went and, for the nodes the preferred provider runs,
     there)."""
     mine = list(preferred)
@@ -104,8 +105,7 @@ def off_preferred(a: Analysis, stages: Sequence[PlacedStage], models: Mapping[st
                 entry.update(kind="assign", reason=f"assigned to {a.pinned[node.name]}")
             elif node not in able:
                 answer = a.support[mine[0]][node.name]
-                entry.update(kind="build check" if answer.source == "runtime" else "capability",
-                             reason=answer.reason)
+                entry.update(kind="build check" if answer.source == "check" else "capability", reason=answer.reason)
             else:
                 entry.update(kind="cost", reason=_cost_text(stage.label, len(nodes), len(able), ms, models),
                              ms={label: round(v, 4) for label, v in ms.items()})
