@@ -270,14 +270,16 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
             watchdog.cancel()
         for worker in workers.values():
             if worker.poll() is None:
-                worker.stdin.close()  # the worker's cue to release what it compiled and exit
+                with suppress(BrokenPipeError):  # it ended meanwhile
+                    worker.stdin.close()  # the worker's cue to release what it compiled and exit
         for name, worker in workers.items():
             try:
                 worker.wait(timeout=EXIT_SECONDS)
             except subprocess.TimeoutExpired:  # a runtime slow to tear down holds nothing we need
                 worker.kill()
                 worker.wait()
-            worker.stdin.close()
+            with suppress(BrokenPipeError):  # a round it was stopped before reading
+                worker.stdin.close()
             worker.stdout.close()
             logs[name].close()
         os.unlink(shared.name)
@@ -417,9 +419,9 @@ class SearchWorker:
                 profiler: Profiler) -> dict[str, Measurement]:
         """Per key, the figure on `provider` of the block model saved at `blocks[key][0]`, run on the inputs
         saved at `blocks[key][1]` (an `.npz`), the blocks timed together with `profiler`'s settings (on the
-        worker's clock). The block a worker crashed on is a
-        failure naming the signal, and a new worker measures the rest; past the `deadline` the worker is
-        stopped, and what it had not measured is a failure saying so."""
+        worker's clock). The block a worker crashed on is a failure naming the signal, and a new worker
+        measures the rest; past the `deadline` the worker is stopped, and what it had not measured is a
+        failure saying so."""
         failed: dict[str, Measurement] = {}
         todo = dict(blocks)
         while todo and not deadline.passed:
