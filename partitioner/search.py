@@ -68,7 +68,7 @@ from uhop_onnx.timing import Deadline
 from .blocks import allowed_providers, blocks, boundary_classes, expand
 from .extract import extract
 from .path import cheapest_path
-from .placement import first_supported
+from .first_supported import first_supported
 from .placer import Analysis, Block, Candidate, Choice, Effort, Failure, Placement
 
 log = logging.getLogger(__name__)

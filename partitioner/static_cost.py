@@ -21,7 +21,7 @@ from .placer import Analysis
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from .static import CostModel
+    from .static_placer import CostModel
 
 
 class PlacedStage(Protocol):

@@ -45,7 +45,7 @@ from .graph import Graph, declared_outputs
 from .inputs import Inputs, Shapes, at_shapes, free_inputs, read_inputs
 from .optimizer import analyze, build_plan, place_measured, with_precisions
 from .partitioner.placer import Analysis
-from .partitioner.static import StaticCost
+from .partitioner.static_placer import StaticCost
 from .partitioner.static_cost import off_preferred, sized
 from .plan import Plan
 from .precision import FP32_TOLERANCE, lowest, read_choice, sample_error, wanted

@@ -26,7 +26,7 @@ from .measure import LATE, Measurement, Profiler, SearchWorker, WorkerFailed, ti
 from .partitioner.capabilities import capabilities, only_the_rest
 from .partitioner.extract import extract
 from .partitioner.partition import partition
-from .partitioner.placement import FirstSupported, first_supported
+from .partitioner.first_supported import FirstSupported, first_supported
 from .partitioner.placer import Analysis, Choice, Placement
 from .partitioner.search import Search, in_process
 from .metadata import ModelMetadata
