@@ -15,6 +15,7 @@ from onnx import TensorProto, helper
 
 import uhop_onnx
 from uhop_onnx import InputError, MeasurementError
+from uhop_onnx.errors import TooLargeError
 from uhop_onnx.measure import Measurement, Profiler, SearchWorker
 from uhop_onnx.models import mlp
 from uhop_onnx.optimizer import analyze
@@ -129,5 +130,10 @@ def test_a_run_too_large_for_this_host_is_refused_before_it_is_allocated(tmp_pat
     check_runs_fit(_tiles(4), {"x": (1024, 8)}, 3)
     path = tmp_path / "tiles.onnx"
     onnx.save(model, path)
-    with pytest.raises(InputError, match="more than the"):
+    with pytest.raises(TooLargeError, match="more than the"):
         uhop_onnx.optimize(str(path), providers=["ort-cpu"], shapes={"x": (1024, 8)}, budget=30)
+    # measured on calibration samples, it is said as it is (not as a mistake in the samples' form)
+    samples = tmp_path / "calibration.npz"
+    np.savez(samples, x=np.zeros((2, 1024, 8), np.float32))
+    with pytest.raises(TooLargeError, match=r"^at x: 1024x8, node tile .*more than the"):
+        uhop_onnx.optimize(str(path), providers=["ort-cpu"], precision="int8", calibration=str(samples), budget=30)

@@ -23,6 +23,11 @@ class InputError(UhopError, ValueError):
     raises for bad feeds."""
 
 
+class TooLargeError(InputError):
+    """Inputs, or what a model computes from them at the shapes given, cannot fit in this host's free memory:
+    refused before anything is allocated."""
+
+
 class FreeDimensionError(InputError):
     """A model is to be measured but has free dimensions (other than a leading one) nobody gave a size for."""
 

@@ -38,7 +38,7 @@ from .bundle.manifest import (
 )
 from .bundle import signature
 from .dtypes import TensorSig
-from .errors import BundleError, InputError, ProviderError, UhopError
+from .errors import BundleError, InputError, ProviderError, TooLargeError, UhopError
 from .executor import Executor
 from .files import check_writable, new_folder, read_npz, temporary_folder, write_archive, writing
 from .graph import Graph, declared_outputs
@@ -91,7 +91,7 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
         a = analyze(model, assign=assign, threads=threads, progress=progress, chosen=chosen, shapes=shapes,
                     inputs=measure_on, sample=True)
     except InputError as error:
-        if measure_on is inputs:
+        if measure_on is inputs or isinstance(error, TooLargeError):  # not the samples' form
             raise
         raise sample_error(error) from None
     gated, off = None, {}

@@ -18,7 +18,7 @@ import onnx
 from onnx import numpy_helper
 
 from .cache import JsonTable, cache_dir, code_fingerprint, device_fingerprint, discard, model_digest, prune, touch
-from .errors import InputError, PlanError, UhopError, first_line
+from .errors import InputError, PlanError, TooLargeError, UhopError, first_line
 from .graph import Graph, declared_outputs
 from .inputs import Inputs, Shapes, free_inputs, inputs_digest, measured_shapes, profile_feeds
 from .loader import load, model_name
@@ -228,7 +228,7 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
             a = analyze(model, providers, assign, threads, progress, resolved=chosen, shapes=shapes,
                         inputs=measure_on, sample=profile, deadline=deadline, worker=worker)
         except InputError as error:
-            if measure_on is inputs:
+            if measure_on is inputs or isinstance(error, TooLargeError):  # not the samples' form
                 raise
             raise sample_error(error) from None
         if precision == "fp32":

@@ -12,7 +12,7 @@ import numpy as np
 
 from . import ortlib
 from .dtypes import numpy_dtype
-from .errors import InputError, ModelError, first_line
+from .errors import InputError, ModelError, TooLargeError, first_line
 from .host import available_memory
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def _check_fits(planned: Mapping[str, tuple[list[int], np.dtype]]) -> None:
     free = available_memory()
     if free is not None and need > free:
         shapes = shapes_text({name: shape for name, (shape, _) in planned.items()})
-        raise InputError(f"sample inputs of shapes {shapes} need {need / 2**30:.3g} GiB, more than the "
+        raise TooLargeError(f"sample inputs of shapes {shapes} need {need / 2**30:.3g} GiB, more than the "
                          f"{free / 2**30:.3g} GiB this host has free; give smaller shapes (--shape NAME:DIMS, "
                          "shapes=) or sample inputs (--inputs, inputs=)")
 
@@ -59,7 +59,7 @@ def check_runs_fit(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], 
         return
     node, need = largest_node(model, shapes)
     if runs * need > free:
-        raise InputError(f"at {shapes_text(shapes)}, node {node} reads and writes {need / 2**30:.3g} GiB; {runs} "
+        raise TooLargeError(f"at {shapes_text(shapes)}, node {node} reads and writes {need / 2**30:.3g} GiB; {runs} "
                          f"runs at once need {runs * need / 2**30:.3g} GiB, more than the {free / 2**30:.3g} GiB "
                          "this host has free; give smaller shapes (--shape NAME:DIMS, shapes=) or sample inputs "
                          "(--inputs, inputs=)")
