@@ -91,7 +91,8 @@ class Stage:
 class Plan:
     """Where each part of a model runs. Built by `uhop_onnx.optimize`, whole, and not changed after (a
     decision made later is a new plan: `dataclasses.replace`); run by `uhop_onnx.InferenceSession`. Only
-    `fallbacks` changes, as a session counts them, and a stage's `model` is read from `folder` when needed."""
+    `fallbacks` changes, as a session counts them; a stage's `model` is read from `folder` when needed, and
+    a stage of a plan saved before stages recorded their `declared` outputs gets them when compiled."""
 
     model_name: str
     model_hash: str

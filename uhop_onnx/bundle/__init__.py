@@ -47,12 +47,12 @@ class Bundle:
                 runners = [loaded.enter_context(load_stage(self.folder, s, threads, exclusive=len(stages) == 1,
                                                            trusted=self.signed, allowed_delegates=allowed_delegates))
                            for s in stages]
+                self._executor = Executor([Stage.from_json(s) for s in stages], runners, self.get_inputs(),
+                                          [o.name for o in self.get_outputs()], constants)
                 loaded.pop_all()
         except BaseException:
             self._remove_scratch()
             raise
-        self._executor = Executor([Stage.from_json(s) for s in stages], runners, self.get_inputs(),
-                                  [o.name for o in self.get_outputs()], constants)
         # Stages whose runtime built them for fixed shapes (`.rknn`, `.tflite` of a model with free dimensions)
         # run only at the shapes the bundle was exported at.
         self._fixed = sorted({s["provider"] for s in stages if s.get("built_for")})
