@@ -102,6 +102,35 @@ def test_a_faster_candidate_replaces_the_serving_plan_and_is_kept(tmp_path):
     serving.close()
 
 
+def test_a_faster_candidate_serves_at_once_while_later_ones_are_still_prepared(tmp_path):
+    model = BUILDERS["cnn"]()
+    feeds = random_feeds(model)
+    starter = optimize(model, providers=["ort-cpu"], profile=False)
+    candidate = optimize(model, providers=["openvino"], profile=False)
+    released = threading.Event()
+
+    def later(sample):  # a candidate that takes long to prepare: the faster one must not wait for it
+        released.wait(120)
+        return optimize(model, providers=["litert"], profile=False)
+
+    def compile(plan):
+        return _Slowed(compile_plan(plan), 0.03 if plan is starter else 0.0)
+
+    serving = Serving(starter, compile, "ort-cpu", lambda stopped: {"openvino": lambda sample: candidate,
+                                                                    "later": later}, explore_after_s=0.0)
+    _call(serving, feeds, EXPLORE_AFTER)
+    _wait(lambda: next(iter(serving.adaptation.values()))["serving"] == "openvino" or _step(serving, feeds))
+    bucket = next(iter(serving.adaptation.values()))
+    assert bucket["serving"] == "openvino" and bucket["decision"] is None, bucket  # "later" is still prepared
+    released.set()
+    serving.close()
+
+
+def _step(serving: Serving, feeds) -> bool:
+    serving.run(None, feeds)
+    return False
+
+
 def _trying_or_done(serving: Serving) -> bool:
     states = [c["state"] for b in serving.adaptation.values() for c in b["candidates"]]
     return bool(states) and "compiling" not in states

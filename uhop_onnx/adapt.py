@@ -108,6 +108,7 @@ class Bucket:
     last_ms: float = 0.0  # the median of the serving arm's latest round, paired with the candidates' next
     round_ms: list[float] = field(default_factory=list)  # the serving arm's calls of the round under way
     trials: dict[str, Trial] = field(default_factory=dict)
+    replaced: list[str] = field(default_factory=list)  # each replacement of its serving plan, said
     decision: str | None = None
     busy_s: float = 0.0  # the time its calls took, all together
     explored: bool = False  # its candidates were asked for
@@ -291,7 +292,8 @@ class Serving:
             self._jobs.put(bucket)
 
     def _judge(self, bucket: Bucket, trial: Trial) -> None:
-        """A trial's verdict once its calls say enough; the bucket's decision once no trial runs (under the lock)."""
+        """A trial's verdict once its calls say enough (one faster serves at once); the bucket's decision once
+        no trial runs (under the lock)."""
         n = len(trial.pairs)
         median, low, high = trial.ratio_interval()
         if n >= FIRST_ROUNDS and median > DROP_RATIO:
@@ -306,36 +308,43 @@ class Serving:
             return
         log.debug("%s: %s is %s (%.3f [%.3f, %.3f] over %d rounds)", bucket.key, trial.label, trial.state,
                   median, low, high, n)
+        if trial.state == "faster":
+            self._promote(bucket, trial)
         self._settle(bucket)
+        if trial.state == "faster" and not bucket.settled:  # kept now too, should the program end first
+            self._keep(bucket)
+
+    def _promote(self, bucket: Bucket, trial: Trial) -> None:
+        """`trial`'s plan, found faster, serves the bucket from the next call, and the candidates still to come
+        are measured against it (under the lock)."""
+        median, low, high = trial.ratio_interval()
+        old = bucket.current
+        bucket.current, bucket.turn, bucket.round_ms = trial.arm, 0, []
+        said = (f"{trial.label} replaced {old.label}: {median:.3f}x its time (95% interval {low:.3f}-{high:.3f}) "
+                f"over {len(trial.pairs)} interleaved rounds of {ROUND} calls")
+        bucket.replaced.append(said)
+        log.info("%s at %s: %s", trial.arm.plan.model_name, bucket.key, said)
+        self._retire(old)
 
     def _settle(self, bucket: Bucket) -> None:
-        """When no candidate is compiling or on trial, the fastest one found faster serves (under the lock)."""
+        """When no candidate is compiling or on trial, the bucket has its decision (under the lock)."""
         if bucket.preparing or any(t.state in ("compiling", "trying") for t in bucket.trials.values()):
             return
-        faster = [t for t in bucket.trials.values() if t.state == "faster"]
         for trial in bucket.trials.values():
-            if trial not in faster and trial.arm is not None:
+            if trial.arm is not None:
                 self._retire(trial.arm)
         bucket.settled = True
-        if not faster:
-            bucket.decision = bucket.decision or f"kept {bucket.current.label}: no candidate was faster beyond noise"
-            bucket.decided()
-            return
-        best = min(faster, key=lambda t: t.ratio_interval()[0])
-        median, low, high = best.ratio_interval()
-        old = bucket.current
-        bucket.current, bucket.turn = best.arm, 0
-        bucket.decision = (f"{best.label} replaced {old.label}: {median:.3f}x its time (95% interval "
-                           f"{low:.3f}-{high:.3f}) over {len(best.pairs)} interleaved rounds of {ROUND} calls")
-        log.info("%s at %s: %s", best.arm.plan.model_name, bucket.key, bucket.decision)
+        bucket.decision = bucket.decision or "; then ".join(bucket.replaced) or \
+            f"kept {bucket.current.label}: no candidate was faster beyond noise"
         bucket.decided()
-        for trial in faster:
-            if trial is not best:
-                self._retire(trial.arm)
-        self._retire(old)
+        if bucket.replaced:
+            self._keep(bucket)  # with the decision recorded in its plan
+
+    def _keep(self, bucket: Bucket) -> None:
+        """Keep the bucket's serving plan for the next process, on a thread of its own (under the lock)."""
         if self.decisions is not None:
-            threading.Thread(target=self.decisions.keep, args=(bucket.key, best.label, best.arm.plan, bucket.calls),
-                             name="uhop-adapt-keep").start()
+            threading.Thread(target=self.decisions.keep, name="uhop-adapt-keep",
+                             args=(bucket.key, bucket.current.label, bucket.current.plan, bucket.calls)).start()
 
     def _retire(self, arm: Arm) -> None:
         """Close `arm` once no bucket serves with it or tries it and no call runs on it (under the lock)."""
