@@ -93,9 +93,14 @@ class OrtRunner(Runner):
         self.outputs = [o.name for o in self.session.get_outputs()]
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        # The session's native run, without the Python wrapper's checks of the feed names (10-20 us a call):
-        # the runtime checks them itself, and the executor names the mistake when a call fails.
-        return dict(zip(self.outputs, self.session._sess.run(self.outputs, dict(feeds), None), strict=True))
+        return dict(zip(self.outputs, self.outputs_of(self.outputs, feeds), strict=True))
+
+    def outputs_of(self, names: list[str], feeds: Mapping[str, Any]) -> list[Any]:
+        """The outputs `names`, in order, as host arrays of their own: the session's native run, without the
+        Python wrapper's checks of the feed names (the runtime checks them itself, and the executor names the
+        mistake when a call fails). What a one-stage plan on ONNX Runtime returns as it is (a model's 0.2 ms run
+        pays 10-30 us for each layer of Python around it)."""
+        return self.session._sess.run(names, feeds if type(feeds) is dict else dict(feeds), None)
 
 
 class OnnxFile(ArtifactFormat):

@@ -209,27 +209,28 @@ class Serving:
                 arm = self._last = bucket.current
             return arm.executor.run(output_names, feeds, host=host, timings=timings), arm.plan
         with self._lock:
-            arm = self._turn(bucket)
+            arm = self._turn(bucket) if bucket.trials else bucket.current
             arm.running += 1
             self._last = arm
         start = time.perf_counter()
         try:
             results = arm.executor.run(output_names, feeds, host=host, timings=timings)
-        finally:
-            ms = (time.perf_counter() - start) * 1e3
+        except BaseException:
             with self._lock:
                 arm.running -= 1
                 arm.release()
-        self._record(bucket, arm, ms, feeds)
+            raise
+        self._record(bucket, arm, (time.perf_counter() - start) * 1e3, feeds)
         return results, arm.plan
 
     def _bucket(self, feeds: Mapping[str, Any]) -> Bucket:
-        shapes = tuple((name, _dims(value)) for name, value in feeds.items())
-        bucket = self._by_shapes.get(shapes)
+        seen = (tuple(feeds), tuple(v.shape if type(v) is np.ndarray else _dims(v) for v in feeds.values()))
+        bucket = self._by_shapes.get(seen)
         if bucket is not None:
             return bucket
+        shapes = tuple(zip(*seen))  # (name, dims) per feed
         with self._lock:
-            exact = shapes
+            exact = seen
             if shapes not in self._exact and len(self._exact) >= EXACT_BUCKETS:
                 shapes = tuple((name, tuple(_pow2(d) for d in dims)) for name, dims in shapes)
             else:
@@ -263,20 +264,18 @@ class Serving:
         return arm
 
     def _record(self, bucket: Bucket, arm: Arm, ms: float, feeds: Mapping[str, Any]) -> None:
+        """A call that `arm` served in `ms`: the arm released, the call counted (and timed in its round while
+        candidates are tried), and the bucket's candidates asked for once its calls make exploring pay."""
         with self._lock:
+            arm.running -= 1
+            arm.release()
             bucket.calls += 1
-            if arm is bucket.current:
+            if arm is not bucket.current:
+                self._timed(bucket, arm, ms)
+            elif bucket.trials:  # the serving plan's rounds, which the candidates' pair with
                 bucket.round_ms.append(ms)
                 if len(bucket.round_ms) == ROUND:
                     bucket.last_ms, bucket.round_ms = statistics.median(bucket.round_ms[1:]), []
-            else:
-                trial = next((t for t in bucket.trials.values() if t.arm is arm and t.state == "trying"), None)
-                if trial is not None and bucket.last_ms > 0:
-                    trial.round_ms.append(ms)
-                    if len(trial.round_ms) == ROUND:
-                        trial.pairs.append((statistics.median(trial.round_ms[1:]), bucket.last_ms))
-                        trial.round_ms = []
-                        self._judge(bucket, trial)
             bucket.busy_s += ms / 1e3
             due = not bucket.explored and bucket.calls >= EXPLORE_AFTER and bucket.busy_s >= self._explore_after_s
             explore = due and not self._closed and self._spent < self._budget_s
@@ -290,6 +289,16 @@ class Serving:
         if explore:
             self._start_worker()
             self._jobs.put(bucket)
+
+    def _timed(self, bucket: Bucket, arm: Arm, ms: float) -> None:
+        """A candidate's call, in its trial's round; a round paired with the serving plan's (under the lock)."""
+        trial = next((t for t in bucket.trials.values() if t.arm is arm and t.state == "trying"), None)
+        if trial is not None and bucket.last_ms > 0:
+            trial.round_ms.append(ms)
+            if len(trial.round_ms) == ROUND:
+                trial.pairs.append((statistics.median(trial.round_ms[1:]), bucket.last_ms))
+                trial.round_ms = []
+                self._judge(bucket, trial)
 
     def _judge(self, bucket: Bucket, trial: Trial) -> None:
         """A trial's verdict once its calls say enough (one faster serves at once); the bucket's decision once
