@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,8 @@ class Serving:
         self._spent = 0.0
         self._closed = False
         self._worker: threading.Thread | None = None
+        # Decisions are written one after another, in the order made (a bucket's later one must win)
+        self._keeper = ThreadPoolExecutor(1, thread_name_prefix="uhop-adapt-keep")
 
     # what the session reads
 
@@ -350,10 +353,10 @@ class Serving:
             self._keep(bucket)  # with the decision recorded in its plan
 
     def _keep(self, bucket: Bucket) -> None:
-        """Keep the bucket's serving plan for the next process, on a thread of its own (under the lock)."""
-        if self.decisions is not None:
-            threading.Thread(target=self.decisions.keep, name="uhop-adapt-keep",
-                             args=(bucket.key, bucket.current.label, bucket.current.plan, bucket.calls)).start()
+        """Keep the bucket's serving plan for the next process, written off the caller's thread (under the lock)."""
+        if self.decisions is not None and not self._closed:
+            self._keeper.submit(self.decisions.keep, bucket.key, bucket.current.label, bucket.current.plan,
+                                bucket.calls)
 
     def _retire(self, arm: Arm) -> None:
         """Close `arm` once no bucket serves with it or tries it and no call runs on it (under the lock)."""
@@ -474,6 +477,7 @@ class Serving:
             self._closed = True
             arms, self._arms = list(self._arms.values()), {}
         self._jobs.put(None)
+        self._keeper.shutdown(wait=False)  # the decisions made are still written
         for arm in arms:
             if arm.executor is not None:
                 arm.executor.close()
