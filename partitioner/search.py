@@ -201,12 +201,11 @@ class _Searching:
         or the gate accepts none."""
         timed = sorted((name for name, m in whole.items() if m.ok), key=lambda name: whole[name].ms)
         late = [name for name, m in whole.items() if m.error == LATE]
-        if not timed and late:  # unmeasured: the simplest (fewest stages, then first in order), as when within noise
-            simplest = min(late, key=lambda name: _stage_count(candidates[name]))
+        if not timed and late:
             log.warning("no whole plan could be timed within the budget; the plan is %s, unmeasured (give a "
-                        "larger budget)", simplest)
+                        "larger budget)", late[0])
             self.complete = False
-            return simplest
+            return late[0]
         if not timed:
             raise self._none_timed(candidates, whole)
         accepted = [name for name in timed if self._accepts(name, candidates[name])]
