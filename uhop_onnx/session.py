@@ -12,8 +12,8 @@ import threading
 import time
 import warnings
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -193,8 +193,6 @@ class InferenceSession:
             run_options: Any = None) -> list[np.ndarray]:
         """Run the model; outputs in `output_names` order (all of `get_outputs()` when None). `run_options`
         (an `onnxruntime.RunOptions`) is accepted; nothing in it changes how uhop-onnx runs."""
-        if self._trace is None:  # the call most programs make, as directly as it goes
-            return self._serving.run(output_names, input_feed)[0]
         return self._run(output_names, input_feed)
 
     def run_with_timings(self, output_names: Sequence[str] | None,
