@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 import typer
 from onnx import TensorProto, helper, numpy_helper
-from uhop_onnx.tune import tune_model
+from uhop_onnx.kernels_tune import tune_model
 from uhop_onnx.kernels_cli import bench
 
 ENGINES = ("kernels", "onnxruntime")

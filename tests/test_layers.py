@@ -24,7 +24,7 @@ FLOORS = {
     "uhop_onnx.runtime": 4, "uhop_onnx.measure": 4, "uhop_onnx.bundle": 4, "uhop_onnx.adapt": 4,
     "uhop_onnx.partitioner": 5,
     "uhop_onnx.optimizer": 6, "uhop_onnx.session": 6, "uhop_onnx.export": 6, "uhop_onnx.verify": 6,
-    "uhop_onnx.serve": 6, "uhop_onnx.tune": 6, "uhop_onnx.triton": 6, "uhop_onnx.backend": 6,
+    "uhop_onnx.serve": 6, "uhop_onnx.kernels_tune": 6, "uhop_onnx.triton": 6, "uhop_onnx.backend": 6,
     "uhop_onnx.latency": 6, "uhop_onnx.patch": 6,
     "uhop_onnx.cli": 7, "uhop_onnx.kernels_cli": 7, "uhop_onnx.kernels_bench": 7, "uhop_onnx.bench": 7,
     "uhop_onnx.serve.cli": 7, "uhop_onnx.exec": 7,

@@ -47,7 +47,7 @@ def tune(model: Annotated[Path, typer.Argument(help="An ONNX model file.", exist
          threads: Annotated[int | None, typer.Option(min=1, help="Threads to tune for (default: all cores).")] = None,
          as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False) -> None:
     """Tune every Conv/Gemm/MatMul of MODEL that `kernels` would run, and cache the winners for this device."""
-    from .tune import tune_model
+    from .kernels_tune import tune_model
 
     with err.status(f"tuning {model.name}"):
         tuned = tune_model(model, threads)
