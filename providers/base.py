@@ -286,6 +286,9 @@ class Provider(ABC):
     # option -> the type its value must have (as pydantic reads a type), checked when a plan file is read
     option_types: ClassVar[dict[str, Any]] = {}
     option_names: ClassVar[frozenset[str]] = frozenset()  # the keys of `option_types`
+    # Options that would set a precision (`fp16`): refused, since a precision is asked for as one (`precision`,
+    # `at_precision`), which labels the stage and checks it at that precision's tolerance.
+    precision_options: ClassVar[frozenset[str]] = frozenset()
     appended: bool = False  # the last resort `resolve` added to a list that did not name it: it runs only the rest
     # A runtime that builds for fixed shapes: its capability is asked of the model at the measured shapes, its
     # shape arithmetic folded, and a stage is built once per shape and shape value it is run at (`PerShapeRunner`).
@@ -313,6 +316,11 @@ class Provider(ABC):
 
     def __init__(self, options: Mapping[str, Any] | None = None, threads: int | None = None):
         options = dict(options or {})
+        named = [name for name in sorted(self.precision_options) if options.pop(name, False)]
+        if named:
+            raise ProviderError(f"{self.id}: the {named[0]!r} option would build {named[0]} stages labelled and "
+                                f"checked as fp32; ask for precision {named[0]} instead (precision={named[0]!r}, "
+                                f"--precision {named[0]})")
         unknown = sorted(set(options) - self.option_names)
         if unknown:
             valid = ", ".join(sorted(self.option_names)) or "none"

@@ -500,14 +500,15 @@ class OrtQnn(OrtGpuProvider):
 
     id = "ort-qnn"
     kind = "npu"
-    lowerings = {"fp32": FP32, "fp16": Lowering(options={"fp16": True}),
-                 "int8": Lowering(quantized, methods=("qnn",))}
+    # fp16: the EP's own option on the fp32 stage (`ep_options`); int8: the QDQ model
+    lowerings = {"fp32": FP32, "fp16": FP32, "int8": Lowering(quantized, methods=("qnn",))}
     eps = ("QNNExecutionProvider",)
     package = "onnxruntime-qnn"
     install = "pip install onnxruntime-qnn"
     device_type = None
-    option_types = {"backend_type": Literal["htp", "gpu", "cpu"], "fp16": bool}
+    option_types = {"backend_type": Literal["htp", "gpu", "cpu"]}
+    precision_options = frozenset({"fp16"})  # ONNX Runtime's enable_htp_fp16_precision, as `from_ort` maps it
 
     def ep_options(self) -> dict[str, Any]:
         return {"backend_type": self.options.get("backend_type", "htp"),
-                "enable_htp_fp16_precision": "1" if self.options.get("fp16") else "0"}
+                "enable_htp_fp16_precision": "1" if self.precision == "fp16" else "0"}

@@ -438,12 +438,22 @@ def test_every_op_in_the_table_has_a_lowering():
 def test_fp16_weights_halve_the_model_and_report_their_error():
     model = BUILDERS["resnet"]()
     assert len(convert(model, fp16=True)) < 0.6 * len(convert(model))
-    runner = LiteRt({"fp16": True}).compile(model)
+    fp16 = LiteRt().at_precision("fp16")
+    assert fp16.label == "litert[fp16]" and fp16.options == {} and fp16.tolerance == FP16_TOLERANCE
+    runner = fp16.compile(model)
     assert 0 < runner.error < FP16_TOLERANCE["atol"] + FP16_TOLERANCE["rtol"] * 10
-    session = session_on(model, [("litert", {"fp16": True})])
-    assert session.plan.stages[0].options == {"fp16": True}
     feeds = random_feeds(model, seed=2)
-    np.testing.assert_allclose(session.run(None, feeds)[0], reference(model, feeds)[0], **FP16_TOLERANCE)
+    [got] = runner.run(feeds).values()
+    np.testing.assert_allclose(got, reference(model, feeds)[0], **FP16_TOLERANCE)
+
+
+def test_fp16_is_asked_for_as_a_precision_not_as_an_option():
+    """The `fp16` option built float16 weights into a stage labelled `litert` and checked at fp32's tolerance
+    without holding it: refused, naming the precision to ask for. False (fp32, what it builds) is accepted."""
+    model = BUILDERS["resnet"]()
+    with pytest.raises(ProviderError, match="ask for precision fp16 instead"):
+        session_on(model, [("litert", {"fp16": True})])
+    assert LiteRt({"fp16": False}).label == "litert"
 
 
 # ai_edge_litert's Delegate.__del__ trips over the half-built delegate of a library that did not load.

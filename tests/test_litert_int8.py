@@ -245,9 +245,9 @@ def test_the_build_check_catches_an_int8_stage_that_computes_wrong_values():
         variant.compile(with_calibration(model, narrow))  # every value saturates
 
 
-def test_int8_from_an_fp16_configured_provider_quantizes_the_float32_weights():
+def test_int8_from_an_fp16_variant_quantizes_the_float32_weights():
     model = cnn()
-    variant = LiteRt({"fp16": True}).at_precision("int8", Calibration(model, samples(model, range(100, 104))))
+    variant = LiteRt().at_precision("fp16").at_precision("int8", Calibration(model, samples(model, range(100, 104))))
     assert variant.options == {} and variant.label == "litert[int8]"
     assert_close_to_fp32(model, variant.compile(variant.lower(model)).run, seeds=range(2))
 

@@ -326,13 +326,13 @@ def test_cli_optimize_int8_on_ort_and_explain_shows_the_errors(tmp_path):
     assert isinstance(bad.exception, InputError) and bad.exception.exit_code == 2 and "int4" in str(bad.exception)
 
 
-def test_litert_fp16_is_its_fp16_weights_option():
+def test_litert_fp16_is_its_float16_weights_variant():
     from uhop_onnx.providers.litert import LiteRt
 
     base = LiteRt()
     variant = base.at_precision("fp16")
     assert base.precisions() == ["fp32", "fp16", "int8"]
-    assert variant.options == {"fp16": True} and variant.label == "litert[fp16]" and variant.tolerance["rtol"] > 1e-4
+    assert variant.options == {} and variant.label == "litert[fp16]" and variant.tolerance["rtol"] > 1e-4
     assert base.options == {} and base.label == "litert" and base.precision == "fp32"
 
 

@@ -20,7 +20,8 @@ from onnx import TensorProto, helper, numpy_helper
 from uhop_onnx.graph import Graph
 from uhop_onnx.host import cpu_features, host_arch
 from uhop_onnx.precision.accuracy import FP32_TOLERANCE, compare
-from uhop_onnx.providers import DEVICE_KINDS, REGISTRY, device_kind
+from uhop_onnx.errors import ProviderError
+from uhop_onnx.providers import DEVICE_KINDS, REGISTRY, create, device_kind
 from uhop_onnx.providers.capability import check
 
 from .conftest import random_feeds, reference
@@ -84,6 +85,15 @@ def test_declarations_agree(ident):
     absent = cls().availability
     if not absent.present:
         assert absent.reason and absent.install, absent
+
+
+@pytest.mark.parametrize("spec", [("litert", {"fp16": True}), ("ort-qnn", {"fp16": True}),
+                                  ("QNNExecutionProvider", {"enable_htp_fp16_precision": "1"})])
+def test_an_option_that_would_set_a_precision_is_refused_naming_the_precision(spec):
+    """fp16 stages are asked for as precision fp16 (labelled `[fp16]`, checked at fp16's tolerance), never by an
+    option that would build them under an fp32 label and check them at fp32's."""
+    with pytest.raises(ProviderError, match="ask for precision fp16 instead"):
+        create(spec)
 
 
 @pytest.mark.parametrize("ident", IDS)

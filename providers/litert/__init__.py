@@ -63,7 +63,7 @@ class Tflite(ArtifactFormat):
         if provider.precision == "int8" and calibrated is None:
             raise ProviderError("litert[int8]: the stage carries no calibration ranges to quantize from; export "
                                 "with calibration=...")
-        fp16 = bool(provider.options.get("fp16"))
+        fp16 = provider.precision == "fp16"
         model = prepared(model)
         blob = convert(model, fp16=fp16, ranges=calibrated and calibrated.ranges)
         try:
@@ -94,8 +94,9 @@ class LiteRt(Provider):
 
     Options: `delegate` (path of a delegate library, loaded with `load_delegate`), `delegate_options`
     (a dict of strings it takes), `allow_fallback` (run on XNNPACK, with a warning, when the delegate does
-    not load), `fp16` (weights stored as float16; verified within `FP16_TOLERANCE`).
+    not load).
 
+    At fp16 (`at_precision("fp16")`) a stage's weights are stored as float16, verified within `FP16_TOLERANCE`.
     At int8 (`at_precision("int8", calibration)`) a stage is full-integer: `lower` gives the stage the ranges
     its values take over the calibration samples, and the converter quantizes from them (see `int8`).
     """
@@ -103,14 +104,13 @@ class LiteRt(Provider):
     id = "litert"
     install = "pip install 'uhop-onnx[litert]'  (ai-edge-litert and tflite)"
     table = LITERT_TABLE
-    # fp16: float16 weights (the `fp16` option); int8 where LiteRT runs here: full integer, quantized by the
-    # converter from the calibration ranges `calibrated` gives the stage
-    lowerings = {"fp32": FP32, "fp16": Lowering(options={"fp16": True}),
-                 "int8": Lowering(lambda p, model: p.calibrated(model), options={"fp16": None},
-                                  offered=lambda p: p.present)}
+    # fp16: float16 weights, written by the converter at that precision; int8 where LiteRT runs here: full
+    # integer, quantized by the converter from the calibration ranges `calibrated` gives the stage
+    lowerings = {"fp32": FP32, "fp16": FP32,
+                 "int8": Lowering(lambda p, model: p.calibrated(model), offered=lambda p: p.present)}
     format = Tflite()
-    option_types = {"delegate": str, "delegate_options": dict[str, str | int | float | bool], "allow_fallback": bool,
-                    "fp16": bool}
+    option_types = {"delegate": str, "delegate_options": dict[str, str | int | float | bool], "allow_fallback": bool}
+    precision_options = frozenset({"fp16"})
     static_shapes = True  # converted once per shape and integer input value a stage runs at
 
     @classmethod
@@ -122,7 +122,7 @@ class LiteRt(Provider):
     def tolerance(self) -> dict[str, float]:
         if self.precision == "int8":
             return INT8_TOLERANCE
-        return FP16_TOLERANCE if self.options.get("fp16") else FP32_TOLERANCE
+        return FP16_TOLERANCE if self.precision == "fp16" else FP32_TOLERANCE
 
     def calibrated(self, model: onnx.ModelProto) -> onnx.ModelProto:
         """An int8 stage: the stage carrying the range of each of its values over the calibration samples (and
@@ -188,7 +188,7 @@ class LiteRt(Provider):
             return runner
         calibrated = self._calibrated(model)
         model = prepared(model)  # shape-only inputs pinned: random values for them would not be shapes
-        blob = convert(model, fp16=bool(self.options.get("fp16")), ranges=calibrated and calibrated.ranges)
+        blob = convert(model, fp16=self.precision == "fp16", ranges=calibrated and calibrated.ranges)
         converted = time.perf_counter()
         runner = LiteRtRunner(blob, self.threads, **self.delegate_options())
         uncalibrated = self.precision == "int8" and not calibrated  # built at fp32
