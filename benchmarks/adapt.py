@@ -9,7 +9,11 @@ For each model, at the shapes its users call it with:
   (from the decision the curve run kept), each in its own worker process, in alternating rounds
   (`measure.time_candidates`); the minimum of the round medians, and uhop-onnx over the fastest single runtime.
 
-    python benchmarks/adapt.py [--models yolov8n,ocr-det,...] [--rounds 3] [--settle 90]
+    python benchmarks/adapt.py [--models yolov8n,ocr-det,...] [--rounds 3] [--settle 90] [--start-only]
+
+A model name that is not one of the shipped ones is a corpus model (`benchmarks/corpus_models.py`, e.g.
+`timm-resnet18` or `hf-bert@dynamo`: TorchScript's export unless `@exporter` says otherwise; `int8-qdq` and the
+other files other tools write), measured at the first of its sizes.
 """
 
 from __future__ import annotations
@@ -51,6 +55,19 @@ MODELS = {
     "magika": (_shipped("magika", "models/standard_v3_3/model.onnx"), None),
     "encoder": (ROOT / "models" / "example_encoder.onnx", None),
 }
+
+
+def _corpus(name: str) -> tuple[Path, dict[str, np.ndarray]]:
+    """A corpus model's file (exported on first use, then cached) and its inputs at its first size."""
+    from benchmarks import corpus_models as corpus
+
+    model, _, exporter = name.partition("@")
+    if model in corpus.FORMATS:
+        f = corpus.file_spec(model)
+        return corpus.written(f), f.inputs_spec.feeds(0)
+    corpus.import_torchvision()
+    s = corpus.spec(model)
+    return corpus.exported(s, exporter or "torchscript"), s.feeds(0)
 
 
 def _model_feeds(name: str) -> dict[str, np.ndarray]:
@@ -122,12 +139,12 @@ def _in_process(command: list[str], env: dict | None = None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def compare(name: str, rounds: int, settle: float) -> None:
-    path, _ = MODELS[name]
+def compare(name: str, rounds: int, settle: float, start_only: bool) -> None:
+    path, feeds = _corpus(name) if name not in MODELS else (MODELS[name][0], None)
     if path is None:
         print(f"{name}: skipped (its package is not installed)")
         return
-    feeds = _model_feeds(name)
+    feeds = _model_feeds(name) if feeds is None else feeds
     work = Path(tempfile.mkdtemp(prefix="uhop-adapt-bench-"))
     feeds_path = work / "feeds.npz"
     np.savez(feeds_path, **feeds)
@@ -149,6 +166,8 @@ def compare(name: str, rounds: int, settle: float) -> None:
         print(f"  start (construction + first call, cold cache, min of {rounds}): ort {o * 1e3:.0f} ms, "
               f"uhop {u * 1e3:.0f} ms, ratio {u / o:.2f}; imports ort {best['ort']['import_s']:.2f} s, "
               f"uhop {best['uhop']['import_s']:.2f} s")
+    if start_only:
+        return
     env = {**os.environ, "UHOP_CACHE_DIR": str(work / "kept")}
     c = _in_process(["curve", str(path), str(feeds_path), str(settle)], env)
     if "error" in c:
@@ -189,10 +208,11 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--settle", type=float, default=90.0, help="seconds a session may take to decide")
+    parser.add_argument("--start-only", action="store_true", help="measure the start only (no curve, no steady)")
     args = parser.parse_args()
     print(f"cpu: {_cpu()}; load average {os.getloadavg()[0]:.1f}")
     for name in args.models.split(","):
-        compare(name, args.rounds, args.settle)
+        compare(name, args.rounds, args.settle, args.start_only)
 
 
 def _cpu() -> str:

@@ -143,7 +143,8 @@ def file_digest(path: Path) -> str:
     known = store.get(str(path))
     if known and known[0] == seen:
         return known[1]
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    with path.open("rb") as file:  # streamed: a second whole copy of a large model costs more than hashing it
+        digest = hashlib.file_digest(file, "sha256").hexdigest()
     if time.time_ns() - stat.st_ctime_ns > RACY_S * 1e9:
         store.update({str(path): [seen, digest]})
     return digest

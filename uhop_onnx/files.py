@@ -193,8 +193,6 @@ def check_external_data(model: bytes, folder: Path | None, where: object, error:
     tensor names. Anything else is an `error` naming `where`; without a `folder` (a model given as bytes, or
     one a runtime reads from bytes and would resolve against the working directory), any such tensor is,
     with `remedy`. Reads the protobuf wire format itself: no onnx needed (a board has none)."""
-    if b"location" not in model:  # the key every such file is named under, spelled out in the bytes
-        return False
     found = external_tensors(model, where, error)
     if found and folder is None:
         name, entries = found[0]
