@@ -489,6 +489,26 @@ def test_a_wrong_answer_is_refused_at_build_time():
         verify(one("Relu"), LiteRtRunner(convert(one("Sigmoid"))), {"rtol": 1e-4, "atol": 1e-5})
 
 
+@pytest.mark.parametrize("error, refused", [(0.9, False), (1.1, True), (np.nan, True)])
+def test_the_check_judges_by_the_accuracy_rule(error, refused):
+    """Outputs judged by `precision.compare` at the stage's tolerance, its atol widened by `ROUNDING` x the largest
+    output: `error` times that allowance off on one element, or a NaN where ONNX Runtime has a number."""
+    from uhop_onnx.precision import FP32_TOLERANCE, compare
+    from uhop_onnx.providers.litert import ROUNDING, judge
+
+    want = np.array([[100.0, 0.5, 0.0]], np.float32)
+    allowed = FP32_TOLERANCE["atol"] + ROUNDING * 100.0  # at the element whose reference is 0
+    got = want.copy()
+    got[0, 2] = error * allowed
+    wide = {"rtol": FP32_TOLERANCE["rtol"], "atol": allowed}
+    assert compare(got, want, wide)["ok"] is not refused
+    if refused:
+        with pytest.raises(ProviderError, match="on output 'y': max abs error"):
+            judge("stage", {"y": got}, {"y": want}, FP32_TOLERANCE)
+    else:
+        assert judge("stage", {"y": got}, {"y": want}, FP32_TOLERANCE) == pytest.approx(error * allowed)
+
+
 def test_plan_with_litert_saves_and_runs_again(tmp_path):
     model = BUILDERS["mobilenet"]()
     plan = session_on(model, [("litert", {"allow_fallback": True})]).plan
