@@ -256,3 +256,13 @@ def test_a_kept_decision_starts_the_next_session_and_a_damaged_one_is_dropped(tm
     assert_matches(third.run(None, feeds), reference(model, feeds))
     third.close()
     assert str(cache_dir()) in str(folder)  # kept in the cache, under its cap
+
+
+def test_a_replaced_decision_leaves_no_plan_behind(tmp_path):
+    model = BUILDERS["cnn"]()
+    decisions = Decisions(tmp_path / "decisions")
+    for label in ("openvino", "ort-cpu"):
+        decisions.keep("x: 1x3x32x32", label, optimize(model, providers=[label], profile=False), 10)
+    entry = decisions.table.get("x: 1x3x32x32")
+    assert entry["label"] == "ort-cpu"
+    assert [p.name for p in decisions.folder.iterdir() if p.is_dir()] == [entry["plan"]]

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import queue
+import shutil
 import statistics
 import threading
 import time
@@ -561,7 +562,10 @@ class Decisions:
         except (UhopError, OSError) as error:  # a full disk: the decision is only not kept
             log.warning("could not keep the decision for %s in %s: %s", bucket, self.folder, first_line(error))
             return
+        replaced = self.table.get(bucket)
         self.table.update({bucket: {"label": label, "plan": name, "calls": calls}})
+        if replaced:  # its plan is no longer named (its name is checked: a plain folder name)
+            shutil.rmtree(self.folder / replaced["plan"], ignore_errors=True)
 
 
 def _decision(entry: Any) -> None:
