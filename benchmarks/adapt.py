@@ -33,6 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import corpus_models as corpus  # noqa: E402
 from uhop_onnx.measure import Candidate, time_candidates  # noqa: E402
 
 
@@ -55,19 +56,6 @@ MODELS = {
     "magika": (_shipped("magika", "models/standard_v3_3/model.onnx"), None),
     "encoder": (ROOT / "models" / "example_encoder.onnx", None),
 }
-
-
-def _corpus(name: str) -> tuple[Path, dict[str, np.ndarray]]:
-    """A corpus model's file (exported on first use, then cached) and its inputs at its first size."""
-    from benchmarks import corpus_models as corpus
-
-    model, _, exporter = name.partition("@")
-    if model in corpus.FORMATS:
-        f = corpus.file_spec(model)
-        return corpus.written(f), f.inputs_spec.feeds(0)
-    corpus.import_torchvision()
-    s = corpus.spec(model)
-    return corpus.exported(s, exporter or "torchscript"), s.feeds(0)
 
 
 def _model_feeds(name: str) -> dict[str, np.ndarray]:
@@ -140,7 +128,7 @@ def _in_process(command: list[str], env: dict | None = None) -> dict:
 
 
 def compare(name: str, rounds: int, settle: float, start_only: bool) -> None:
-    path, feeds = _corpus(name) if name not in MODELS else (MODELS[name][0], None)
+    path, feeds = corpus.case(name) if name not in MODELS else (MODELS[name][0], None)
     if path is None:
         print(f"{name}: skipped (its package is not installed)")
         return

@@ -6,8 +6,10 @@ Per model: the wall time of `uhop-onnx optimize --budget B` in its own process (
 plan it chose, and that plan's latency over the plan of the unbounded search (`--budget 100000`, another cold
 cache), both plans timed each in its own worker process, in alternating rounds (`measure.time_candidates`):
 the ratio is the median over rounds of the bounded plan's round median over the unbounded one's in the same
-round (where both chose the same plan, it shows only the noise between two processes). Every cold cache starts with the kernels library already built
-(it is built once per host, not per model: a first `optimize` on the shipped MobileNet builds it).
+round (where both chose the same plan, it shows only the noise between two processes). Every cold cache starts
+with the kernels library already built (it is built once per host, not per model: a first `optimize` on the
+shipped MobileNet builds it). `--models` takes `encoder` (the shipped one) and corpus names
+(`corpus_models.case`: `timm-resnet18`, `hf-bert@dynamo`, `int8-qdq`...), measured at their inputs.
 """
 
 from __future__ import annotations
@@ -22,35 +24,41 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import typer
 
-from uhop_onnx.inputs import parse_shapes, profile_feeds
 from uhop_onnx.measure import Candidate, time_candidates
 from uhop_onnx.plan import Plan
 from uhop_onnx.report import stages_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 UNBOUNDED = 100000.0  # seconds: the search runs to its end
-ENCODER = (str(ROOT / "models" / "example_encoder.onnx"), ["input_ids:1x128"])
+ENCODER = ROOT / "models" / "example_encoder.onnx"
 
 
-def corpus_model(name: str) -> tuple[str, list[str]]:
-    """A corpus model exported by the TorchScript exporter (cached), measured at its default shapes."""
-    sys.path.insert(0, str(ROOT))
-    from benchmarks.corpus_models import exported, import_torchvision, spec
+def model_case(name: str, folder: Path) -> tuple[str, list[str], dict[str, np.ndarray]]:
+    """A model (the shipped encoder, or a corpus model: `corpus_models.case`), the options that give optimize
+    its inputs (written to `folder`) and the inputs."""
+    if name == "encoder":
+        path, feeds = ENCODER, {"input_ids": np.random.default_rng(0).integers(0, 64, (1, 128)).astype(np.int64)}
+    else:
+        sys.path.insert(0, str(ROOT))
+        from benchmarks.corpus_models import case
 
-    import_torchvision()
-    return str(exported(spec(name), "torchscript")), []
+        path, feeds = case(name)
+    folder.mkdir(parents=True, exist_ok=True)
+    np.savez(folder / "inputs.npz", **feeds)
+    return str(path), ["--inputs", str(folder / "inputs.npz")], feeds
 
 
-def optimize(model: str, shapes: list[str], budget: float, out: Path, cache: Path, kernels: Path | None = None
+def optimize(model: str, options: list[str], budget: float, out: Path, cache: Path, kernels: Path | None = None
              ) -> float:
     """Seconds `uhop-onnx optimize` took, in its own process with its own cache (holding a copy of the
     `kernels` library folder, when given)."""
     if kernels is not None and kernels.is_dir():
         shutil.copytree(kernels, cache / "kernels")
     command = [sys.executable, "-c", "from uhop_onnx.cli import main; main()", "optimize", model, "-o", str(out),
-               "--budget", str(budget), "--quiet", *(a for s in shapes for a in ("--shape", s))]
+               "--budget", str(budget), "--quiet", *options]
     started = time.monotonic()
     done = subprocess.run(command, env={**os.environ, "UHOP_CACHE_DIR": str(cache)}, capture_output=True, text=True)
     seconds = time.monotonic() - started
@@ -72,13 +80,11 @@ def main(budget: float = 30.0, models: str = "timm-resnet18,encoder", rounds: in
         warm = Path(work, "warm")
         optimize(str(ROOT / "models" / "example_mobilenet.onnx"), [], 20, Path(work, "warm-plan"), warm)
         for name in models.split(","):
-            model, shapes = ENCODER if name == "encoder" else corpus_model(name)
+            model, options, feeds = model_case(name, Path(work, name))
             bounded, unbounded = Path(work, name, "bounded"), Path(work, name, "unbounded")
-            wall = optimize(model, shapes, budget, bounded, Path(work, name, "cache-bounded"), warm / "kernels")
-            wall_unbounded = optimize(model, shapes, UNBOUNDED, unbounded, Path(work, name, "cache-unbounded"),
+            wall = optimize(model, options, budget, bounded, Path(work, name, "cache-bounded"), warm / "kernels")
+            wall_unbounded = optimize(model, options, UNBOUNDED, unbounded, Path(work, name, "cache-unbounded"),
                                       warm / "kernels")
-            plan = Plan.load(bounded)
-            feeds = profile_feeds(plan.inputs, parse_shapes(shapes) if shapes else None)
             figures = time_candidates([Candidate("bounded", str(bounded)), Candidate("unbounded", str(unbounded))],
                                       None, feeds, None, rounds)
             ms = {k: f["ms"] and round(f["ms"], 3) for k, f in figures.items()}

@@ -579,3 +579,16 @@ def written(f: FileSpec) -> Path:
     text = repr((f.name, f.base, inspect.getsource(f.convert), f.inputs_spec, _spec_text(spec(f.base), "torchscript")
                  if f.base else None))
     return _cached(_folder(f.name, "file", text), lambda out: f.convert(base, out, f.inputs_spec))
+
+
+def case(name: str) -> tuple[Path, dict[str, np.ndarray]]:
+    """A corpus model's file and its inputs at its first size, by name: a model (`timm-resnet18`, exported by
+    TorchScript, or `hf-bert@dynamo`) or a file other tools write (`int8-qdq`, ...). Exported on first use."""
+    model, _, exporter = name.partition("@")
+    if model in FORMATS:
+        f = file_spec(model)
+        return written(f), f.inputs_spec.feeds(0)
+    import_torchvision()
+    s = spec(model)
+    return exported(s, exporter or "torchscript"), s.feeds(0)
+
