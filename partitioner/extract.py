@@ -28,19 +28,20 @@ def extract(model: onnx.ModelProto, graph: Graph, nodes: Iterable[int], outputs:
     src = model.graph
     declared = {v.name: v for v in (*src.input, *src.output, *src.value_info)}
     overridable = {i.name for i in src.input} & graph.initializers
-    stage_inputs = [t for t in read if t not in graph.initializers or t in overridable]
-    body = helper.make_graph(
-        nodes=[src.node[i] for i in chosen],
-        name=name,
-        inputs=[declared.get(t) or _value_info(graph, t) for t in stage_inputs],
-        outputs=[declared.get(t) or _value_info(graph, t) for t in outputs],
-        initializer=[t for t in src.initializer if t.name in read],
-        value_info=[v for v in src.value_info if v.name in produced and v.name not in outputs],
-        sparse_initializer=[t for t in src.sparse_initializer if t.values.name in read],
-    )
     used = {(graph.nodes[i].domain, graph.nodes[i].op_type) for i in chosen}
-    functions = [f for f in model.functions if (f.domain, f.name) in used]
-    return helper.make_model(body, ir_version=model.ir_version, opset_imports=model.opset_import, functions=functions)
+    stage_inputs = [t for t in read if t not in graph.initializers or t in overridable]
+    stage = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import,
+                            functions=[f for f in model.functions if (f.domain, f.name) in used])
+    body = stage.graph  # filled in place: each weight is copied once, into the stage
+    body.name = name
+    body.node.extend(src.node[i] for i in chosen)
+    body.input.extend(declared.get(t) or _value_info(graph, t) for t in stage_inputs)
+    body.output.extend(declared.get(t) or _value_info(graph, t) for t in outputs)
+    weights = set(read)
+    body.initializer.extend(t for t in src.initializer if t.name in weights)
+    body.sparse_initializer.extend(t for t in src.sparse_initializer if t.values.name in weights)
+    body.value_info.extend(v for v in src.value_info if v.name in produced and v.name not in outputs)
+    return stage
 
 
 def _value_info(graph: Graph, tensor: str) -> onnx.ValueInfoProto:

@@ -42,7 +42,6 @@ are always timed in the run that compares them, never read from the cache.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -58,6 +57,7 @@ from uhop_onnx.cache import JsonTable
 from uhop_onnx.errors import MeasurementError, ProviderError, StageError, first_line
 from uhop_onnx.executor import Executor, hand_over
 from uhop_onnx.inputs import feeds_digest
+from uhop_onnx.loader import saved, sha256
 from uhop_onnx.measure import LATE, Measurement, Profiler, SearchWorker, Unsendable, WorkerFailed, build, faster
 from uhop_onnx.plan import Stage
 from uhop_onnx.providers import LAST_RESORT, Provider, Runner, create
@@ -347,7 +347,7 @@ class _Searching:
         """Each block's figure on each provider allowed to run it, provider by provider in `order`, `CHUNK`
         blocks at a time until the deadline; a figure not measured by then is a failure saying so."""
         models = [extract(self.model, self.graph, b, name=f"block_{k}") for k, b in enumerate(units)]
-        digests = [hashlib.sha256(m.SerializeToString(deterministic=True)).hexdigest() for m in models]
+        digests = [sha256(m) for m in models]
         keys = {(k, p): self._key("block", p, digests[k]) for k, ps in enumerate(allowed) for p in ps}
         feeds = _Feeds(self, models, allowed)
 
@@ -512,7 +512,7 @@ class _Feeds:
             inputs = self.for_block(k)
             folder = self.search.worker.folder
             model, feeds = folder / f"block{k}.onnx", folder / f"block{k}.npz"
-            onnx.save(self.models[k], model)
+            saved(self.models[k], model)
             np.savez(feeds, **{name: np.asarray(v) for name, v in inputs.items()})
             self.files[k] = str(model), str(feeds)
         return self.files[k]

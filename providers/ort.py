@@ -166,7 +166,9 @@ class OrtProvider(Provider):
         so = session_options(self.threads, exclusive=False, optimize=False)
         so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         providers = [self.ep_entry()] + (["CPUExecutionProvider"] if self.ep != "CPUExecutionProvider" else [])
-        session = new_session(model.SerializeToString(), so, providers)
+        from uhop_onnx.loader import serialized  # protobuf's own serializer holds four times the model
+
+        session = new_session(serialized(model), so, providers)
         taken = {
             node.name: info.ep_name for info in session.get_provider_graph_assignment_info() for node in info.get_nodes()
         }
@@ -178,8 +180,11 @@ class OrtProvider(Provider):
 
     def build(self, model: onnx.ModelProto | bytes, *, exclusive: bool = True) -> Runner:
         """A session on the stage's model (or its bytes, as a whole model read from its file is given)."""
-        data = model if isinstance(model, bytes) else model.SerializeToString()
-        return OrtRunner(data, [self.ep_entry()], self.threads, exclusive)
+        if not isinstance(model, bytes):
+            from uhop_onnx.loader import serialized  # protobuf's own serializer holds four times the model
+
+            model = serialized(model)
+        return OrtRunner(model, [self.ep_entry()], self.threads, exclusive)
 
 
 

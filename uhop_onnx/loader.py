@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from pathlib import Path
 
 import onnx
+from google.protobuf import unknown_fields
 from google.protobuf.message import DecodeError, Message
 from onnx import external_data_helper, shape_inference
 
@@ -37,14 +39,11 @@ def load_as_read(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[on
 
 
 def _read(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool) -> tuple[onnx.ModelProto, bytes | None]:
-    """The model loaded, and its bytes as read (None when it keeps data in other files)."""
+    """The model loaded, and, unchecked, its bytes as read (None when it keeps data in other files). A model
+    object is copied by parsing its bytes, so that one serialization serves both."""
     if isinstance(model, onnx.ModelProto):
-        proto, where, folder = _copy(model), "model", None
-        try:
-            data = proto.SerializeToString()
-        except ValueError as error:  # past protobuf's 2 GB
-            raise ModelError(f"model: cannot be serialized ({first_line(error)}); save it with its weights as "
-                             "external data and load it from its path") from None
+        data, where, folder = _serialized(model, "model"), "model", None
+        proto = onnx.ModelProto.FromString(data)
     elif isinstance(model, bytes):
         data, where, folder = model, "model", None
         proto = _parse(data, where, check)
@@ -58,21 +57,98 @@ def _read(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool) -> tu
     external = check_external_data(data, folder, where)
     if external:
         read_external_data(proto, folder, where)
-    name_nodes(proto.graph)
+    renamed = name_nodes(proto.graph)
     if not check:
         return proto, None if external else data
-    _check_structure(proto.graph, where)
+    sorted_now = _check_structure(proto.graph, where)
     _check_sizes(proto.graph, where)
+    # The checker and shape inference read one serialization of the model as it is now (the bytes read, where
+    # nothing changed), and nothing else is held meanwhile: serializing a model takes several times its size.
+    checked = _serialized(proto, where) if external or renamed or sorted_now else data
+    del data, proto
     try:
-        onnx.checker.check_model(proto)
+        onnx.checker.check_model(checked)
     except onnx.checker.ValidationError as error:
         raise ModelError(f"{where}: {first_line(error)}") from None
-    return _infer_shapes(proto, where), None if external else data
+    return _infer_shapes(checked, where), None
 
 
-def _infer_shapes(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
-    """Shapes inferred strictly; an error inside the body of a standard op's function (onnx's own bodies
-    do not all pass strict inference) is logged and inference redone leniently."""
+def _serialized(model: onnx.ModelProto, where: str) -> bytes:
+    """The model's bytes (`serialized`); a `ModelError` past protobuf's 2 GB."""
+    try:
+        return serialized(model)
+    except ValueError as error:
+        raise ModelError(f"{where}: cannot be serialized ({first_line(error)}); save it with its weights as "
+                         "external data and load it from its path") from None
+
+
+def serialized(model: onnx.ModelProto) -> bytes:
+    """`model.SerializeToString()`, the same bytes, made from `pieces` (about twice the model's size at its
+    peak, where protobuf's own serializer takes about four times)."""
+    return b"".join(pieces(model))
+
+
+def saved(model: onnx.ModelProto, path: str | os.PathLike) -> str:
+    """Write `model` to `path` as `model.SerializeToString()` would, piece by piece (`pieces`); its sha256."""
+    digest = hashlib.sha256()
+    with open(path, "wb") as f:
+        for piece in pieces(model):
+            f.write(piece)
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+def sha256(model: onnx.ModelProto) -> str:
+    """The sha256 of `model.SerializeToString()`, read piece by piece (`pieces`)."""
+    digest = hashlib.sha256()
+    for piece in pieces(model):
+        digest.update(piece)
+    return digest.hexdigest()
+
+
+def pieces(model: onnx.ModelProto) -> list[bytes]:
+    """The bytes of `model.SerializeToString()` in pieces, each weight of its graph one: protobuf's serializer
+    holds about four times a model's size while it writes (its buffer grows by doubling, then is copied),
+    which for a model of large weights is the peak of everything else. Fields are written in field-number
+    order, as protobuf writes them; a model or graph carrying fields this onnx does not know is serialized
+    whole."""
+    graph = model.graph
+    if unknown_fields.UnknownFieldSet(model) or unknown_fields.UnknownFieldSet(graph):
+        return [model.SerializeToString()]
+    out: list[bytes] = []
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            out.append(type(model)(**{field.name: value}).SerializeToString())
+            continue
+        inside: list[bytes] = []
+        for inner, items in graph.ListFields():
+            if inner.name != "initializer":
+                inside.append(type(graph)(**{inner.name: items}).SerializeToString())
+                continue
+            for tensor in items:
+                data = tensor.SerializeToString()
+                inside += [_record(inner.number, len(data)), data]
+        out += [_record(field.number, sum(map(len, inside))), *inside]
+    if sum(map(len, out)) >= 2**31:  # as protobuf's own serializer refuses it
+        raise ValueError("the model's serialization would pass protobuf's limit of 2 GB")
+    return out
+
+
+def _record(number: int, size: int) -> bytes:
+    """The key and length that start a length-delimited field `number` of `size` bytes."""
+    head = bytearray()
+    for value in ((number << 3) | 2, size):
+        while value >= 0x80:
+            head.append(value & 0x7F | 0x80)
+            value >>= 7
+        head.append(value)
+    return bytes(head)
+
+
+def _infer_shapes(model: bytes, where: str) -> onnx.ModelProto:
+    """The serialized `model` parsed with its shapes inferred strictly; an error inside the body of a standard
+    op's function (onnx's own bodies do not all pass strict inference) is logged and inference redone
+    leniently."""
     try:
         return shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
     except shape_inference.InferenceError as error:
@@ -91,23 +167,21 @@ def _in_function_body(message: str) -> bool:
     return message.count("(op_type:") > 1
 
 
-def name_nodes(graph: onnx.GraphProto) -> None:
-    """Give every node a unique name: unnamed ones `op_type_index`, clashes a numeric suffix."""
+def name_nodes(graph: onnx.GraphProto) -> bool:
+    """Give every node a unique name: unnamed ones `op_type_index`, clashes a numeric suffix. Whether any
+    name changed."""
     taken: set[str] = set()
+    changed = False
     for index, node in enumerate(graph.node):
         base = node.name or f"{node.op_type}_{index}"
         name, k = base, 0
         while name in taken:
             k += 1
             name = f"{base}_{k}"
-        node.name = name
+        if name != node.name:
+            node.name, changed = name, True
         taken.add(name)
-
-
-def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    return copy
+    return changed
 
 
 def _parse(data: bytes, where: str, check: bool = True) -> onnx.ModelProto:
@@ -185,8 +259,8 @@ def _check_sizes(graph: onnx.GraphProto, where: str) -> None:
                              "can address; fix the model's declared dimensions")
 
 
-def _check_structure(graph: onnx.GraphProto, where: str) -> None:
-    """Dangling inputs, tensors written twice, and cycles, named; an unsorted acyclic graph is sorted."""
+def _check_structure(graph: onnx.GraphProto, where: str) -> bool:
+    """Dangling inputs, tensors written twice, and cycles, named; an unsorted acyclic graph is sorted (True)."""
     available = {i.name for i in graph.input} | {i.name for i in graph.initializer}
     available |= {i.values.name for i in graph.sparse_initializer}
     writer: dict[str, int] = {}
@@ -205,11 +279,12 @@ def _check_structure(graph: onnx.GraphProto, where: str) -> None:
     for out in graph.output:
         if out.name not in writer and out.name not in available:
             raise ModelError(f"{where}: graph output {out.name!r} is produced by nothing")
-    _sort(graph, writer, where)
+    return _sort(graph, writer, where)
 
 
-def _sort(graph: onnx.GraphProto, writer: dict[str, int], where: str) -> None:
-    """Topologically sort the nodes (depth first, stable), or name the cycle that prevents it."""
+def _sort(graph: onnx.GraphProto, writer: dict[str, int], where: str) -> bool:
+    """Topologically sort the nodes (depth first, stable), or name the cycle that prevents it; whether the
+    order changed."""
     nodes = list(graph.node)
     deps = [sorted({writer[i] for i in (*n.input, *outer_inputs(n)) if i in writer}) for n in nodes]
     order: list[int] = []
@@ -233,9 +308,11 @@ def _sort(graph: onnx.GraphProto, writer: dict[str, int], where: str) -> None:
             elif state[dep] == 0:
                 state[dep] = 1
                 path.append((dep, iter(deps[dep])))
-    if order != list(range(len(nodes))):
-        del graph.node[:]
-        graph.node.extend(nodes[i] for i in order)
+    if order == list(range(len(nodes))):
+        return False
+    del graph.node[:]
+    graph.node.extend(nodes[i] for i in order)
+    return True
 
 
 def model_name(source: object, loaded: onnx.ModelProto) -> str:

@@ -35,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass, field, fields
 from importlib import import_module
@@ -192,17 +192,21 @@ class Candidate:
             _module_and_function(self.build)
 
 
-def time_plans_in_processes(plans: Mapping[str, Any], feeds: dict[str, np.ndarray], threads: int | None,
-                            rounds: int = 5, deadline: Deadline | None = None) -> dict[str, Measurement]:
-    """Whole plans timed each in its own process on `feeds`, in alternating rounds -> `Measurement` per name
-    (infinite for a plan that failed), with its round medians for `faster`. The plans are saved for their
-    workers without reports. Past the `deadline`, no round starts after the third."""
+def time_plans_in_processes(plans: Mapping[str, Any] | Iterable[tuple[str, Any]], feeds: dict[str, np.ndarray],
+                            threads: int | None, rounds: int = 5, deadline: Deadline | None = None
+                            ) -> dict[str, Measurement]:
+    """Whole plans (by name, or `(name, plan)` pairs, which may be made one at a time) timed each in its own
+    process on `feeds`, in alternating rounds -> `Measurement` per name (infinite for a plan that failed),
+    with its round medians for `faster`. Each plan is saved for its worker without reports, and not held
+    here after. Past the `deadline`, no round starts after the third."""
     with temporary_folder("plans") as work:
         candidates = []
-        for k, (name, plan) in enumerate(plans.items()):
-            plan.save(Path(work) / f"plan{k}", report=False)
-            candidates.append(Candidate(name, str(Path(work) / f"plan{k}")))
-        figures = time_candidates(candidates, None, feeds, threads, rounds, deadline=deadline)
+        for name, plan in plans.items() if isinstance(plans, Mapping) else plans:
+            folder = Path(work) / f"plan{len(candidates)}"
+            plan.save(folder, report=False)
+            candidates.append(Candidate(name, str(folder)))
+            del plan  # what its worker needs is on disk
+        figures = time_candidates(candidates, None, feeds, threads, rounds, deadline=deadline) if candidates else {}
     return {name: _figure(f["round_medians_ms"]) if f["ms"] is not None else Measurement.failed(f["error"])
             for name, f in figures.items()}
 
@@ -214,7 +218,7 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
     rotating order. At the `deadline`, a worker not yet ready is stopped (its error says so), and no round
     starts after the third. Per name: `ms` (the minimum of the round medians), `spread`, `round_medians_ms`,
     `stages` (`openvino x12` per stage) and `error` (one line, or None)."""
-    workers, logs = {}, {}
+    workers, replies, logs = {}, {}, {}
     shared = tempfile.NamedTemporaryFile(prefix=f"uhop-feeds-{os.getpid()}-", suffix=".npz", delete=False)
     with shared:
         np.savez(shared, **feeds)
@@ -222,8 +226,7 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
         request = json.dumps({"candidate": asdict(c), "model": model, "feeds": shared.name, "threads": threads,
                               "calls": calls})
         logs[c.name] = tempfile.TemporaryFile(mode="w+")
-        workers[c.name] = subprocess.Popen([sys.executable, "-m", "uhop_onnx.measure", "worker", request],
-                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logs[c.name], text=True)
+        workers[c.name], replies[c.name] = _spawn(["worker", request], logs[c.name])
     medians: dict[str, list[float]] = {c.name: [] for c in candidates}
     stages: dict[str, list[str]] = {c.name: [] for c in candidates}
     errors: dict[str, str] = {}
@@ -243,7 +246,7 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
     try:
         for name, worker in workers.items():
             try:
-                stages[name] = json.loads(_reply(worker, "ready", logs[name]))
+                stages[name] = json.loads(_reply(worker, replies[name], "ready", logs[name]))
                 stages_told.add(name)
             except WorkerFailed as failure:
                 errors[name] = LATE if name in late else str(failure)
@@ -261,7 +264,7 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
                 try:
                     workers[name].stdin.write("round\n")
                     workers[name].stdin.flush()
-                    medians[name].append(float(_reply(workers[name], "median", logs[name])))
+                    medians[name].append(float(_reply(workers[name], replies[name], "median", logs[name])))
                 except (WorkerFailed, BrokenPipeError) as failure:
                     errors[name] = LATE if name in late else str(failure) if isinstance(failure, WorkerFailed) \
                         else "the worker exited"
@@ -280,7 +283,7 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
                 worker.wait()
             with suppress(BrokenPipeError):  # a round it was stopped before reading
                 worker.stdin.close()
-            worker.stdout.close()
+            replies[name].close()
             logs[name].close()
         os.unlink(shared.name)
     return {name: {"ms": min(m) if m and name not in errors else None,
@@ -297,9 +300,36 @@ class Unsendable(TypeError):
     """A call that cannot be sent to a worker (it does not pickle): run it in this process."""
 
 
-def _reply(worker: subprocess.Popen, word: str, log) -> str:
-    """The rest of the worker's next line that starts with `word` (other lines are runtime chatter)."""
-    for line in worker.stdout:
+def _spawn(arguments: list[str], log: Any) -> tuple[subprocess.Popen, Any]:
+    """A worker, `python -m uhop_onnx.measure ARGUMENTS... FD`: its requests on its stdin, its replies on a pipe
+    of their own (FD), so that nothing a runtime prints can pass for one; its stdout is dropped, its stderr
+    written to `log`. The process, and the pipe's end to read its replies from (text)."""
+    reading, writing = os.pipe()
+    try:
+        worker = subprocess.Popen([sys.executable, "-m", "uhop_onnx.measure", *arguments, str(writing)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, text=True,
+                                  pass_fds=(writing,))
+    except BaseException:
+        os.close(reading)
+        raise
+    finally:
+        os.close(writing)
+    return worker, os.fdopen(reading)
+
+
+def _channel(fd: str | None) -> Any:
+    """In a worker: the pipe its replies go to (`_spawn`), line-buffered, closed to any process it starts;
+    stdout for a worker started by hand, without one."""
+    if fd is None:
+        sys.stdout.reconfigure(line_buffering=True)
+        return sys.stdout
+    os.set_inheritable(int(fd), False)
+    return os.fdopen(int(fd), "w", buffering=1)
+
+
+def _reply(worker: subprocess.Popen, replies: Any, word: str, log: Any) -> str:
+    """The rest of the worker's next reply line, which starts with `word`, or `WorkerFailed` with its reason."""
+    for line in replies:
         if line.startswith(word):
             return line[len(word):].strip()
         if line.startswith("failed "):
@@ -359,27 +389,34 @@ def _builder(spec: str | None) -> Build:
 
 
 HANG_SECONDS = 0.5  # a search worker still busy this long past the deadline is stopped
+CALL_GRACE_SECONDS = 30.0  # a search worker's call may run this long past its deadline before it is stopped
+CALL_SECONDS = 600.0  # and this long where no deadline applies
 
 
 class SearchWorker:
     """One worker process that times blocks and answers calls, started at once (it imports the runtimes
     while its coordinator loads the model) and again after a crash; what it is sent is pickled into a
-    temporary folder, a model once per object. `close` ends it."""
+    temporary folder, a model once per object. Requests go to its stdin, its replies come on a pipe of their
+    own (`_spawn`). A call still running `grace` seconds past the `deadline` (`CALL_SECONDS` after it began,
+    without one) is stopped with the worker (`grace` default: `CALL_GRACE_SECONDS`). `close` ends it."""
 
-    def __init__(self) -> None:
+    def __init__(self, deadline: Deadline | None = None, grace: float | None = None) -> None:
+        self.deadline, self.grace = deadline, CALL_GRACE_SECONDS if grace is None else grace
         self.scratch = temporary_folder("search")
         self.folder = Path(self.scratch.name)
         self.pickled: dict[str, str] = {}  # provider label -> its pickle
         self.models: dict[int, tuple[Any, str]] = {}  # id of a model sent -> (the model, its file)
-        self.calls = 0
+        self.calls = self.saved = 0
         self.worker: subprocess.Popen | None = None
+        self.replies: Any = None
         self.log: Any = None
         self._started()
 
     def call(self, function: Callable[..., T], *args: Any) -> T:
         """`function(*args)` run in the worker (a module-level function or a bound method, and arguments
         that pickle); what it raises is raised here. `WorkerFailed` naming the signal when the worker
-        crashed (a new one answers the next call); `Unsendable` when the call does not pickle."""
+        crashed, or saying so when the call ran out of time and the worker was stopped (a new one answers
+        the next call); `Unsendable` when the call does not pickle."""
         self.calls += 1
         path = self.folder / f"call{self.calls}.pickle"
         try:
@@ -389,14 +426,24 @@ class SearchWorker:
             os.unlink(path)
             raise Unsendable(f"{function!r} cannot be sent to a worker: {first_line(error)}") from error
         worker = self._started()
+        limit = CALL_SECONDS if self.deadline is None else max(self.deadline.left(), 0.0) + self.grace
+        expired = threading.Event()
+        watchdog = threading.Timer(limit, lambda: (expired.set(), worker.kill()))
+        watchdog.daemon = True
+        watchdog.start()
         try:
             worker.stdin.write(json.dumps({"call": str(path)}) + "\n")
             worker.stdin.flush()
-            done = any(line.rstrip("\n") == "done" for line in worker.stdout)
+            done = any(line.rstrip("\n") == "done" for line in self.replies)
         except BrokenPipeError:
             done = False
+        finally:
+            watchdog.cancel()
         if not done:
-            raise WorkerFailed(self._ended())
+            reason = self._ended()
+            os.unlink(path)
+            raise WorkerFailed(f"the worker did not answer within {limit:.3g} s and was stopped" if expired.is_set()
+                               else reason)
         with open(f"{path}.out", "rb") as f:
             raised, value = pickle.load(f)  # noqa: S301 - written by this coordinator's own worker
         os.unlink(path)
@@ -408,12 +455,19 @@ class SearchWorker:
     def model_file(self, model: Any) -> str:
         """The file `model` (an `onnx.ModelProto`) is saved in for the worker, once per object."""
         if id(model) not in self.models:
-            import onnx
+            from .loader import saved
 
-            path = self.folder / f"model{len(self.models)}.onnx"
-            onnx.save(model, path)
+            self.saved += 1
+            path = self.folder / f"model{self.saved}.onnx"
+            saved(model, path)
             self.models[id(model)] = (model, str(path))  # the model kept: its id stays its own
         return self.models[id(model)][1]
+
+    def forget(self, model: Any) -> None:
+        """Let go of `model` and its file (`model_file`): it will not be sent again."""
+        _, path = self.models.pop(id(model), (None, None))
+        if path is not None:
+            os.unlink(path)
 
     def measure(self, provider: Any, blocks: Mapping[str, tuple[str, str]], deadline: Deadline,
                 profiler: Profiler) -> dict[str, Measurement]:
@@ -451,7 +505,7 @@ class SearchWorker:
             worker.stdin.write(json.dumps({"provider": self._pickle(provider), "blocks": blocks, "profiler": settings,
                                            "seconds": deadline.left()}) + "\n")
             worker.stdin.flush()
-            for line in worker.stdout:
+            for line in self.replies:
                 word, _, rest = line.rstrip("\n").partition(" ")
                 if word == "at":
                     building = json.loads(rest)
@@ -468,8 +522,7 @@ class SearchWorker:
     def _started(self) -> subprocess.Popen:
         if self.worker is None:
             self.log = tempfile.TemporaryFile(mode="w+")
-            self.worker = subprocess.Popen([sys.executable, "-m", "uhop_onnx.measure", "search"],
-                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+            self.worker, self.replies = _spawn(["search"], self.log)
         return self.worker
 
     def takes(self, provider: Any) -> bool:
@@ -505,7 +558,7 @@ class SearchWorker:
             self.worker.wait()
             with suppress(BrokenPipeError):  # a request it was killed reading
                 self.worker.stdin.close()
-            self.worker.stdout.close()
+            self.replies.close()
             self.log.close()
             self.worker = None
 
@@ -548,9 +601,9 @@ class _ModelUnpickler(pickle.Unpickler):
         return self.models[pid]
 
 
-def _search_worker() -> None:
-    """Answer each line on stdin. `{"call": PICKLE}`: run the pickled `(function, args)`, write `(raised,
-    result or exception)` to `PICKLE.out`, say `done`. `{"provider": PICKLE, "blocks": {KEY: [MODEL, FEEDS]},
+def _search_worker(replies: Any) -> None:
+    """Answer each line on stdin, saying what it says on `replies`. `{"call": PICKLE}`: run the pickled
+    `(function, args)`, write `(raised, result or exception)` to `PICKLE.out`, say `done`. `{"provider": PICKLE, "blocks": {KEY: [MODEL, FEEDS]},
     "profiler": SETTINGS, "seconds": S}`: say `at KEY` before lowering, compiling and first running each block,
     `rounds` before timing them together (with a `Profiler` of those settings, for at most S seconds), then
     `figures {KEY: figure}`; the runners are closed before the next line."""
@@ -563,6 +616,7 @@ def _search_worker() -> None:
         ask = json.loads(line)
         if "call" in ask:
             _answer(ask["call"], models)
+            print("done", file=replies)
             continue
         if ask["provider"] not in providers:
             with open(ask["provider"], "rb") as f:
@@ -571,14 +625,14 @@ def _search_worker() -> None:
         with ExitStack() as runners:
             calls, failed = {}, {}
             for key, (model, feeds) in ask["blocks"].items():
-                print("at", json.dumps(key), flush=True)
+                print("at", json.dumps(key), file=replies)
                 try:
                     calls[key] = _block_call(provider, model, feeds, runners)
                 except Exception as error:  # noqa: BLE001 - a runtime may refuse a block in any way
                     failed[key] = Measurement.failed(error)
-            print("rounds", flush=True)
+            print("rounds", file=replies)
             figures = Profiler(**ask["profiler"]).measure(calls, Deadline.after(ask["seconds"])) | failed
-        print("figures", json.dumps({k: _named(provider.label, m).to_json() for k, m in figures.items()}), flush=True)
+        print("figures", json.dumps({k: _named(provider.label, m).to_json() for k, m in figures.items()}), file=replies)
 
 
 def _answer(path: str, models: dict[str, Any]) -> None:
@@ -596,7 +650,6 @@ def _answer(path: str, models: dict[str, Any]) -> None:
             f.seek(0)
             f.truncate()
             pickle.dump((True, RuntimeError(first_line(answer[1] if answer[0] else error))), f)
-    print("done", flush=True)
 
 
 def _block_call(provider: Any, model: str, feeds: str, runners: ExitStack) -> Callable[[], object]:
@@ -619,9 +672,9 @@ def _named(label: str, m: Measurement) -> Measurement:
     return Measurement.failed(f"{label}: {m.error}")
 
 
-def _worker(request: dict) -> None:
-    """Build the candidate, say `ready STAGES`, then answer each `round` line with `median MS`; any failure is
-    one `failed "REASON"` line."""
+def _worker(request: dict, replies: Any) -> None:
+    """Build the candidate, say `ready STAGES` on `replies`, then answer each `round` line with `median MS`; any
+    failure is one `failed "REASON"` line."""
     from .inputs import read_inputs
 
     candidate = request["candidate"]
@@ -630,17 +683,17 @@ def _worker(request: dict) -> None:
         with build(candidate["target"], request["model"], feeds, request["threads"]) as built:
             call, stages = built
             calls = request["calls"] or calls_per_round(call, ROUND_SECONDS, 3, 50, warmup=3)
-            print("ready", json.dumps(stages), flush=True)
+            print("ready", json.dumps(stages), file=replies)
             for line in sys.stdin:
                 if line.strip() != "round":
                     break
-                print("median", round_median(call, calls) * 1e3, flush=True)
+                print("median", round_median(call, calls) * 1e3, file=replies)
     except Exception as error:  # noqa: BLE001 - any failure is this candidate's result, told in one line
-        print("failed", json.dumps(first_line(error)), flush=True)
+        print("failed", json.dumps(first_line(error)), file=replies)
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "search":
-        _search_worker()
+        _search_worker(_channel(sys.argv[2] if len(sys.argv) > 2 else None))
     elif sys.argv[1] == "worker":
-        _worker(json.loads(sys.argv[2]))
+        _worker(json.loads(sys.argv[2]), _channel(sys.argv[3] if len(sys.argv) > 3 else None))

@@ -21,7 +21,7 @@ from .cache import JsonTable, cache_dir, code_fingerprint, device_fingerprint, d
 from .errors import InputError, PlanError, TooLargeError, UhopError, first_line
 from .graph import Graph, declared_outputs
 from .inputs import Inputs, Shapes, free_inputs, inputs_digest, measured_shapes, profile_feeds
-from .loader import load, model_name
+from .loader import load, model_name, sha256
 from .measure import LATE, Measurement, Profiler, SearchWorker, WorkerFailed, time_plans_in_processes
 from .partitioner.capabilities import capabilities, only_the_rest
 from .partitioner.extract import extract
@@ -108,6 +108,8 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
         else:
             support[provider.label] = _asked(worker, provider, graph, capabilities, simplified, graph, provider,
                                              provider.present)
+    if worker is not None and fixed is not None:
+        worker.forget(fixed.model)  # every provider asked: the model at fixed shapes is needed no more
     last = chosen[-1].label
     if chosen[-1].appended:
         support[last] = only_the_rest(support, keep={node for node, p in pinned.items() if p == last})
@@ -263,7 +265,7 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
             log.info("reusing the plan measured earlier on this machine: %s", folder)
             touch(folder)
             return plan
-    with SearchWorker() as worker:  # what may crash natively while the plan is sought runs there
+    with SearchWorker(deadline) as worker:  # what may crash natively while the plan is sought runs there
         plan = place_measured(analysis(worker), threads, budget=budget, progress=progress, deadline=deadline,
                               worker=worker)
     try:
@@ -291,21 +293,18 @@ def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, pr
     """The plan of `a` that measures fastest on this machine by the `deadline` (default: `budget` seconds
     from now), with what may crash natively in `worker` (`Search.worker`); see `optimize`."""
     deadline = deadline or Deadline.after(budget)
-    built: dict[Choice, Plan] = {}  # a plan timed again is not built again
-
-    def plan_of(choice: Choice) -> Plan:
-        if choice not in built:
-            built[choice] = build_plan(a, choice, threads)
-        return built[choice]
+    plan_of = partial(build_plan, a, threads=threads,  # built again when needed again: plans hold the weights
+                      model_hash=sha256(a.loaded))
 
     if profiler is None:
         def time_plans(choices: Mapping[str, Choice]) -> dict[str, Measurement]:
-            plans = {}
-            for name, c in choices.items():  # a plan not built by the deadline is not timed
-                if deadline.passed:
-                    break
-                plans[name] = plan_of(c)
-            timed = time_plans_in_processes(plans, a.feeds, threads, deadline=deadline) if plans else {}
+            def built():  # one at a time, each saved for its worker and let go; none after the deadline
+                for name, c in choices.items():
+                    if deadline.passed:
+                        return
+                    yield name, plan_of(c)
+
+            timed = time_plans_in_processes(built(), a.feeds, threads, deadline=deadline)
             return {name: timed.get(name) or Measurement.failed(LATE) for name in choices}
     else:
         def run_plan(choice: Choice):
@@ -362,8 +361,9 @@ def first_then_rest(a: Analysis, label: str, threads: int | None) -> Plan:
     return build_plan(a, first_supported(a.graph, {label: a.support[label], **a.support}, a.pinned), threads)
 
 
-def build_plan(a: Analysis, choice: Sequence[str], threads: int | None) -> Plan:
-    """The plan of a choice (a provider label per node): convex stages, each extracted as its own model."""
+def build_plan(a: Analysis, choice: Sequence[str], threads: int | None, model_hash: str | None = None) -> Plan:
+    """The plan of a choice (a provider label per node): convex stages, each extracted as its own model.
+    `model_hash`: `loader.sha256(a.loaded)`, when the caller has it."""
     graph = a.graph
     stages = []
     for k, spec in enumerate(partition(graph, choice)):
@@ -384,7 +384,7 @@ def build_plan(a: Analysis, choice: Sequence[str], threads: int | None) -> Plan:
         ))
     return Plan(
         model_name=model_name(a.source, a.loaded),
-        model_hash=hashlib.sha256(a.loaded.SerializeToString(deterministic=True)).hexdigest(),
+        model_hash=model_hash or sha256(a.loaded),
         inputs=[graph.signature(name) for name in graph.inputs],
         outputs=[graph.signature(name) for name in graph.outputs],
         providers=[{"id": p.id, "options": dict(p.options), "version": p.availability.version} for p in a.providers

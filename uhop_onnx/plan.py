@@ -225,13 +225,14 @@ class Plan:
         """Write `plan.json` (with each file's sha256), the stage models, constants and (with `report`) the
         report into `folder`, which must be absent or empty; it appears whole or not at all. This plan is
         left as it was (`Plan.load(folder)` reads the saved one)."""
+        from .loader import saved as saved_model
+
         target = Path(folder)
         with new_folder(target, PlanError) as staging:
             stages = []
             for stage in self.stages:
-                data = self.stage_model(stage).SerializeToString()
-                (staging / stage.file).write_bytes(data)
-                stages.append(replace(stage, sha256=hashlib.sha256(data).hexdigest()))
+                digest = saved_model(self.stage_model(stage), staging / stage.file)  # piece by piece
+                stages.append(replace(stage, sha256=digest))
             constants_hash = None
             if self.constants:
                 np.savez(staging / CONSTANTS_FILE, **self.constants)

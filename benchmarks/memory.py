@@ -1,0 +1,162 @@
+"""Peak memory of `uhop-onnx optimize` beside ONNX Runtime's running the same model, each in a fresh process.
+
+    python benchmarks/memory.py [--models default|all|NAME[:EXPORTER],...] [--budget 30] [--json out.json]
+
+Per model, three processes, each its own peak resident set (`VmHWM`, read as it exits):
+- ONNX Runtime: imports `onnxruntime`, builds an `InferenceSession` of the model on `CPUExecutionProvider`
+  and runs it once at the measured shapes;
+- `uhop-onnx optimize MODEL --shape ... -o OUT --budget B` with a cache folder of its own (`UHOP_CACHE_DIR`,
+  holding a copy of this host's kernels library, built once per host); its worker processes are reported
+  apart (the largest of them, looked at every 50 ms);
+- the import floor: a process that imports what `optimize` imports (the CLI, the optimizer and the runtimes
+  `providers.resolve` finds present), and nothing else.
+The ratio is optimize's peak over ONNX Runtime's. Models: the corpus (`benchmarks/corpus_models.py`; a name
+alone is its TorchScript export, `NAME:dynamo` the dynamo one, a file of another tool `NAME:file`) and the
+shipped `models/*.onnx`; `default` is the set the README's table lists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import typer
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = ("timm-resnet18:dynamo,timm-mobilenetv3,hf-bert,hf-bert:dynamo,hf-gpt2-past,torch-lstm-gru-speech,"
+           "paddle-dims:file,if-loop:file,external-data:file,example_mobilenet,example_encoder")
+SHIPPED = {"example_mobilenet": {}, "example_encoder": {"input_ids": (1, 128)}}  # model stem -> measured shapes
+
+# Each child writes its own peak, and the largest of its descendants' (optimize's workers, looked at every
+# 50 ms), in KiB to $UHOP_MEMORY_REPORT. VmHWM, not ru_maxrss: a child's ru_maxrss starts from its parent's
+# size when it was forked.
+REPORT = """
+import atexit, json, os, threading, time
+def _hwm(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return 0
+def _descendants(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+    return children + [d for c in children for d in _descendants(c)]
+_workers = [0]
+def _watch():
+    while True:
+        _workers[0] = max([_workers[0], *map(_hwm, _descendants(os.getpid()))])
+        time.sleep(0.05)
+threading.Thread(target=_watch, daemon=True).start()
+def _report():
+    with open(os.environ["UHOP_MEMORY_REPORT"], "w") as f:
+        json.dump([_hwm(os.getpid()), _workers[0]], f)
+atexit.register(_report)
+"""
+ORT = REPORT + """
+import sys, json
+import numpy as np
+import onnxruntime as ort
+path, shapes = sys.argv[1], json.loads(sys.argv[2])
+session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+types = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
+         "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8,
+         "tensor(bool)": np.bool_}
+feeds = {i.name: np.ones(shapes.get(i.name) or [d if isinstance(d, int) and d > 0 else 1 for d in i.shape],
+                         types[i.type]) for i in session.get_inputs()}
+session.run(None, feeds)
+"""
+OPTIMIZE = REPORT + """
+from uhop_onnx.cli import main
+main()
+"""
+FLOOR = REPORT + """
+import uhop_onnx.cli, uhop_onnx.optimizer
+from uhop_onnx.providers import resolve
+resolve(None)
+"""
+
+
+def model_and_shapes(name: str) -> tuple[Path, dict[str, tuple[int, ...]]]:
+    """A corpus model's file (exported or written, cached) and the shapes it is measured at, or a shipped
+    model's."""
+    if name in SHIPPED:
+        return ROOT / "models" / f"{name}.onnx", SHIPPED[name]
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import corpus_models as corpus
+
+    base, _, exporter = name.partition(":")
+    if exporter == "file":
+        f = corpus.file_spec(base)
+        return corpus.written(f), f.inputs_spec.shapes(0)
+    corpus.import_torchvision()
+    s = corpus.spec(base)
+    return corpus.exported(s, exporter or "torchscript"), s.shapes(0)
+
+
+def peak(script: str, args: list[str], env: dict[str, str] | None = None) -> tuple[int, int]:
+    """The peak RSS (MiB) of a fresh `python -c script args` and of the largest of its children; `SystemExit`
+    with its output when it fails."""
+    with tempfile.TemporaryDirectory(prefix="uhop-memory-") as work:
+        report = Path(work, "report.json")
+        done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                              env={**os.environ, **(env or {}), "UHOP_MEMORY_REPORT": str(report)})
+        if done.returncode or not report.is_file():
+            raise SystemExit(f"{args[:2]} failed ({done.returncode}): {(done.stderr or done.stdout).strip()[-2000:]}")
+        own, children = json.loads(report.read_text())
+    return own // 1024, children // 1024
+
+
+def optimize_peak(model: Path, shapes: dict[str, tuple[int, ...]], budget: float, work: Path) -> tuple[int, int]:
+    """`peak` of `uhop-onnx optimize` with a cache folder of its own under `work`."""
+    from uhop_onnx.cache import cache_dir
+
+    cache = work / "cache"
+    if (cache_dir() / "kernels").is_dir():
+        shutil.copytree(cache_dir() / "kernels", cache / "kernels")
+    options = [a for name, dims in shapes.items() for a in ("--shape", f"{name}:{'x'.join(map(str, dims))}")]
+    return peak(OPTIMIZE, ["optimize", str(model), "-o", str(work / "plan"), "--budget", str(budget), "--quiet",
+                           *options], {"UHOP_CACHE_DIR": str(cache)})
+
+
+def main(models: str = typer.Option("default", help="default, all, or NAME[:EXPORTER],... (see the docstring)"),
+         budget: float = 30.0, json_out: Path | None = typer.Option(None, "--json")) -> None:
+    names = DEFAULT.split(",") if models == "default" else _all() if models == "all" else models.split(",")
+    floor, _ = peak(FLOOR, [])
+    print(f"import floor (uhop-onnx's imports and the runtimes present): {floor} MiB", flush=True)
+    print(f"{'model':34} {'ORT MiB':>8} {'optimize MiB':>13} {'workers MiB':>12} {'ratio':>6}", flush=True)
+    rows = {}
+    for name in names:
+        try:
+            model, shapes = model_and_shapes(name)
+        except Exception as error:  # noqa: BLE001 - an exporter's limit (ExportFailed) or a missing package
+            print(f"{name:34} not measured: {str(error).splitlines()[0][:80]}", flush=True)
+            continue
+        ort, _ = peak(ORT, [str(model), json.dumps(shapes)])
+        with tempfile.TemporaryDirectory(prefix="uhop-memory-") as work:
+            own, workers = optimize_peak(model, shapes, budget, Path(work))
+        rows[name] = {"ort_mib": ort, "optimize_mib": own, "workers_mib": workers, "ratio": round(own / ort, 2)}
+        print(f"{name:34} {ort:8d} {own:13d} {workers:12d} {own / ort:6.2f}", flush=True)
+    if json_out:
+        json_out.write_text(json.dumps({"floor_mib": floor, "budget_s": budget, "models": rows}, indent=2) + "\n")
+
+
+def _all() -> list[str]:
+    """Every corpus model (both exporters), every file of another tool, and the shipped models."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import corpus_models as corpus
+
+    return ([f"{s.name}:{e}" for s in corpus.TORCH_MODELS for e in corpus.EXPORTERS]
+            + [f"{f.name}:file" for f in corpus.FILES] + list(SHIPPED))
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -1,0 +1,107 @@
+"""The search worker's protocol has a channel of its own (what runtimes print cannot pass for a reply), and a
+call that hangs is stopped at its deadline and is a failure, never a winner."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import uhop_onnx
+from uhop_onnx import MeasurementError
+from uhop_onnx.measure import Measurement, Profiler, SearchWorker, WorkerFailed
+from uhop_onnx.models import mlp
+from uhop_onnx.optimizer import analyze
+from uhop_onnx.partitioner.search import Search
+from uhop_onnx.providers import REGISTRY
+from uhop_onnx.providers.ort import OrtCpu
+from uhop_onnx.timing import Deadline
+
+# Lines a native library could write to the worker's stdout, each a reply word of the protocol.
+CHATTER = b'at "x"\nrounds\nfigures {"x": {"ms": 0.001, "spread": 0, "rounds": 9, "error": null}}\ndone\nfailed "no"\n'
+
+
+def chatty(value):
+    """`value`, after writing protocol-like lines to fd 1 natively (as a runtime's C library would) and from
+    Python."""
+    os.write(1, CHATTER)
+    print(CHATTER.decode(), flush=True)
+    return value
+
+
+class Chatty(OrtCpu):
+    """ONNX Runtime's CPU, except that compiling a block prints protocol-like lines to stdout."""
+
+    id = "chatty-cpu"
+
+    def compile(self, model: onnx.ModelProto, *, exclusive: bool = True):
+        os.write(1, CHATTER)
+        return super().compile(model, exclusive=exclusive)
+
+
+class HangingQuery(OrtCpu):
+    """ONNX Runtime's CPU, except that asking it what it can run never returns."""
+
+    id = "hanging-query"
+
+    def query(self, model: onnx.ModelProto):
+        time.sleep(3600)
+
+
+def hanging_gate(choice):
+    """A gate whose run of the candidate plan never returns."""
+    time.sleep(3600)
+
+
+def test_what_a_call_prints_on_stdout_is_not_taken_for_its_reply():
+    with SearchWorker() as worker:
+        assert worker.call(chatty, {"answer": 42}) == {"answer": 42}
+        assert worker.call(chatty, "again") == "again"
+
+
+def test_what_a_runtime_prints_while_blocks_are_timed_is_not_taken_for_figures(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "b.onnx")
+    np.savez(tmp_path / "b.npz", x=np.ones(4, np.float32))
+    with SearchWorker() as worker:
+        figures = worker.measure(Chatty(), {"b": (str(tmp_path / "b.onnx"), str(tmp_path / "b.npz"))},
+                                 Deadline.after(120), Profiler(rounds=2, max_rounds=2, warmup=1))
+    assert set(figures) == {"b"} and figures["b"].ok and figures["b"].rounds == 2, figures
+
+
+def test_a_call_that_hangs_is_stopped_past_its_deadline_and_the_next_call_gets_a_new_worker():
+    with SearchWorker(Deadline.after(0.0), grace=1.0) as worker:
+        started = time.monotonic()
+        with pytest.raises(WorkerFailed, match="did not answer within 1 s and was stopped"):
+            worker.call(time.sleep, 3600)
+        assert time.monotonic() - started < 30
+        worker.deadline = None
+        assert worker.call(chatty, 7) == 7
+
+
+def test_a_gate_that_hangs_rejects_its_candidate_and_is_never_chosen(caplog):
+    analysis = analyze(mlp(), ["ort-cpu"], sample=True)
+    with SearchWorker(Deadline.after(0.0), grace=1.0) as worker, caplog.at_level(logging.INFO), \
+            pytest.raises(MeasurementError, match="outside the accuracy tolerance"):
+        Search(lambda choices: {name: Measurement(1.0, 0.0, 5) for name in choices}, gate=hanging_gate,
+               worker=worker, budget_s=120).place(analysis)
+    assert "did not answer within 1 s" in caplog.text
+
+
+def test_optimize_finishes_when_asking_a_runtime_what_it_can_run_hangs(monkeypatch):
+    """The provider whose query hangs runs nothing, each node's reason saying it did not answer in time."""
+    monkeypatch.setitem(REGISTRY, HangingQuery.id, HangingQuery)
+    monkeypatch.setattr("uhop_onnx.measure.CALL_GRACE_SECONDS", 1.0)
+    started = time.monotonic()
+    plan = uhop_onnx.optimize(mlp(), providers=[HangingQuery.id, "ort-cpu"], budget=2)
+    assert time.monotonic() - started < 60
+    assert {s.provider for s in plan.stages} == {"ort-cpu"}
+    reasons = [r["reason"] for r in plan.replaced if r["provider"] == HangingQuery.id]
+    assert reasons and all("did not answer within" in r for r in reasons), plan.replaced
