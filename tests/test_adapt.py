@@ -90,7 +90,8 @@ def test_a_faster_candidate_replaces_the_serving_plan_and_is_kept(tmp_path):
     assert bucket["serving"] == "openvino" and "replaced ort-cpu" in bucket["decision"]
     low, high = bucket["candidates"][0]["interval"]
     assert low <= high < 1.0
-    _wait(lambda: decisions.table.read())
+    # kept when found faster, and again with its decision once every candidate was tried
+    _wait(lambda: (kept := decisions.read().get(bucket["bucket"])) and kept[1].adaptation)
     label, plan, calls = decisions.read()[bucket["bucket"]]
     assert label == "openvino" and plan.get_providers() == ["openvino"] and calls >= MIN_PAIRS * ROUND
     assert serving.run(None, feeds)[1].get_providers() == ["openvino"]
@@ -149,6 +150,45 @@ def test_a_much_slower_candidate_is_dropped_after_its_first_calls(tmp_path):
     assert bucket["candidates"][0]["calls"] == FIRST_ROUNDS * ROUND  # stopped after its first rounds, not a full trial
     assert bucket["serving"] == "ort-cpu" and "kept ort-cpu" in bucket["decision"]
     serving.close()
+
+
+def test_a_kept_starter_is_served_as_decided_and_a_kept_plan_is_rechecked_against_onnxruntime_alone(tmp_path):
+    model = BUILDERS["cnn"]()
+    feeds = random_feeds(model)
+    decisions = Decisions(tmp_path / "decisions")
+    serving = _serving(model, 0.0, 0.1, tmp_path, decisions=decisions)  # the candidate is much slower
+    _call(serving, feeds, EXPLORE_AFTER)
+    _wait(lambda: _trying_or_done(serving))
+    _call(serving, feeds, 4 * FIRST_ROUNDS * ROUND)
+    _wait(lambda: _settled(serving) and decisions.table.read())
+    serving.close()
+    key = next(iter(serving.adaptation))
+    assert decisions.read()[key][:2] == ("ort-cpu", None)  # the starter, kept without a copy of its plan
+    assert [p for p in decisions.folder.iterdir() if p.is_dir()] == []
+
+    starter = optimize(model, providers=["ort-cpu"], profile=False)
+
+    def untouched(stopped):
+        raise AssertionError("a bucket kept on the starter explores nothing")
+
+    again = Serving(starter, compile_plan, "ort-cpu", untouched, explore_after_s=0.0, decided=decisions.read(),
+                    recheck="ort-cpu")
+    assert_matches(_call(again, feeds, 3 * EXPLORE_AFTER), reference(model, feeds))
+    bucket = again.adaptation[key]
+    assert bucket["serving"] == "ort-cpu" and "as decided earlier" in bucket["decision"] and not bucket["candidates"]
+    again.close()
+
+    kept = optimize(model, providers=["openvino"], profile=False)
+    offered = {"litert": lambda sample: pytest.fail("only ONNX Runtime re-checks a kept plan"),
+               "ort-cpu": lambda sample: starter}
+    third = Serving(starter, compile_plan, "ort-cpu", lambda stopped: offered, explore_after_s=0.0,
+                    decided={key: ("openvino", kept, 10)}, recheck="ort-cpu")
+    _call(third, feeds, EXPLORE_AFTER)
+    _wait(lambda: _trying_or_done(third) or _step(third, feeds))
+    bucket = third.adaptation[key]
+    assert [c["label"] for c in bucket["candidates"]] == ["ort-cpu"], bucket
+    assert_matches(_call(third, feeds, 2), reference(model, feeds))
+    third.close()
 
 
 def test_a_candidate_whose_outputs_differ_is_refused(tmp_path):
@@ -258,7 +298,8 @@ def test_a_kept_decision_starts_the_next_session_and_a_damaged_one_is_dropped(tm
     assert str(cache_dir()) in str(folder)  # kept in the cache, under its cap
 
 
-def test_a_replaced_decision_leaves_no_plan_behind(tmp_path):
+def test_a_replaced_decision_leaves_no_plan_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr("uhop_onnx.adapt.UNNAMED_S", 0.0)
     model = BUILDERS["cnn"]()
     decisions = Decisions(tmp_path / "decisions")
     for label in ("openvino", "ort-cpu"):

@@ -47,6 +47,7 @@ MIN_PAIRS, MAX_PAIRS = 8, 30  # paired rounds before a verdict; after the last, 
 WARM_UP = 3  # runs of a compiled candidate on the bucket's sample before it serves
 TRIAL_S = 60.0  # how long the background waits for a trial to end before preparing the next candidate
 EXACT_BUCKETS = 8  # distinct shape sets kept exact; beyond, free axes are rounded up to powers of two
+UNNAMED_S = 60.0  # a kept plan no decision names any more is removed after this long (a reader may be loading it)
 FP32_CHECK = {"rtol": 2e-4, "atol": 2e-5}  # two fp32 plans, each within rtol 1e-4, atol 1e-5 of ONNX Runtime
 
 Recipe = Callable[[Mapping[str, np.ndarray]], Plan]  # a bucket's sample feeds -> a candidate plan
@@ -116,6 +117,8 @@ class Bucket:
     explored: bool = False  # its candidates were asked for
     preparing: bool = False  # its candidates are being compiled, one by one
     settled: bool = False  # decided, and nothing on trial any more
+    only: str | None = None  # the one candidate tried: a decision kept earlier is re-checked against it
+    complete: bool = False  # every candidate was tried (a decision to keep, the starter's included)
     sample: dict[str, np.ndarray] | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -141,15 +144,19 @@ class Serving:
     turn, with no compile beside them. A candidate more than 1.5x slower after its first rounds stops at
     once; one faster beyond noise (the upper end of the interval of its paired time ratios below 1) replaces
     the serving plan of that bucket, atomically: each call runs wholly on one plan. `decisions` keeps each
-    replacement; `decided` (bucket -> (label, plan, calls), read from them) are the plans earlier processes
-    decided on, compiled when their bucket is first called and checked again like any other. `run` is thread
-    safe."""
+    decision made once every candidate was tried (and each replacement); `decided` (bucket -> (label, plan,
+    calls), read from them; plan None: the starter was kept) are earlier processes' decisions: a bucket kept
+    on the starter is served by it as decided, and a bucket kept on another plan starts on that plan,
+    re-checked against the `recheck` candidate alone (ONNX Runtime by default). `starter_kept` says that
+    `starter` itself is a kept plan, not the one a session starts on when nothing was decided. `run` is
+    thread safe."""
 
     def __init__(self, starter: Plan, compile: Callable[[Plan], Executor], label: str,
                  candidates: Callable[[Callable[[], bool]], Mapping[str, Recipe]] | None = None, *,
                  budget_s: float = 60.0, explore_after_s: float = EXPLORE_AFTER_S,
                  tolerance: Mapping[str, float] = FP32_CHECK,
-                 decisions: Decisions | None = None, decided: Mapping[str, tuple[str, Plan, int]] | None = None):
+                 decisions: Decisions | None = None, decided: Mapping[str, tuple[str, Plan | None, int]] | None = None,
+                 recheck: str | None = None, starter_kept: bool = False):
         self._compile, self._candidates = compile, candidates
         self._recipes: Mapping[str, Recipe] | None = None  # the candidates, once the background work asked
         self._budget_s, self._tolerance, self.decisions = budget_s, dict(tolerance), decisions
@@ -159,6 +166,7 @@ class Serving:
         self.starter = self._arm(label, starter)
         self._arms: dict[str, Arm] = {label: self.starter}
         self._decided = dict(decided or {})  # bucket -> (label, plan, calls) decided by an earlier process
+        self._recheck, self._starter_kept = recheck, starter_kept
         self._buckets: dict[str, Bucket] = {}
         self._exact: set[tuple] = set()
         self._by_shapes: dict[tuple, Bucket] = {}  # exact shapes -> their bucket
@@ -241,16 +249,26 @@ class Serving:
                 self._exact.add(shapes)
             key = ", ".join(f"{name}: {'x'.join(map(str, dims)) or 'scalar'}" for name, dims in shapes)
             if key not in self._buckets:
-                self._buckets[key] = Bucket(key, self._starting_arm(key))
+                self._buckets[key] = self._new_bucket(key)
             if len(self._by_shapes) < 4 * EXACT_BUCKETS:  # the shapes seen most, found without the lock
                 self._by_shapes[exact] = self._buckets[key]
             return self._buckets[key]
 
-    def _starting_arm(self, key: str) -> Arm:
-        """The arm an earlier process decided on for this bucket, else the starter (under the lock)."""
-        if key not in self._decided:
-            return self.starter
-        label, plan, _ = self._decided.pop(key)
+    def _new_bucket(self, key: str) -> Bucket:
+        """A bucket at its first call, on what an earlier process decided for it (see the class), else on the
+        starter, to be explored (under the lock)."""
+        if key not in self._decided or (self._decided[key][1] is None and self._starter_kept):
+            return Bucket(key, self.starter)
+        label, plan, calls = self._decided.pop(key)
+        if plan is None or label == self._recheck:  # nothing was faster than what it would be re-checked against
+            return Bucket(key, self.starter if plan is None else self._kept_arm(key, label, plan),
+                          decision=f"kept {label}, as decided earlier (at {calls} calls)", explored=True,
+                          settled=True)
+        arm = self._kept_arm(key, label, plan)
+        return Bucket(key, arm, only=self._recheck if arm is not self.starter else None)
+
+    def _kept_arm(self, key: str, label: str, plan: Plan) -> Arm:
+        """The arm of a plan decided earlier; the starter when it no longer compiles (under the lock)."""
         try:
             arm = self._arms.get(label) or self._arm(label, plan)
         except Exception as error:  # noqa: BLE001 - a kept decision that no longer compiles is only skipped
@@ -350,14 +368,16 @@ class Serving:
         bucket.decision = bucket.decision or "; then ".join(bucket.replaced) or \
             f"kept {bucket.current.label}: no candidate was faster beyond noise"
         bucket.decided()
-        if bucket.replaced:
+        if bucket.replaced or (bucket.complete and bucket.only is None):
             self._keep(bucket)  # with the decision recorded in its plan
 
     def _keep(self, bucket: Bucket) -> None:
-        """Keep the bucket's serving plan for the next process, written off the caller's thread (under the lock)."""
+        """Keep the bucket's serving plan for the next process (None for the starter a session starts on when
+        nothing was decided, which it builds itself), written off the caller's thread (under the lock)."""
         if self.decisions is not None and not self._closed:
-            self._keeper.submit(self.decisions.keep, bucket.key, bucket.current.label, bucket.current.plan,
-                                bucket.calls)
+            starter = bucket.current is self.starter and not self._starter_kept
+            self._keeper.submit(self.decisions.keep, bucket.key, bucket.current.label,
+                                None if starter else bucket.current.plan, bucket.calls)
 
     def _retire(self, arm: Arm) -> None:
         """Close `arm` once no bucket serves with it or tries it and no call runs on it (under the lock)."""
@@ -406,10 +426,12 @@ class Serving:
                                 first_line(error))
                     self._recipes = {}
                 self._spent += time.perf_counter() - started
+            complete = True
             for label, recipe in self._recipes.items():
                 if self.stopped() or self._spent >= self._budget_s:
+                    complete = False
                     break
-                if label == bucket.current.label or label in bucket.trials:
+                if label == bucket.current.label or label in bucket.trials or bucket.only not in (None, label):
                     continue
                 with self._lock:
                     trial = bucket.trials[label] = Trial(label)
@@ -427,7 +449,7 @@ class Serving:
                         bucket.turn, bucket.round_ms = 0, []  # rounds start together: the serving arm's first
                 self._await(trial)
             with self._lock:
-                bucket.sample, bucket.preparing = None, False
+                bucket.sample, bucket.preparing, bucket.complete = None, False, complete
                 self._settle(bucket)
 
     def _await(self, trial: Trial) -> None:
@@ -533,17 +555,21 @@ def whole_model(loaded: onnx.ModelProto, data: bytes | None, name: str, digest: 
 
 class Decisions:
     """What earlier processes decided for one model, host and set of providers: per shape bucket, the label
-    and the plan (saved beside `decisions.json` in `folder`) that replaced the starter. A kept plan that no
-    longer loads (changed, truncated) is dropped with a warning and decided again."""
+    and the plan (saved beside `decisions.json` in `folder`) that serves it, or None where the starter was
+    kept (nothing faster). A kept plan that no longer loads (changed, truncated) is dropped with a warning and
+    decided again."""
 
     def __init__(self, folder: Path, digest: str = ""):
         self.folder, self.digest = folder, digest  # the sha256 of the model's bytes
         self.table = JsonTable(folder / "decisions.json", check=_decision)
 
-    def read(self) -> dict[str, tuple[str, Plan, int]]:
-        """Bucket -> (label, plan, calls seen when it was decided), most called first."""
+    def read(self) -> dict[str, tuple[str, Plan | None, int]]:
+        """Bucket -> (label, plan or None for the starter, calls seen when it was decided), most called first."""
         kept = {}
         for bucket, entry in sorted(self.table.read().items(), key=lambda item: -item[1]["calls"]):
+            if not entry["plan"]:
+                kept[bucket] = (entry["label"], None, entry["calls"])
+                continue
             try:
                 plan = Plan.load(self.folder / entry["plan"])
                 for stage in plan.stages:  # each stage file read now, against its sha256
@@ -555,17 +581,28 @@ class Decisions:
                 kept[bucket] = (entry["label"], plan, entry["calls"])
         return kept
 
-    def keep(self, bucket: str, label: str, plan: Plan, calls: int) -> None:
-        name = f"{hashlib.sha256(bucket.encode()).hexdigest()[:12]}-{uuid.uuid4().hex[:8]}"
+    def keep(self, bucket: str, label: str, plan: Plan | None, calls: int) -> None:
+        """Keep `plan` (None: the starter) as the bucket's decision, in place of the one kept before."""
+        name = f"{hashlib.sha256(bucket.encode()).hexdigest()[:12]}-{uuid.uuid4().hex[:8]}" if plan else ""
         try:
-            plan.save(self.folder / name, report=False)
+            if plan is not None:
+                plan.save(self.folder / name, report=False)
         except (UhopError, OSError) as error:  # a full disk: the decision is only not kept
             log.warning("could not keep the decision for %s in %s: %s", bucket, self.folder, first_line(error))
             return
-        replaced = self.table.get(bucket)
         self.table.update({bucket: {"label": label, "plan": name, "calls": calls}})
-        if replaced:  # its plan is no longer named (its name is checked: a plain folder name)
-            shutil.rmtree(self.folder / replaced["plan"], ignore_errors=True)
+        self._prune()
+
+    def _prune(self) -> None:
+        """Remove the plans no decision names any more, once no reader can still be about to load them."""
+        named = {entry["plan"] for entry in self.table.read().values()}
+        for folder in self.folder.iterdir():
+            try:
+                unused = folder.is_dir() and folder.name not in named and time.time() - folder.stat().st_mtime > UNNAMED_S
+            except OSError:  # removed by another process meanwhile
+                continue
+            if unused:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def _decision(entry: Any) -> None:

@@ -338,7 +338,7 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
     host and providers (the most called bucket's), else on the model placed on the runtimes `specs` name, as
     ONNX Runtime would run it (`ort-cpu` when none are named). Its candidates, prepared in the background,
     are each provider present (under `policy`) first with the others after it, then the measured search's
-    plan at the bucket's real inputs."""
+    plan at the bucket's real inputs; a plan decided earlier is re-checked against the first runtime named."""
     first = resolve(["ort-cpu"] if specs is None else specs, threads, strict, policy="literal")[0]
     plain = first.id == LAST_RESORT and not assign  # ONNX Runtime runs every node: nothing to place
     with ThreadPoolExecutor(1, thread_name_prefix="uhop-digest") as pool:
@@ -347,11 +347,11 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
         loaded, data = load_as_read(source) if plain else (None, None)
         decisions = decisions_for(source, specs, threads, policy, assign, digest.result())
     decided = decisions.read()
-    if decided:
-        label, starter, _ = next(iter(decided.values()))
-    elif plain:
+    label, starter, _ = next(iter(decided.values()), ("", None, 0))  # the most called bucket's plan
+    kept = starter is not None
+    if not kept and plain:
         label, starter = first.label, whole_model(loaded, data, model_name(source, loaded), decisions.digest, first)
-    else:
+    elif not kept:
         from .optimizer import optimize
 
         starter = optimize(source, providers=specs, assign=assign, profile=False, threads=threads, strict=strict,
@@ -380,7 +380,8 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
         slow = {label: recipes.pop(label) for label in [p.label for p in a.providers if p.id == "kernels"]}
         return {**recipes, "search": search, **slow}
 
-    return Serving(starter, compile, label, candidates, budget_s=budget_s, decisions=decisions, decided=decided)
+    return Serving(starter, compile, label, candidates, budget_s=budget_s, decisions=decisions, decided=decided,
+                   recheck=first.label, starter_kept=kept)
 
 
 def decisions_for(source: Any, specs: list | None, threads: int | None, policy: str,
