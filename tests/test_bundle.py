@@ -110,10 +110,10 @@ def test_a_stage_of_another_provider_s_format_is_refused(x86_bundle, tmp_path):
 
 def test_simulators_are_the_providers_own():
     """RKNN's stages run in Rockchip's simulator; an aarch64 board's kernels under qemu; the rest have none."""
-    rknn = Rknn({"target": "rk3576", "dtype": "fp16"}, threads=2)
+    rknn = Rknn({"target": "rk3576"}, threads=2).at_precision("int8")
     simulator = rknn.simulator()
     assert isinstance(simulator, Rknn) and simulator.simulate and simulator.threads == 2
-    assert simulator.options == {"target": "rk3576", "dtype": "fp16", "simulate": True}
+    assert simulator.options == {"target": "rk3576", "simulate": True} and simulator.precision == "int8"
     assert simulator.simulator() is None and simulator.simulator_name == "the RKNN simulator"
     if host_arch() != "aarch64":
         emulated = KernelsProvider({"arch": "aarch64"}).simulator()

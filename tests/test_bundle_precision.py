@@ -212,7 +212,7 @@ def test_rknn_int8_bundle_carries_its_calibration(tmp_path):
     bundle = uhop_onnx.export_bundle(cnn(), "rk3588", tmp_path / "b", providers=["rknn"], precision="int8",
                                      tolerance=5e-2, calibration=samples(4, seed=1))
     [stage] = manifest_of(bundle)["stages"]
-    assert (stage["precision"], stage["gated"], stage["options"]["dtype"]) == ("int8", True, "int8")
+    assert (stage["precision"], stage["gated"], "dtype" in stage["options"]) == ("int8", True, False)
     carried = [f for f in stage["artifact"]["files"] if f.endswith(".calibration.npz")]
     with np.load(bundle / carried[0]) as data:
         assert data[INPUT].shape == (4, 1, 3, 32, 32)

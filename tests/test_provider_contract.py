@@ -30,7 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 IDS = list(REGISTRY)
 # every provider on every device it knows (rknn's simulator, OpenVINO's GPU and NPU...)
 KNOWN = [(ident, options) for ident, cls in REGISTRY.items() for options in cls.known_options()]
-BY_HOOKS = {"rknn"}  # still declares its precisions and bundle format by overriding the hooks they derive
+# What follows from a provider's `lowerings`, `format` and `static_shapes`, defined once in the base.
+DERIVED = ("precisions", "at_precision", "variants", "lower", "export_blocker", "export", "_load_artifact", "simulator",
+           "compile")
 
 
 def dense(batch: int | str = 4) -> onnx.ModelProto:
@@ -77,8 +79,8 @@ def test_declarations_agree(ident):
         assert device_kind(ident, options) in DEVICE_KINDS
     assert cls.bundle_precisions[0] == "fp32"
     assert set(cls().precisions()) <= set(cls.bundle_precisions)
-    if ident in BY_HOOKS:
-        return
+    overridden = [hook for hook in DERIVED if vars(cls).get(hook) is not None]
+    assert not overridden, f"{ident} overrides {overridden}, which follow from what it declares"
     assert list(cls.lowerings)[0] == "fp32" and cls.bundle_precisions == tuple(cls.lowerings)
     assert (cls.artifact_format, cls.simulator_name) == ((cls.format.name, cls.format.simulator_name)
                                                          if cls.format else (None, ""))

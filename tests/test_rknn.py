@@ -61,10 +61,10 @@ def test_batch_one_remarks_come_from_shapes():
     assert list(remarks(Graph.from_model(single("Softmax", [4, 8])))) == ["Softmax"]
     assert remarks(Graph.from_model(single("Softmax", [1, 8]))) == {}
     assert "batch size 1" in remarks(Graph.from_model(single("Softmax", [4, 8])))["Softmax"].reason
-    assert provider.tolerance == FP16_TOLERANCE and Rknn({"dtype": "int8"}).tolerance is None
+    assert provider.tolerance == FP16_TOLERANCE and provider.at_precision("int8").tolerance is None
 
 
-@pytest.mark.parametrize(("name", "value"), [("target", "rk9999"), ("dtype", "int4"), ("core_mask", "3")])
+@pytest.mark.parametrize(("name", "value"), [("target", "rk9999"), ("core_mask", "3")])
 def test_bad_options_name_the_valid_ones(name, value):
     with pytest.raises(ProviderError, match=f"unknown {name} '{value}'; valid: "):
         Rknn({name: value})
@@ -147,8 +147,8 @@ def test_int8_with_calibration_runs_quantized(tmp_path):
     (expected,) = reference(model, feeds)
     errors = {}
     for dtype in ("fp16", "int8"):
-        options = {"simulate": True, "dtype": dtype, "calibration": str(tmp_path / "calibration.npz")}
-        runner = Rknn(options).compile(model)
+        options = {"simulate": True, "calibration": str(tmp_path / "calibration.npz")}
+        runner = Rknn(options).at_precision(dtype).compile(model)
         try:
             actual = runner.run(feeds)["output"]
         finally:
@@ -169,13 +169,18 @@ def test_capabilities_combine_the_table_remarks_and_the_converter():
     assert refused == {"/softmax/Softmax"}
 
 
-def test_precision_variants_are_the_dtype_option():
+def test_the_precision_is_the_one_record_of_the_dtype():
+    """The toolkit builds at the dtype of the precision (fp16 at fp32: the NPU has none), which stage options do
+    not record again; a `dtype` option, which built int8 under an fp32 label, is refused naming the precision."""
     base = Rknn({"simulate": True})
     assert base.precisions() == ["fp16", "int8"]
     int8 = base.at_precision("int8")
-    assert (int8.label, int8.dtype, int8.options) == ("rknn[int8]", "int8", {"simulate": True, "dtype": "int8"})
-    assert base.at_precision("fp32").options == {"simulate": True} and base.dtype == "fp16"  # a plan of before
-    assert Rknn({"dtype": "int8"}).at_precision("fp32").dtype == "int8"
+    assert (int8.label, int8.dtype, int8.options) == ("rknn[int8]", "int8", {"simulate": True})
+    assert (base.dtype, base.at_precision("fp32").dtype, base.at_precision("fp16").dtype) == ("fp16",) * 3
+    assert int8.at_precision("fp32").dtype == "fp16"
+    assert Rknn().at_precision("int8").simulator().label == "rknn[int8]"  # the simulator at the stage's precision
+    with pytest.raises(ProviderError, match="ask for precision int8 or fp16"):
+        Rknn({"dtype": "int8"})
 
 
 @needs_toolkit

@@ -57,20 +57,21 @@ def test_fp16_stage_is_written_and_verified_in_the_simulator(tmp_path, caplog):
 
 
 @needs_toolkit
-def test_int8_stage_carries_the_error_measured_on_its_calibration(tmp_path):
+def test_int8_stage_carries_its_calibration_and_the_gates_tolerance(tmp_path):
     rng = np.random.default_rng(7)
     np.savez(tmp_path / "calibration.npz", input=rng.standard_normal((6, 1, 3, 32, 32)).astype(np.float32))
     profile = {"name": "rk3588-int8", "arch": "aarch64", "isa": ["neon"], "memory_gb": 8, "providers": [
-        {"id": "rknn", "options": {"target": "rk3588", "dtype": "int8",
-                                   "calibration": str(tmp_path / "calibration.npz")},
-         "version": "rknn-toolkit-lite2 2.3", "required": True, "gflops": 1000, "gbps": 8, "stage_ms": 0.6}]}
+        {"id": "rknn", "options": {"target": "rk3588", "calibration": str(tmp_path / "calibration.npz")},
+         "version": "rknn-toolkit-lite2 2.3", "required": True, "gflops": 1000, "gbps": 8, "stage_ms": 0.6,
+         "precisions": {"int8": 2.0}}]}
     (tmp_path / "profile.json").write_text(json.dumps(profile))
-    bundle = uhop_onnx.export_bundle(cnn(), str(tmp_path / "profile.json"), tmp_path / "b")
+    bundle = uhop_onnx.export_bundle(cnn(), str(tmp_path / "profile.json"), tmp_path / "b", precision="int8",
+                                     calibration=tmp_path / "calibration.npz", tolerance=0.05)
     stage = rknn_stage(bundle)
-    assert stage["artifact"]["options"]["dtype"] == "int8"
+    assert stage["precision"] == "int8" and "dtype" not in stage["options"]
     carried = bundle / stage["artifact"]["files"][1]
     assert carried.read_bytes() == (tmp_path / "calibration.npz").read_bytes()
-    assert stage["tolerance"]["atol"] > FP16_TOLERANCE["atol"], "int8 errs more than fp16 on this CNN"
+    assert stage["tolerance"] == {"scaled": 0.05} and stage["gated"]
     report = uhop_onnx.verify_bundle(bundle)
     entry = simulated(report)
     assert report["ok"] and entry["ok"], report
@@ -93,7 +94,7 @@ def test_int8_precision_quantizes_with_the_toolkit_and_gates_in_the_simulator(tm
                                      calibration=calibration, tolerance=0.05)
     manifest = json.loads((bundle / "manifest.json").read_text())
     (stage,) = manifest["stages"]
-    assert stage["precision"] == "int8" and stage["artifact"]["options"]["dtype"] == "int8" and stage["gated"]
+    assert stage["precision"] == "int8" and stage["gated"]
     gate = manifest["precision"]
     assert gate["calibrated"] and gate["samples"] == 4 and gate["ungated"] == []
     accuracy = gate["accuracy"]["output"]  # per output, against ONNX Runtime fp32, in the simulator

@@ -27,8 +27,8 @@ def test_a_batch_one_stage_spreads_over_every_core_and_a_batch_is_left_to_the_ru
 
 
 def test_the_option_when_given_wins_over_the_rule(tmp_path):
-    assert Rknn({"core_mask": "0"})._core_mask(relu(1), tmp_path / "s.rknn") == ("0", None)
-    assert Rknn({})._core_mask(relu(1), tmp_path / "s.rknn") == ("0_1_2", None)  # not a board: the rule
+    assert Rknn({"core_mask": "0"}).chosen_cores(relu(1), tmp_path / "s.rknn") == ("0", None)
+    assert Rknn({}).chosen_cores(relu(1), tmp_path / "s.rknn") == ("0_1_2", None)  # not a board: the rule
 
 
 def test_measuring_times_each_mask_worth_trying_and_keeps_the_fastest():

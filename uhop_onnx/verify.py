@@ -145,7 +145,7 @@ def _host_runner(folder, stage: dict, trusted: bool):
     if carried:  # an int8 stage rebuilds with the calibration samples the bundle carries
         options["calibration"] = str(folder / carried[0])
     try:
-        simulator = create((stage["provider"], options)).simulator()
+        simulator = create((stage["provider"], options)).at_precision(stage.get("precision", "fp32")).simulator()
     except UhopError as error:
         return None, f"{why}; its options do not make a provider here: {first_line(error)}"
     if simulator is None:

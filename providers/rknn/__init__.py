@@ -9,18 +9,18 @@ Presence, decided honestly:
   Rockchip's simulator, for accuracy checks and planning, never for timing. `providers=None` never
   picks the simulator; ask for it: `("rknn", {"simulate": True})`.
 
-Options: `target` (rk3588 default, rk3576, rk3568, rk3566, rk3562), `dtype` (fp16 default, or int8),
-`calibration` (int8: an `.npz` of the stage's inputs, samples stacked on a new first axis),
+Options: `target` (rk3588 default, rk3576, rk3568, rk3566, rk3562), `calibration` (int8: an `.npz` of the
+stage's inputs, samples stacked on a new first axis),
 `core_mask` (board: auto, 0, 1, 2, 0_1, 0_1_2, all; not given, a bundle's stage gets the `cores` rule's, or
 on the board, as `tune` writes it, the fastest measured there), `simulate` (bool).
 
+Precisions: the NPU computes fp16 (at fp32, its default, too: it has no fp32) or int8 (`at_precision("int8")`),
+the dtype the toolkit builds a stage at (`dtype`); the precision is the stage's one record of it.
+
 Bundles: `export` writes the stage's `.rknn` (needs the toolkit environment, on any host) with what
 `load_artifact` needs on the board. Its tolerance against ONNX Runtime is `FP16_TOLERANCE` for fp16, its atol
-scaled by the stage's largest output (`converter.fp16_tolerance`). int8
-has no bound that holds for every input, so the bundle carries a measured one: the stage is run in the
-simulator on its calibration samples right after it is built, and the atol is `INT8_MARGIN` times the
-largest error seen there (rtol as fp16). It holds for inputs like the calibration data, and `verify`
-fails, rightly, on inputs unlike them.
+scaled by the stage's largest output (`converter.fp16_tolerance`); an int8 stage, at precision int8, is held to
+the tolerance the precision gate passed it at (the manifest records that one).
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ import numpy as np
 
 from uhop_onnx.errors import ProviderError
 
-from ..base import Absent, Artifact, Provider, Runner, output_dtypes
+from ..base import FP32, Absent, Artifact, ArtifactFormat, Lowering, Provider, Runner, output_dtypes
 from . import cores
 from .runner import CORE_MASKS, RUNTIME_LIBRARY, data_formats
 from .setup import TOOLKIT, is_ready, venv_path
-from .table import DTYPES, FP16_TOLERANCE, RKNN_TABLE, TARGETS, remarks
+from .table import FP16_TOLERANCE, RKNN_TABLE, TARGETS, remarks
 
 if TYPE_CHECKING:
     import onnx
@@ -54,9 +54,72 @@ __all__ = ["Rknn"]
 log = logging.getLogger(__name__)
 
 SETUP = "uhop-onnx setup rknn"  # makes the toolkit environment: conversion and the simulator, on any host
-INT8_MARGIN = 2.0  # int8 atol: this many times the largest error on the calibration samples
 
 DEVICE_TREE = Path("/proc/device-tree/compatible")
+
+
+class RknnFile(ArtifactFormat):
+    """A stage's `.rknn` file for the board's NPU, converted by rknn-toolkit2, and Rockchip's simulator of it."""
+
+    name = "rknn"
+    simulator_name = "the RKNN simulator"
+
+    def blocker(self, provider: Provider) -> str | None:
+        if is_ready():
+            return None
+        return (f"rknn-toolkit2 environment not found at {venv_path()} (it converts stages to .rknn); "
+                f"create it with `{SETUP}`")
+
+    def export(self, provider: Provider, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
+        """The stage as an `.rknn` file for `target` at the provider's dtype, with the names, dtypes, layouts and
+        cores the board's runner needs, and an fp16 one its tolerance (see the module's docstring). An int8 stage carries the
+        calibration samples it was quantized on too (`stem.calibration.npz`, samples on the first axis), so that
+        a simulator elsewhere rebuilds the same model."""
+        from .converter import convert, fp16_tolerance, model_inputs
+
+        path, files = folder / f"{stem}.rknn", [f"{stem}.rknn"]
+        if provider.dtype == "int8":
+            samples = provider.samples(model)
+            if not samples:
+                raise ProviderError("rknn int8: the toolkit quantizes on calibration samples; give calibration=... "
+                                    "(or the calibration option, an .npz)")
+            convert(model, path, provider.target, provider.dtype, samples)
+            tolerance = None  # the precision gate's (`export` records it)
+            files.append(f"{stem}.calibration.npz")
+            np.savez(folder / files[-1], **{name: np.stack([s[name] for s in samples]) for name in samples[0]})
+        else:
+            convert(model, path, provider.target, provider.dtype)
+            tolerance = fp16_tolerance(model)
+            if not provider.fp16_said:
+                log.warning("rknn: stages are fp16; the NPU is fastest at int8: export with --precision int8 "
+                            "--calibration DATA (precision='int8', calibration=...)")
+                provider.fp16_said = True
+        inputs = model_inputs(model)
+        core_mask, timings = provider.chosen_cores(model, path)
+        options = {"target": provider.target, "core_mask": core_mask, "inputs": inputs,
+                   "outputs": [o.name for o in model.graph.output], "data_formats": data_formats(len(inputs)),
+                   "dtypes": {name: dtype.name for name, dtype in output_dtypes(model).items()},
+                   **({"core_mask_ms": timings} if timings else {})}
+        return Artifact("rknn", files, options, tolerance and dict(tolerance))
+
+    def load(self, folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool, trusted: bool,
+             allowed_delegates: Iterable[str | os.PathLike]) -> Runner:
+        """A bundle's `.rknn` stage on this board's NPU, on the cores its `core_mask` names (the NPU has no
+        thread count, so `threads` and `exclusive` do not apply)."""
+        from .runner import RknnLiteRunner
+
+        options = artifact["options"]
+        return RknnLiteRunner(folder / artifact["files"][0], options["inputs"], options["outputs"],
+                              {name: np.dtype(dtype) for name, dtype in options["dtypes"].items()},
+                              options["core_mask"], options["data_formats"])
+
+    def simulator(self, provider: Provider) -> Provider | None:
+        """Rockchip's simulator of the NPU (`simulate`), at the provider's precision, where `uhop-onnx setup rknn`
+        made the toolkit."""
+        if provider.simulate:
+            return None
+        return Rknn({**provider.options, "simulate": True}, provider.threads).at_precision(provider.precision,
+                                                                                            provider.calibration)
 
 
 class Rknn(Provider):
@@ -65,23 +128,33 @@ class Rknn(Provider):
     id = "rknn"
     install = "pip install rknn-toolkit-lite2"  # on the board; a host's absences name `uhop-onnx setup rknn`
     table = RKNN_TABLE
-    artifact_format = "rknn"
-    bundle_precisions = ("fp32", "fp16", "int8")  # fp32: its default dtype (fp16, the NPU has no fp32)
-    simulator_name = "the RKNN simulator"
-    option_types = {"target": str, "dtype": str, "calibration": str, "core_mask": str, "simulate": bool}
-    static_shapes = True
-    fp16_said = False  # whether `export` has warned that its fp16 stages could be int8
     kind = "npu"
     npu_resource = "rknn"  # `ray start --resources '{"rknn": 3}'` on the boards
+    # The toolkit builds each stage itself, at the dtype of its precision (and quantizes an int8 one); fp32 is the
+    # NPU's default, fp16, so not offered as a variant of its own.
+    lowerings = {"fp32": Lowering(offered=lambda _: False), "fp16": FP32, "int8": FP32}
+    format = RknnFile()
+    option_types = {"target": str, "calibration": str, "core_mask": str, "simulate": bool}
+    static_shapes = True
+    fp16_said = False  # whether `export` has warned that its fp16 stages could be int8
 
     def __init__(self, options: Mapping[str, Any] | None = None, threads: int | None = None):
+        if "dtype" in (options or {}):
+            value = options["dtype"]
+            raise ProviderError(f"rknn: a stage's dtype is its precision, not an option (got dtype {value!r}): ask "
+                                f"for precision int8 or fp16 (precision='int8', --precision int8); at fp32, the "
+                                "default, the NPU computes fp16")
         super().__init__(options, threads)
         self.target = _choice(self.options, "target", TARGETS)
-        self.dtype = _choice(self.options, "dtype", DTYPES)
         self.core_mask = _choice(self.options, "core_mask", CORE_MASKS)
         self.simulate = self.options.get("simulate", False)
         if not isinstance(self.simulate, bool):
             raise ProviderError(f"rknn: simulate must be true or false, got {self.simulate!r}")
+
+    @property
+    def dtype(self) -> str:
+        """What the toolkit builds a stage at: int8 at precision int8, else fp16 (the NPU has no fp32)."""
+        return "int8" if self.precision == "int8" else "fp16"
 
     @property
     def tolerance(self) -> dict[str, float] | None:
@@ -113,47 +186,9 @@ class Rknn(Provider):
             raise Absent(f"target {self.target} but this board is {soc or 'not a Rockchip SoC'}")
         return lite, f"NPU ({soc})"
 
-    def export_blocker(self) -> str | None:
-        if is_ready():
-            return None
-        return (f"rknn-toolkit2 environment not found at {venv_path()} (it converts stages to .rknn); "
-                f"create it with `{SETUP}`")
-
-    def export(self, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
-        """The stage as an `.rknn` file for `target` and `dtype`, with the names, dtypes, layouts and cores
-        the board's runner needs, and its tolerance (see the module's docstring). An int8 stage carries the
-        calibration samples it was quantized on too (`stem.calibration.npz`, samples on the first axis), so that
-        a simulator elsewhere rebuilds the same model."""
-        from .converter import convert, convert_measured, fp16_tolerance, model_inputs
-
-        path, files = folder / f"{stem}.rknn", [f"{stem}.rknn"]
-        if self.dtype == "int8":
-            samples = self.samples(model)
-            if not samples:
-                raise ProviderError("rknn int8: the toolkit quantizes on calibration samples; give calibration=... "
-                                    "(or the calibration option, an .npz)")
-            error = convert_measured(model, path, self.target, self.dtype, samples)
-            tolerance = {"rtol": FP16_TOLERANCE["rtol"], "atol": max(INT8_MARGIN * error, FP16_TOLERANCE["atol"])}
-            files.append(f"{stem}.calibration.npz")
-            np.savez(folder / files[-1], **{name: np.stack([s[name] for s in samples]) for name in samples[0]})
-        else:
-            convert(model, path, self.target, self.dtype)
-            tolerance = fp16_tolerance(model)
-            if not self.fp16_said:
-                log.warning("rknn: stages are fp16; the NPU is fastest at int8: export with --precision int8 "
-                            "--calibration DATA (precision='int8', calibration=...)")
-                self.fp16_said = True
-        inputs = model_inputs(model)
-        core_mask, timings = self._core_mask(model, path)
-        options = {"target": self.target, "dtype": self.dtype, "core_mask": core_mask, "inputs": inputs,
-                   "outputs": [o.name for o in model.graph.output], "data_formats": data_formats(len(inputs)),
-                   "dtypes": {name: dtype.name for name, dtype in output_dtypes(model).items()},
-                   **({"core_mask_ms": timings} if timings else {})}
-        return Artifact("rknn", files, options, dict(tolerance))
-
-    def _core_mask(self, model: onnx.ModelProto, path: Path) -> tuple[str, dict[str, float] | None]:
+    def chosen_cores(self, model: onnx.ModelProto, path: Path) -> tuple[str, dict[str, float] | None]:
         """The `core_mask` option where given; else, on the board, the fastest of the masks timed there on the
-        stage just written (with the figures), and elsewhere the rule's (see `cores`)."""
+        stage just written to `path` (with the figures), and elsewhere the rule's (see `cores`)."""
         if "core_mask" in self.options:
             return self.core_mask, None
         if self.simulate or not self.present:
@@ -165,22 +200,6 @@ class Rknn(Provider):
         timings = cores.measured(model, self.target, lambda mask: RknnLiteRunner(
             path, model_inputs(model), outputs, dtypes, mask))
         return cores.fastest(timings), timings
-
-    @classmethod
-    def _load_artifact(cls, folder: Path, artifact: Mapping[str, Any], threads: int | None, exclusive: bool,
-                       trusted: bool, allowed_delegates: Iterable[str | os.PathLike]) -> Runner:
-        """A bundle's `.rknn` stage on this board's NPU, on the cores its `core_mask` names (the NPU has no
-        thread count, so `threads` and `exclusive` do not apply)."""
-        from .runner import RknnLiteRunner
-
-        options = artifact["options"]
-        return RknnLiteRunner(folder / artifact["files"][0], options["inputs"], options["outputs"],
-                              {name: np.dtype(dtype) for name, dtype in options["dtypes"].items()},
-                              options["core_mask"], options["data_formats"])
-
-    def simulator(self) -> Provider | None:
-        """Rockchip's simulator of the NPU (`simulate`), where `uhop-onnx setup rknn` made the toolkit."""
-        return None if self.simulate else Rknn({**self.options, "simulate": True}, self.threads)
 
     def query(self, model: onnx.ModelProto) -> dict[str, Support]:
         """The list's shape remarks, then the converter's word: a model the toolkit cannot build raises,
@@ -197,22 +216,6 @@ class Rknn(Provider):
         from .converter import Toolkit
 
         return Toolkit()
-
-    def precisions(self) -> list[str]:
-        """fp16 and int8, the NPU's own (it has no fp32): the `dtype` option of each variant."""
-        return ["fp16", "int8"]
-
-    def at_precision(self, precision: str, calibration: Any = None) -> Provider:
-        """The `dtype` option at `precision` (int8 quantized on the values `calibration` gives a stage's
-        inputs, unless the `calibration` option names a file); fp32 leaves the options as they are."""
-        variant = super().at_precision(precision, calibration)
-        if precision in DTYPES:
-            variant.options, variant.dtype = {**self.options, "dtype": precision}, precision
-        return variant
-
-    def lower(self, model: onnx.ModelProto) -> onnx.ModelProto:
-        """The model itself: rknn-toolkit2 quantizes an int8 stage when it builds it."""
-        return model
 
     def samples(self, model: onnx.ModelProto | None = None) -> list[dict[str, np.ndarray]]:
         """Calibration feeds from the `calibration` option's `.npz` (samples on the first axis), else the

@@ -221,25 +221,6 @@ def fp16_tolerance(model: onnx.ModelProto) -> dict[str, float]:
     return {"rtol": FP16_TOLERANCE["rtol"], "atol": FP16_TOLERANCE["atol"] * max(1.0, largest)}
 
 
-def convert_measured(model: onnx.ModelProto, out: Path, target: str, dtype: str,
-                     samples: Sequence[Mapping[str, np.ndarray]], venv: Path | None = None) -> float:
-    """Write `model` as `convert` does and return the largest absolute difference from ONNX Runtime on
-    `samples`, run in the simulator on the very model just written."""
-    names = model_inputs(model)
-    session = ortlib.load().InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    toolkit = Toolkit(venv)
-    try:
-        toolkit.build(model, target, dtype, samples, rknn=Path(out).resolve(), simulate=True)
-        worst = 0.0
-        for sample in samples:
-            feeds = {name: np.asarray(sample[name]) for name in names}
-            for got, want in zip(toolkit.run(names, feeds), session.run(None, feeds), strict=True):
-                worst = max(worst, float(np.max(np.abs(got.astype(np.float64) - want), initial=0.0)))
-        return worst
-    finally:
-        toolkit.close()
-
-
 class SimulatorRunner(Runner):
     """A stage converted for `target` and run in the toolkit's simulator on this host: for accuracy
     checks, not for timing. The simulator runs only a model built in the same toolkit session, so each
