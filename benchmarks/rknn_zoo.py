@@ -241,38 +241,28 @@ def export_onnx(model: ZooModel, path: Path) -> Path:
     return path
 
 
-def npu_share(onnx_path: Path, shape: tuple[int, ...], bundle: Path) -> float:
-    """The share of the model's FLOPs (at `shape`) that the bundle's RKNN stages run."""
+def npu_figures(onnx_path: Path, shape: tuple[int, ...], bundle: Path, precision: str = "int8") -> tuple[float, float]:
+    """The share of the model's FLOPs (at `shape`) that the bundle's RKNN stages run, and the static cost model's
+    latency of the bundle's stages there, its RKNN stages at `precision`."""
     from uhop_onnx import load
     from uhop_onnx.graph import Graph
     from uhop_onnx.inputs import at_shapes
-    from uhop_onnx.partitioner.static_cost import flops
-    from uhop_onnx.simplify import simplify
-
-    graph = Graph.from_model(at_shapes(simplify(load(onnx_path)), {"images": list(shape)}))
-    manifest = json.loads((bundle / "manifest.json").read_text())
-    on_npu = {n for s in manifest["stages"] if s["provider"] == "rknn" for n in s["nodes"]}
-    counts = {n.name: flops(graph, n) for n in graph.nodes}
-    return sum(v for n, v in counts.items() if n in on_npu) / max(sum(counts.values()), 1.0)
-
-
-def estimated_ms(onnx_path: Path, shape: tuple[int, ...], bundle: Path, precision: str = "int8") -> float:
-    """The static cost model's latency of the bundle's stages at `shape`, its RKNN stages at `precision`."""
-    from uhop_onnx import load
-    from uhop_onnx.graph import Graph
-    from uhop_onnx.inputs import at_shapes
-    from uhop_onnx.partitioner.static_cost import estimate_ms
+    from uhop_onnx.partitioner.static_cost import estimate_ms, flops
     from uhop_onnx.simplify import simplify
     from uhop_onnx.targets import load_target
 
     graph = Graph.from_model(at_shapes(simplify(load(onnx_path)), {"images": list(shape)}))
+    stages = json.loads((bundle / "manifest.json").read_text())["stages"]
+    on_npu = {n for s in stages if s["provider"] == "rknn" for n in s["nodes"]}
+    counts = {n.name: flops(graph, n) for n in graph.nodes}
+    share = sum(v for n, v in counts.items() if n in on_npu) / max(sum(counts.values()), 1.0)
     models = {p.id: p for p in load_target("rk3588").providers}
     total = 0.0
-    for stage in json.loads((bundle / "manifest.json").read_text())["stages"]:
+    for stage in stages:
         entry = models[stage["provider"]]
         entry = entry.at(precision) if precision in entry.precisions else entry
         total += estimate_ms(entry, graph, [graph.nodes[graph.index_of[n]] for n in stage["nodes"]])
-    return total
+    return share, total
 
 
 def calibration(shape: tuple[int, ...], count: int = 4) -> dict[str, np.ndarray]:
@@ -289,9 +279,10 @@ def row(model: ZooModel, shape: tuple[int, ...], folder: Path, int8: bool = True
     onnx_path = export_onnx(model, folder / f"{model.name}.onnx")
     fp16 = uhop_onnx.export_bundle(onnx_path, "rk3588", folder / f"{model.name}-fp16", shapes={"images": shape})
     verified = uhop_onnx.verify_bundle(fp16)
+    share, estimated = npu_figures(onnx_path, shape, fp16)
     result = {
-        "model": model.name, "shape": list(shape), "npu_flops_share": round(npu_share(onnx_path, shape, fp16), 4),
-        "estimated_int8_ms": round(estimated_ms(onnx_path, shape, fp16), 2),
+        "model": model.name, "shape": list(shape), "npu_flops_share": round(share, 4),
+        "estimated_int8_ms": round(estimated, 2),
         "published_ms": round(1e3 / model.published_fps, 2) if model.published_fps else None,
         "zoo_model": model.zoo_model, "fp16_ok": verified["ok"], "fp16_max_abs_error": worst(verified),
         "off_npu": json.loads((fp16 / "manifest.json").read_text()).get("off_accelerator", {}).get("nodes", []),
