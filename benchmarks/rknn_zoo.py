@@ -2,8 +2,8 @@
 
 `python -m benchmarks.rknn_zoo` exports each at the zoo's input size for `rk3588`, and prints per model: the
 share of its FLOPs on the NPU, the static cost model's int8 estimate beside the frame rate Rockchip publishes
-for RK3588 (one core, int8; `uhop_onnx.models.zoo.ZOO_README`), and the simulator's error at fp16 and at int8 against ONNX Runtime
-fp32. `tests/test_rknn_zoo.py` runs the same classes at small input sizes.
+for RK3588 (one core, int8; `uhop_onnx.models.zoo.ZOO_README`), and the simulator's error at fp16 and at int8
+against ONNX Runtime fp32. `tests/test_rknn_zoo.py` runs the same classes at small input sizes.
 """
 
 from __future__ import annotations

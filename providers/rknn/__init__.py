@@ -72,9 +72,9 @@ class RknnFile(ArtifactFormat):
 
     def export(self, provider: Provider, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
         """The stage as an `.rknn` file for `target` at the provider's dtype, with the names, dtypes, layouts and
-        cores the board's runner needs, and an fp16 one its tolerance (see the module's docstring). An int8 stage carries the
-        calibration samples it was quantized on too (`stem.calibration.npz`, samples on the first axis), so that
-        a simulator elsewhere rebuilds the same model."""
+        cores the board's runner needs, and an fp16 one its tolerance (see the module's docstring). An int8 stage
+        carries the calibration samples it was quantized on too (`stem.calibration.npz`, samples on the first
+        axis), so that a simulator elsewhere rebuilds the same model."""
         from .converter import convert, fp16_tolerance, model_inputs
 
         path, files = folder / f"{stem}.rknn", [f"{stem}.rknn"]
