@@ -411,39 +411,35 @@ class TensorRtOnnxFile(OnnxFile):
 
 
 class OrtTensorRT(OrtGpuProvider):
-    """TensorRT through ONNX Runtime. Options: `device_id`, `fp16` (bool), `engine_cache` (folder; default
-    under the cache root). Engines are built when a stage is compiled and the time is reported as
-    `runner.build_seconds`, never inside a measured latency.
+    """TensorRT through ONNX Runtime. Options: `device_id`, `engine_cache` (folder; default under the cache
+    root). Engines are built when a stage is compiled and the time is reported as `runner.build_seconds`, never
+    inside a measured latency.
 
-    Precisions: fp16 is TensorRT's own (`trt_fp16_enable` on the fp32 stage). An int8 stage is the fp32
-    model with a calibration table in the engine cache, named in the model's metadata
-    (`TABLE_KEY`), which TensorRT reads with `trt_int8_enable` and `trt_int8_calibration_table_name`."""
+    Precisions: fp16 is TensorRT's own (`trt_fp16_enable` on the fp32 stage, set by precision fp16 only, never
+    by an option). An int8 stage is the fp32 model with a calibration table in the engine cache, named in the
+    model's metadata (`TABLE_KEY`), which TensorRT reads with `trt_int8_enable` and
+    `trt_int8_calibration_table_name`."""
 
     TABLE_KEY = "uhop.trt_int8_calibration_table"
 
     id = "ort-tensorrt"
-    # fp16: an EP option; int8: the model with its calibration table
+    # fp16: the EP's own option on the fp32 stage (`ep_options`); int8: the model with its calibration table
     lowerings = {"fp32": FP32, "fp16": FP32, "int8": Lowering(lambda p, model: p.with_calibration_table(model))}
     eps = ("TensorrtExecutionProvider",)
     package = "onnxruntime-gpu"
     install = "pip install onnxruntime-gpu tensorrt"
     format = TensorRtOnnxFile()
-    option_types = {"device_id": int | str, "fp16": bool, "engine_cache": str}
+    option_types = {"device_id": int | str, "engine_cache": str}
+    precision_options = frozenset({"fp16"})  # trt_fp16_enable follows the precision (`ep_options`)
 
     @property
     def engine_cache(self) -> Path:
         return Path(self.options.get("engine_cache") or cache_dir() / "tensorrt").expanduser()
 
-    def __init__(self, options: Mapping[str, Any] | None = None, threads: int | None = None):
-        super().__init__(options, threads)
-        self.fp16 = self.options.get("fp16", False)
-        if not isinstance(self.fp16, bool):
-            raise ProviderError(f"{self.id}: fp16 must be true or false, got {self.fp16!r}")
-
     def ep_options(self) -> dict[str, Any]:
         return {
             "device_id": self.device_id,
-            "trt_fp16_enable": self.fp16,
+            "trt_fp16_enable": self.precision == "fp16",
             "trt_engine_cache_enable": True,
             "trt_engine_cache_path": str(self.engine_cache),
             "trt_timing_cache_enable": True,
@@ -467,8 +463,6 @@ class OrtTensorRT(OrtGpuProvider):
 
     def stage_options(self, model: onnx.ModelProto) -> dict[str, Any]:
         options = self.ep_options()
-        if self.precision == "fp16":
-            options["trt_fp16_enable"] = True
         if self.precision == "int8":
             table = next((p.value for p in model.metadata_props if p.key == self.TABLE_KEY), None)
             if table is None or not (self.engine_cache / table).is_file():
@@ -512,7 +506,7 @@ class OrtQnn(OrtGpuProvider):
     install = "pip install onnxruntime-qnn"
     device_type = None
     option_types = {"backend_type": Literal["htp", "gpu", "cpu"]}
-    precision_options = frozenset({"fp16"})  # ONNX Runtime's enable_htp_fp16_precision, as `from_ort` maps it
+    precision_options = frozenset({"fp16"})  # enable_htp_fp16_precision follows the precision (`ep_options`)
 
     def ep_options(self) -> dict[str, Any]:
         return {"backend_type": self.options.get("backend_type", "htp"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 
 import numpy as np
 import onnxruntime as ort
@@ -78,18 +79,25 @@ def test_options_are_checked():
     for bad in ("x", -1, True, 1.5):
         with pytest.raises(ProviderError, match="device_id must be a non-negative integer"):
             OrtCuda({"device_id": bad})
-    with pytest.raises(ProviderError, match="fp16 must be true or false"):
-        OrtTensorRT({"fp16": "yes"})
     assert OrtCuda({"device_id": "1"}).ep_entry() == ("CUDAExecutionProvider", {"device_id": 1, "use_tf32": 0})
 
 
-def test_tensorrt_options_set_fp16_and_the_engine_cache(tmp_path):
-    ep, options = OrtTensorRT({"fp16": True, "engine_cache": str(tmp_path), "device_id": 2}).ep_entry()
+def test_tensorrt_options_set_the_engine_cache_and_its_precision_sets_fp16(tmp_path):
+    """trt_fp16_enable follows the precision: on at fp16 (`ort-tensorrt[fp16]`), off otherwise; an `fp16` option,
+    which would build fp16 engines labelled fp32, is refused naming precision fp16."""
+    tensorrt = OrtTensorRT({"engine_cache": str(tmp_path), "device_id": 2})
+    ep, options = tensorrt.ep_entry()
     assert ep == "TensorrtExecutionProvider"
-    assert options["device_id"] == 2 and options["trt_fp16_enable"] is True
+    assert options["device_id"] == 2 and options["trt_fp16_enable"] is False
     assert options["trt_engine_cache_enable"] is True
     assert options["trt_engine_cache_path"] == options["trt_timing_cache_path"] == str(tmp_path)
-    assert OrtTensorRT().ep_entry()[1]["trt_fp16_enable"] is False
+    fp16 = tensorrt.at_precision("fp16")
+    assert fp16.ep_entry()[1]["trt_fp16_enable"] is True and fp16.label == "ort-tensorrt[fp16]"
+    assert tensorrt.at_precision("int8").ep_options()["trt_fp16_enable"] is False
+    assert "fp16" not in OrtTensorRT.option_names
+    for value in (True, "yes"):
+        with pytest.raises(ProviderError, match="ask for precision fp16 instead"):
+            OrtTensorRT({"fp16": value})
 
 
 def test_rocm_goes_through_migraphx_and_hands_over_on_the_host():
@@ -169,14 +177,49 @@ def devices_kind(ident: str) -> str:
 
 
 def test_qnn_ep_name_names_the_npu_then_the_cpu(recwarn):
+    """ONNX Runtime's `enable_htp_fp16_precision` (which its QNN EP may turn on by default) is ignored with one
+    warning saying how fp16 is asked for here, never refused: the stage runs at fp32, labelled and checked so."""
     from uhop_onnx.providers import from_ort, listed
 
     ident, options = from_ort("QNNExecutionProvider", {"backend_type": "HTP", "enable_htp_fp16_precision": "1",
                                                        "htp_performance_mode": "burst"})
-    assert (ident, options) == ("ort-qnn", {"backend_type": "htp", "fp16": True})
-    assert "htp_performance_mode" in str(recwarn.pop(UserWarning).message)
+    assert (ident, options) == ("ort-qnn", {"backend_type": "htp"})
+    said = sorted(str(w.message) for w in recwarn.list if w.category is UserWarning)
+    assert len(said) == 2 and "'enable_htp_fp16_precision' is ignored: the stage runs at fp32" in said[0]
+    assert "precision='fp16' (or --precision fp16)" in said[0] and "'htp_performance_mode'" in said[1]
+    assert create((ident, options)).ep_options()["enable_htp_fp16_precision"] == "0"
     ids = [p.id for p in listed(["QNNExecutionProvider"], None, "device")]
     assert ids[0] == "ort-qnn" and ids[-1] == "ort-cpu"
+
+
+def test_tensorrt_ep_names_fp16_option_is_ignored_with_a_warning_naming_precision_fp16(recwarn):
+    from uhop_onnx.providers import from_ort
+
+    ident, options = from_ort("TensorrtExecutionProvider", {"trt_fp16_enable": True, "device_id": "1"})
+    assert (ident, options) == ("ort-tensorrt", {"device_id": 1})
+    [said] = [str(w.message) for w in recwarn.list if w.category is UserWarning]
+    assert said.startswith("TensorrtExecutionProvider: option 'trt_fp16_enable' is ignored: the stage runs at fp32")
+    assert "precision='fp16' (or --precision fp16)" in said
+    assert create((ident, options)).ep_options()["trt_fp16_enable"] is False
+
+
+def test_a_drop_in_session_given_onnx_runtimes_fp16_options_runs_at_fp32_here():
+    """A script written for onnxruntime that turns on the NPU's and TensorRT's fp16 still makes its session (on
+    this host's CPU providers, the absent ones skipped), computed and checked at fp32."""
+    model = BUILDERS["cnn"]()
+    listed = [("QNNExecutionProvider", {"enable_htp_fp16_precision": "1"}),
+              ("TensorrtExecutionProvider", {"trt_fp16_enable": "True"}), "CPUExecutionProvider"]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        session = InferenceSession(model, providers=listed, profile=False)
+    said = [str(w.message) for w in seen if "precision='fp16'" in str(w.message)]
+    assert [m.split(":")[0] for m in said] == ["QNNExecutionProvider", "TensorrtExecutionProvider"], said
+    feeds = random_feeds(model)
+    try:
+        assert session.plan.stages and all(stage.precision == "fp32" for stage in session.plan.stages)
+        assert_matches(session.run(None, feeds), reference(model, feeds))
+    finally:
+        session.close()
 
 
 def test_qnn_int8_stage_is_onnx_runtimes_qnn_qdq_model():

@@ -89,13 +89,22 @@ def test_declarations_agree(ident):
         assert absent.reason and absent.install, absent
 
 
-@pytest.mark.parametrize("spec", [("litert", {"fp16": True}), ("ort-qnn", {"fp16": True}),
-                                  ("QNNExecutionProvider", {"enable_htp_fp16_precision": "1"})])
-def test_an_option_that_would_set_a_precision_is_refused_naming_the_precision(spec):
+@pytest.mark.parametrize("spec, refused", [
+    (("litert", {"fp16": True}), True), (("ort-qnn", {"fp16": True}), True), (("ort-tensorrt", {"fp16": True}), True),
+    (("QNNExecutionProvider", {"enable_htp_fp16_precision": "1"}), False),
+    (("TensorrtExecutionProvider", {"trt_fp16_enable": True}), False)])
+def test_an_option_that_would_set_a_precision_is_refused_naming_the_precision(spec, refused):
     """fp16 stages are asked for as precision fp16 (labelled `[fp16]`, checked at fp16's tolerance), never by an
-    option that would build them under an fp32 label and check them at fp32's."""
-    with pytest.raises(ProviderError, match="ask for precision fp16 instead"):
-        create(spec)
+    option that would build them under an fp32 label and check them at fp32's. ONNX Runtime's own such options
+    (a drop-in script's) are accepted and ignored, with a warning naming precision fp16: the stage stays fp32."""
+    if refused:
+        with pytest.raises(ProviderError, match="ask for precision fp16 instead"):
+            create(spec)
+        return
+    with pytest.warns(UserWarning, match=r"is ignored: the stage runs at fp32; for fp16, pass precision='fp16'"):
+        provider = create(spec)
+    assert provider.label == provider.id and provider.precision == "fp32"
+    assert not any(value in (True, "1") for key, value in provider.ep_options().items() if "fp16" in key)
 
 
 @pytest.mark.parametrize("ident", IDS)

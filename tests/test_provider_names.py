@@ -96,12 +96,11 @@ def test_onnx_runtime_takes_any_option_on_its_cpu_provider():
 
 def test_mapped_options_are_honoured_and_malformed_ones_refused():
     assert parse_spec(("OpenVINOExecutionProvider", {"device_type": "GPU_FP16"})) == ("openvino", {"device": "GPU"})
-    assert parse_spec(("TensorrtExecutionProvider", {"device_id": "1", "trt_fp16_enable": "True",
-                                                     "trt_engine_cache_path": "/tmp/e"})) == (
-        "ort-tensorrt", {"device_id": 1, "fp16": True, "engine_cache": "/tmp/e"})
+    assert parse_spec(("TensorrtExecutionProvider", {"device_id": "1", "trt_engine_cache_path": "/tmp/e"})) == (
+        "ort-tensorrt", {"device_id": 1, "engine_cache": "/tmp/e"})
     for spec, message in [
         (("CUDAExecutionProvider", {"device_id": "first"}), "device_id='first' is malformed"),
-        (("TensorrtExecutionProvider", {"trt_fp16_enable": "sometimes"}), "trt_fp16_enable='sometimes' is malformed"),
+        (("TensorrtExecutionProvider", {"device_id": "-1"}), "device_id='-1' is malformed"),
         (("OpenVINOExecutionProvider", {"device_type": 3}), "device_type=3 is malformed"),
         (("CUDAExecutionProvider", {"gpu_memory": "1"}), "unknown option\\(s\\) gpu_memory, which ONNX Runtime refuses"),
     ]:
