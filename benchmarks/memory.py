@@ -115,16 +115,17 @@ def peak(script: str, args: list[str], env: dict[str, str] | None = None) -> tup
     return own // 1024, children // 1024
 
 
-def optimize_peak(model: Path, shapes: dict[str, tuple[int, ...]], budget: float, work: Path) -> tuple[int, int]:
-    """`peak` of `uhop-onnx optimize` with a cache folder of its own under `work`."""
+def optimize_peak(model: Path, shapes: dict[str, tuple[int, ...]], budget: float, work: Path,
+                  options: list[str] = ()) -> tuple[int, int]:
+    """`peak` of `uhop-onnx optimize` (with more `options`) with a cache folder of its own under `work`."""
     from uhop_onnx.cache import cache_dir
 
     cache = work / "cache"
     if (cache_dir() / "kernels").is_dir():
         shutil.copytree(cache_dir() / "kernels", cache / "kernels")
-    options = [a for name, dims in shapes.items() for a in ("--shape", f"{name}:{'x'.join(map(str, dims))}")]
+    shaped = [a for name, dims in shapes.items() for a in ("--shape", f"{name}:{'x'.join(map(str, dims))}")]
     return peak(OPTIMIZE, ["optimize", str(model), "-o", str(work / "plan"), "--budget", str(budget), "--quiet",
-                           *options], {"UHOP_CACHE_DIR": str(cache)})
+                           *shaped, *options], {"UHOP_CACHE_DIR": str(cache)})
 
 
 def main(models: str = typer.Option("default", help="default, all, or NAME[:EXPORTER],... (see the docstring)"),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import onnx
@@ -42,7 +44,8 @@ def _read(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool) -> tu
     """The model loaded, and, unchecked, its bytes as read (None when it keeps data in other files). A model
     object is copied by parsing its bytes, so that one serialization serves both."""
     if isinstance(model, onnx.ModelProto):
-        data, where, folder = _serialized(model, "model"), "model", None
+        with _within_protobuf("model"):
+            data, where, folder = serialized(model), "model", None
         proto = onnx.ModelProto.FromString(data)
     elif isinstance(model, bytes):
         data, where, folder = model, "model", None
@@ -57,15 +60,15 @@ def _read(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool) -> tu
     external = check_external_data(data, folder, where)
     if external:
         read_external_data(proto, folder, where)
-    renamed = name_nodes(proto.graph)
+    name_nodes(proto.graph)
     if not check:
         return proto, None if external else data
-    sorted_now = _check_structure(proto.graph, where)
+    _check_structure(proto.graph, where)
     _check_sizes(proto.graph, where)
-    # The checker and shape inference read one serialization of the model as it is now (the bytes read, where
-    # nothing changed), and nothing else is held meanwhile: serializing a model takes several times its size.
-    checked = _serialized(proto, where) if external or renamed or sorted_now else data
-    del data, proto
+    del data  # the checker and shape inference read one serialization of the model, and nothing else is held
+    with _within_protobuf(where):
+        checked = serialized(proto)
+    del proto
     try:
         onnx.checker.check_model(checked)
     except onnx.checker.ValidationError as error:
@@ -73,10 +76,11 @@ def _read(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool) -> tu
     return _infer_shapes(checked, where), None
 
 
-def _serialized(model: onnx.ModelProto, where: str) -> bytes:
-    """The model's bytes (`serialized`); a `ModelError` past protobuf's 2 GB."""
+@contextmanager
+def _within_protobuf(where: str) -> Iterator[None]:
+    """Protobuf's refusal to serialize a model past 2 GB, as a `ModelError` naming `where`."""
     try:
-        return serialized(model)
+        yield
     except ValueError as error:
         raise ModelError(f"{where}: cannot be serialized ({first_line(error)}); save it with its weights as "
                          "external data and load it from its path") from None
@@ -106,32 +110,37 @@ def sha256(model: onnx.ModelProto) -> str:
     return digest.hexdigest()
 
 
-def pieces(model: onnx.ModelProto) -> list[bytes]:
-    """The bytes of `model.SerializeToString()` in pieces, each weight of its graph one: protobuf's serializer
-    holds about four times a model's size while it writes (its buffer grows by doubling, then is copied),
-    which for a model of large weights is the peak of everything else. Fields are written in field-number
-    order, as protobuf writes them; a model or graph carrying fields this onnx does not know is serialized
-    whole."""
+def pieces(model: onnx.ModelProto) -> Iterator[bytes]:
+    """The bytes of `model.SerializeToString()` in pieces, made one at a time, each weight of its graph one:
+    protobuf's serializer holds about four times a message's size while it writes (its buffer grows by
+    doubling, then is copied), which for a whole model of large weights is the peak of everything else.
+    Fields come in field-number order, as protobuf writes them; a model or graph carrying fields this onnx
+    does not know is serialized whole. `ValueError` past protobuf's 2 GB, as protobuf's own."""
     graph = model.graph
     if unknown_fields.UnknownFieldSet(model) or unknown_fields.UnknownFieldSet(graph):
-        return [model.SerializeToString()]
-    out: list[bytes] = []
+        yield model.SerializeToString()
+        return
     for field, value in model.ListFields():
         if field.name != "graph":
-            out.append(type(model)(**{field.name: value}).SerializeToString())
+            yield type(model)(**{field.name: value}).SerializeToString()
             continue
-        inside: list[bytes] = []
-        for inner, items in graph.ListFields():
+        fields = graph.ListFields()
+        small = {inner.name: type(graph)(**{inner.name: items}).SerializeToString()
+                 for inner, items in fields if inner.name != "initializer"}
+        number = graph.DESCRIPTOR.fields_by_name["initializer"].number
+        size = sum(map(len, small.values())) + sum(len(_record(number, n)) + n
+                                                   for n in (t.ByteSize() for t in graph.initializer))
+        if size >= 2**31:
+            raise ValueError("the model's serialization would pass protobuf's limit of 2 GB")
+        yield _record(field.number, size)
+        for inner, items in fields:
             if inner.name != "initializer":
-                inside.append(type(graph)(**{inner.name: items}).SerializeToString())
+                yield small[inner.name]
                 continue
             for tensor in items:
                 data = tensor.SerializeToString()
-                inside += [_record(inner.number, len(data)), data]
-        out += [_record(field.number, sum(map(len, inside))), *inside]
-    if sum(map(len, out)) >= 2**31:  # as protobuf's own serializer refuses it
-        raise ValueError("the model's serialization would pass protobuf's limit of 2 GB")
-    return out
+                yield _record(inner.number, len(data))
+                yield data
 
 
 def _record(number: int, size: int) -> bytes:
@@ -167,21 +176,17 @@ def _in_function_body(message: str) -> bool:
     return message.count("(op_type:") > 1
 
 
-def name_nodes(graph: onnx.GraphProto) -> bool:
-    """Give every node a unique name: unnamed ones `op_type_index`, clashes a numeric suffix. Whether any
-    name changed."""
+def name_nodes(graph: onnx.GraphProto) -> None:
+    """Give every node a unique name: unnamed ones `op_type_index`, clashes a numeric suffix."""
     taken: set[str] = set()
-    changed = False
     for index, node in enumerate(graph.node):
         base = node.name or f"{node.op_type}_{index}"
         name, k = base, 0
         while name in taken:
             k += 1
             name = f"{base}_{k}"
-        if name != node.name:
-            node.name, changed = name, True
+        node.name = name
         taken.add(name)
-    return changed
 
 
 def _parse(data: bytes, where: str, check: bool = True) -> onnx.ModelProto:
@@ -259,8 +264,8 @@ def _check_sizes(graph: onnx.GraphProto, where: str) -> None:
                              "can address; fix the model's declared dimensions")
 
 
-def _check_structure(graph: onnx.GraphProto, where: str) -> bool:
-    """Dangling inputs, tensors written twice, and cycles, named; an unsorted acyclic graph is sorted (True)."""
+def _check_structure(graph: onnx.GraphProto, where: str) -> None:
+    """Dangling inputs, tensors written twice, and cycles, named; an unsorted acyclic graph is sorted."""
     available = {i.name for i in graph.input} | {i.name for i in graph.initializer}
     available |= {i.values.name for i in graph.sparse_initializer}
     writer: dict[str, int] = {}
@@ -279,12 +284,11 @@ def _check_structure(graph: onnx.GraphProto, where: str) -> bool:
     for out in graph.output:
         if out.name not in writer and out.name not in available:
             raise ModelError(f"{where}: graph output {out.name!r} is produced by nothing")
-    return _sort(graph, writer, where)
+    _sort(graph, writer, where)
 
 
-def _sort(graph: onnx.GraphProto, writer: dict[str, int], where: str) -> bool:
-    """Topologically sort the nodes (depth first, stable), or name the cycle that prevents it; whether the
-    order changed."""
+def _sort(graph: onnx.GraphProto, writer: dict[str, int], where: str) -> None:
+    """Topologically sort the nodes (depth first, stable), or name the cycle that prevents it."""
     nodes = list(graph.node)
     deps = [sorted({writer[i] for i in (*n.input, *outer_inputs(n)) if i in writer}) for n in nodes]
     order: list[int] = []
@@ -308,11 +312,9 @@ def _sort(graph: onnx.GraphProto, writer: dict[str, int], where: str) -> bool:
             elif state[dep] == 0:
                 state[dep] = 1
                 path.append((dep, iter(deps[dep])))
-    if order == list(range(len(nodes))):
-        return False
-    del graph.node[:]
-    graph.node.extend(nodes[i] for i in order)
-    return True
+    if order != list(range(len(nodes))):
+        del graph.node[:]
+        graph.node.extend(nodes[i] for i in order)
 
 
 def model_name(source: object, loaded: onnx.ModelProto) -> str:

@@ -19,7 +19,10 @@ natively while a plan is sought: the search's blocks on a provider whose convers
 may crash are lowered, compiled and timed there by a `Profiler`, and a provider's capability questions (a
 conversion, a runtime's query) are answered there (`call`). A crash costs the block it was building (its
 failure names the signal) or the question; what the runtimes held leaves with the process. A crashed worker
-is replaced for what is still to do.
+is replaced for what is still to do, and so is one whose call outlives its deadline (it is stopped).
+
+Workers read requests on stdin and reply on a pipe of their own (its descriptor their last argument), never on
+stdout, where the native runtimes they load may print anything.
 """
 
 from __future__ import annotations
@@ -406,7 +409,7 @@ class SearchWorker:
         self.folder = Path(self.scratch.name)
         self.pickled: dict[str, str] = {}  # provider label -> its pickle
         self.models: dict[int, tuple[Any, str]] = {}  # id of a model sent -> (the model, its file)
-        self.calls = self.saved = 0
+        self.calls = self.written = 0
         self.worker: subprocess.Popen | None = None
         self.replies: Any = None
         self.log: Any = None
@@ -439,7 +442,7 @@ class SearchWorker:
             done = False
         finally:
             watchdog.cancel()
-        if not done:
+        if not done or expired.is_set():  # an answer as the time ran out counts as none: the worker is killed
             reason = self._ended()
             os.unlink(path)
             raise WorkerFailed(f"the worker did not answer within {limit:.3g} s and was stopped" if expired.is_set()
@@ -457,8 +460,8 @@ class SearchWorker:
         if id(model) not in self.models:
             from .loader import saved
 
-            self.saved += 1
-            path = self.folder / f"model{self.saved}.onnx"
+            self.written += 1
+            path = self.folder / f"model{self.written}.onnx"
             saved(model, path)
             self.models[id(model)] = (model, str(path))  # the model kept: its id stays its own
         return self.models[id(model)][1]
