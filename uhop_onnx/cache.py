@@ -132,22 +132,29 @@ def _report(path: Path, kind: str, problem: str) -> None:
 # same size and modification time (`cp -p`, `rsync -t`) is hashed again. A file changed within the last
 # RACY_S seconds is hashed every time: time stamps that close may not yet tell two versions apart.
 RACY_S = 2.0
+LARGE = 16 * 1024**2  # bytes: a smaller file is hashed again each time, quicker than reading and writing the table
 
 
 def file_digest(path: Path) -> str:
-    """The sha256 of the file's bytes, remembered in the cache (`model-hashes.json`) by its path, device,
-    inode, size, modification and change times."""
+    """The sha256 of the file's bytes; of a `LARGE` file, remembered in the cache (`model-hashes.json`) by its
+    path, device, inode, size, modification and change times."""
     stat = path.stat()
+    if stat.st_size < LARGE:
+        return _hashed(path)
     seen = f"{stat.st_dev}:{stat.st_ino}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ctime_ns}"
     store = JsonTable(cache_dir() / "model-hashes.json", _seen_digest)
     known = store.get(str(path))
     if known and known[0] == seen:
         return known[1]
-    with path.open("rb") as file:  # streamed: a second whole copy of a large model costs more than hashing it
-        digest = hashlib.file_digest(file, "sha256").hexdigest()
+    digest = _hashed(path)
     if time.time_ns() - stat.st_ctime_ns > RACY_S * 1e9:
         store.update({str(path): [seen, digest]})
     return digest
+
+
+def _hashed(path: Path) -> str:
+    with path.open("rb") as file:  # streamed: a second whole copy of a large model costs more than hashing it
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def model_digest(model: Any) -> str:

@@ -28,7 +28,7 @@ from .graph import TensorInfo
 from .metadata import ModelMetadata
 from .plan import PLAN_FILE, Plan
 from .adapt import Decisions, Serving, whole_model
-from .cache import cache_dir, device_fingerprint, model_digest
+from .cache import LARGE, cache_dir, device_fingerprint, model_digest
 from .loader import load_as_read, model_name
 from .providers import LAST_RESORT, quietly, resolve
 from .runtime import compile_plan
@@ -341,11 +341,16 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
     plan at the bucket's real inputs; a plan decided earlier is re-checked against the first runtime named."""
     first = resolve(["ort-cpu"] if specs is None else specs, threads, strict, policy="literal")[0]
     plain = first.id == LAST_RESORT and not assign  # ONNX Runtime runs every node: nothing to place
-    with ThreadPoolExecutor(1, thread_name_prefix="uhop-digest") as pool:
-        digest = pool.submit(model_digest, source)  # reading and hashing leave the GIL: done beside the load
+    # reading and hashing a large file leave the GIL: done beside the load (a thread costs more on a small one)
+    beside = ThreadPoolExecutor(1, thread_name_prefix="uhop-digest") if _large(source) else None
+    try:
+        digest = beside.submit(model_digest, source) if beside else None
         # ONNX Runtime checks the model; uhop's own checks run before any other provider
         loaded, data = load_as_read(source) if plain else (None, None)
-        decisions = decisions_for(source, specs, threads, policy, assign, digest.result())
+        decisions = decisions_for(source, specs, threads, policy, assign, digest and digest.result())
+    finally:
+        if beside:
+            beside.shutdown()
     decided = decisions.read()
     label, starter, _ = next(iter(decided.values()), ("", None, 0))  # the most called bucket's plan
     kept = starter is not None
@@ -382,6 +387,14 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
 
     return Serving(starter, compile, label, candidates, budget_s=budget_s, decisions=decisions, decided=decided,
                    recheck=first.label, starter_kept=kept)
+
+
+def _large(source: Any) -> bool:
+    """Whether `source` is a model file of at least `cache.LARGE` bytes."""
+    try:
+        return isinstance(source, (str, os.PathLike)) and os.stat(source).st_size >= LARGE
+    except OSError:  # load() names the problem
+        return False
 
 
 def decisions_for(source: Any, specs: list | None, threads: int | None, policy: str,
