@@ -191,6 +191,25 @@ def test_a_kept_starter_is_served_as_decided_and_a_kept_plan_is_rechecked_agains
     third.close()
 
 
+def test_a_budget_spent_before_the_candidates_says_so_and_keeps_nothing(tmp_path):
+    model = BUILDERS["cnn"]()
+    feeds = random_feeds(model)
+    starter = optimize(model, providers=["ort-cpu"], profile=False)
+
+    def slow(stopped):  # asking for the candidates takes the whole budget (a loaded machine, a large model)
+        time.sleep(0.3)
+        return {"openvino": lambda sample: pytest.fail("tried past the budget")}
+
+    decisions = Decisions(tmp_path / "decisions")
+    serving = Serving(starter, compile_plan, "ort-cpu", slow, explore_after_s=0.0, budget_s=0.2, decisions=decisions)
+    _call(serving, feeds, EXPLORE_AFTER)
+    _wait(lambda: _settled(serving))
+    bucket = next(iter(serving.adaptation.values()))
+    assert "adapt_budget (0.2 s) ran out before openvino could be tried" in bucket["decision"], bucket
+    serving.close()
+    assert not decisions.table.read()  # decided on nothing measured: the next process explores
+
+
 def test_a_candidate_whose_outputs_differ_is_refused(tmp_path):
     model = BUILDERS["cnn"]()
     other = BUILDERS["cnn"](seed=9)  # the same graph with other weights

@@ -118,7 +118,7 @@ class Bucket:
     preparing: bool = False  # its candidates are being compiled, one by one
     settled: bool = False  # decided, and nothing on trial any more
     only: str | None = None  # the one candidate tried: a decision kept earlier is re-checked against it
-    complete: bool = False  # every candidate was tried (a decision to keep, the starter's included)
+    untried: list[str] | None = None  # once explored, the candidates left untried (none: a decision to keep)
     sample: dict[str, np.ndarray] | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -365,10 +365,11 @@ class Serving:
             if trial.arm is not None:
                 self._retire(trial.arm)
         bucket.settled = True
-        bucket.decision = bucket.decision or "; then ".join(bucket.replaced) or \
-            f"kept {bucket.current.label}: no candidate was faster beyond noise"
+        why = (f"the adapt_budget ({self._budget_s:g} s) ran out before {', '.join(bucket.untried)} could be tried"
+               if bucket.untried else "no candidate was faster beyond noise")
+        bucket.decision = bucket.decision or "; then ".join(bucket.replaced) or f"kept {bucket.current.label}: {why}"
         bucket.decided()
-        if bucket.replaced or (bucket.complete and bucket.only is None):
+        if bucket.replaced or (bucket.untried == [] and bucket.only is None):
             self._keep(bucket)  # with the decision recorded in its plan
 
     def _keep(self, bucket: Bucket) -> None:
@@ -426,12 +427,12 @@ class Serving:
                                 first_line(error))
                     self._recipes = {}
                 self._spent += time.perf_counter() - started
-            complete = True
+            untried = []
             for label, recipe in self._recipes.items():
-                if self.stopped() or self._spent >= self._budget_s:
-                    complete = False
-                    break
                 if label == bucket.current.label or label in bucket.trials or bucket.only not in (None, label):
+                    continue
+                if self.stopped() or self._spent >= self._budget_s:
+                    untried.append(label)
                     continue
                 with self._lock:
                     trial = bucket.trials[label] = Trial(label)
@@ -449,7 +450,7 @@ class Serving:
                         bucket.turn, bucket.round_ms = 0, []  # rounds start together: the serving arm's first
                 self._await(trial)
             with self._lock:
-                bucket.sample, bucket.preparing, bucket.complete = None, False, complete
+                bucket.sample, bucket.preparing, bucket.untried = None, False, untried
                 self._settle(bucket)
 
     def _await(self, trial: Trial) -> None:
