@@ -78,8 +78,9 @@ def session_options(threads: int | None, exclusive: bool, optimize: bool = True)
     return so
 
 
-def new_session(model_bytes: bytes, so, providers: list):
-    """An ONNX Runtime session on exactly `providers`: an EP that fails raises instead of retrying on CPU."""
+def new_session(model_bytes: bytes | str, so, providers: list):
+    """An ONNX Runtime session (on a model's bytes or path) on exactly `providers`: an EP that fails raises
+    instead of retrying on CPU."""
     ort = ortlib.load()
 
     return ort.InferenceSession(model_bytes, so, providers=providers, enable_fallback=0)
@@ -88,7 +89,7 @@ def new_session(model_bytes: bytes, so, providers: list):
 class OrtRunner(Runner):
     """An ONNX Runtime session over one stage."""
 
-    def __init__(self, model_bytes: bytes, providers: list, threads: int | None, exclusive: bool):
+    def __init__(self, model_bytes: bytes | str, providers: list, threads: int | None, exclusive: bool):
         self.session = new_session(model_bytes, session_options(threads, exclusive), providers)
         self.outputs = [o.name for o in self.session.get_outputs()]
 
@@ -178,9 +179,9 @@ class OrtProvider(Provider):
             if n.name in taken and taken[n.name] != self.ep
         }
 
-    def build(self, model: onnx.ModelProto | bytes, *, exclusive: bool = True) -> Runner:
-        """A session on the stage's model (or its bytes, as a whole model read from its file is given)."""
-        if not isinstance(model, bytes):
+    def build(self, model: onnx.ModelProto | bytes | str, *, exclusive: bool = True) -> Runner:
+        """A session on the stage's model (or its bytes or path, as a whole model read from its file is given)."""
+        if not isinstance(model, (bytes, str)):
             from uhop_onnx.loader import serialized  # protobuf's own serializer holds four times the model
 
             model = serialized(model)

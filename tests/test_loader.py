@@ -125,3 +125,33 @@ def test_external_data_shorter_than_declared(tmp_path):
     (path.parent / "weights.bin").write_bytes(b"\0" * 4)
     with pytest.raises(ModelError, match="runs past the end"):
         uhop_onnx.load(path)
+
+
+def test_a_session_gives_onnxruntime_the_path_of_a_model_that_keeps_data_in_other_files(tmp_path, monkeypatch):
+    path = _external_model(tmp_path, "weights.bin")
+    (path.parent / "weights.bin").write_bytes(np.full(2, 3, np.float32).tobytes())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the data is read beside the model, not where the program runs
+    session = uhop_onnx.InferenceSession(str(path))
+    [stage] = session.plan.stages
+    assert stage.data == str(path.resolve())  # not serialized again: ONNX Runtime reads the file and its data
+    x = np.array([1, 2], np.float32)
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], x + 3)
+    session.close()
+
+
+def test_external_data_that_onnx_cannot_read_into_the_model_is_refused(tmp_path):
+    """A sparse initializer's data in another file is inside the folder, but onnx reads none there."""
+    (tmp_path / "w.bin").write_bytes(np.zeros(2, np.float32).tobytes() + np.arange(2, dtype=np.int64).tobytes())
+    values = TensorProto(name="v", data_type=TensorProto.FLOAT, dims=[2], data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", "w.bin"), ("offset", "0"), ("length", "8")):
+        values.external_data.add(key=key, value=value)
+    indices = numpy_helper.from_array(np.arange(2, dtype=np.int64), "i")
+    sparse = helper.make_sparse_tensor(values, indices, [2])
+    model = _model([helper.make_node("Add", ["x", "v"], ["y"], name="add")])
+    model.graph.sparse_initializer.append(sparse)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(ModelError, match="keeps its data in another file, which is read only for initializers"):
+        uhop_onnx.load(path)

@@ -540,9 +540,9 @@ def _same_stages(a: Plan, b: Plan) -> bool:
     return a.model_hash == b.model_hash and layout(a) == layout(b)
 
 
-def whole_model(loaded: onnx.ModelProto, data: bytes | None, name: str, digest: str, provider: Provider) -> Plan:
-    """`loaded` (as `uhop_onnx.load_as_read` gives it, with `data`, the bytes it was read from; `digest`, their
-    sha256) as one stage on `provider`, an ONNX Runtime one, unsimplified: what the runtime itself would run,
+def whole_model(loaded: onnx.ModelProto, data: bytes | str, name: str, digest: str, provider: Provider) -> Plan:
+    """`loaded` (as `uhop_onnx.load_as_read` gives it, with `data`, the bytes it was read from or its path;
+    `digest`, the file's sha256) as one stage on `provider`, an ONNX Runtime one, unsimplified: what the runtime itself would run,
     built without placing anything."""
     inputs, outputs = io_signatures(loaded)
     stage = Stage(provider=provider.id, options=dict(provider.options), nodes=[n.name for n in loaded.graph.node],

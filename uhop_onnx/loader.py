@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import onnx
 from google.protobuf import unknown_fields
@@ -15,7 +16,7 @@ from google.protobuf.message import DecodeError, Message
 from onnx import external_data_helper, shape_inference
 
 from .errors import ModelError, first_line
-from .files import check_external_data, external_tensors
+from .files import check_external_data
 from .graph import outer_inputs
 
 log = logging.getLogger(__name__)
@@ -34,15 +35,16 @@ def load(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool = True)
     return _read(model, check)[0]
 
 
-def load_as_read(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[onnx.ModelProto, bytes | None]:
-    """`load(model, check=False)`, and the bytes it was parsed from when they hold the whole model (no data in
-    other files): what a runtime given the model as it is takes, without serializing it again."""
+def load_as_read(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[onnx.ModelProto, bytes | str]:
+    """`load(model, check=False)`, and what a runtime given the model as it is takes, without serializing it
+    again: the bytes it was parsed from, or, for a file that keeps data in other files (each checked to lie in
+    its folder), the file's resolved path (a model past protobuf's 2 GB cannot be serialized at all)."""
     return _read(model, check=False)
 
 
-def _read(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool) -> tuple[onnx.ModelProto, bytes | None]:
-    """The model loaded, and, unchecked, its bytes as read (None when it keeps data in other files). A model
-    object is copied by parsing its bytes, so that one serialization serves both."""
+def _read(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool) -> tuple[onnx.ModelProto, Any]:
+    """The model loaded, and, unchecked, its bytes as read or its path (see `load_as_read`). A model object is
+    copied by parsing its bytes, so that one serialization serves both."""
     if isinstance(model, onnx.ModelProto):
         with _within_protobuf("model"):
             data, where, folder = serialized(model), "model", None
@@ -62,7 +64,7 @@ def _read(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool) -> tu
         read_external_data(proto, folder, where)
     name_nodes(proto.graph)
     if not check:
-        return proto, None if external else data
+        return proto, str(Path(where).resolve()) if external else data
     _check_structure(proto.graph, where)
     _check_sizes(proto.graph, where)
     del data  # the checker and shape inference read one serialization of the model, and nothing else is held
@@ -246,10 +248,34 @@ def read_external_data(model: onnx.ModelProto, folder: Path, where: object, erro
         external_data_helper.load_external_data_for_model(model, str(folder))
     except (OSError, ValueError) as failure:
         raise error(f"{where}: cannot read external data ({first_line(failure)})") from None
-    left = external_tensors(model.SerializeToString(), where, error)
-    if left:
-        raise error(f"{where}: tensor {left[0][0]!r} keeps its data in another file, which is read only for "
+    left = next((t for t in _tensors(model) if t.data_location == onnx.TensorProto.EXTERNAL), None)
+    if left is not None:
+        raise error(f"{where}: tensor {left.name!r} keeps its data in another file, which is read only for "
                     "initializers and tensor attributes; store it in the model")
+
+
+def _tensors(model: onnx.ModelProto):
+    """Every tensor of a model (what `files.external_tensors` walks in the serialized bytes): initializers,
+    sparse tensors' parts and tensor attributes, in every subgraph and function."""
+
+    def of_graph(graph):
+        yield from graph.initializer
+        for sparse in graph.sparse_initializer:
+            yield from (sparse.values, sparse.indices)
+        yield from of_nodes(graph.node)
+
+    def of_nodes(nodes):
+        for node in nodes:
+            for a in node.attribute:
+                yield from (*([a.t] if a.HasField("t") else []), *a.tensors)
+                for sparse in (*([a.sparse_tensor] if a.HasField("sparse_tensor") else []), *a.sparse_tensors):
+                    yield from (sparse.values, sparse.indices)
+                for graph in (*([a.g] if a.HasField("g") else []), *a.graphs):
+                    yield from of_graph(graph)
+
+    yield from of_graph(model.graph)
+    for function in model.functions:
+        yield from of_nodes(function.node)
 
 
 def _check_sizes(graph: onnx.GraphProto, where: str) -> None:

@@ -53,9 +53,10 @@ class Stage:
     # stages recorded them: read from the stage's model when it is compiled); results are checked against it.
     declared: list[tuple[str, Dims]] | None = None
     model: Any = field(default=None, repr=False)  # onnx.ModelProto, read from `file` on demand
-    # The model's bytes as read, where the stage is a model whole and unchanged on ONNX Runtime: given to it as
-    # they are (serializing a large model again costs as much as ONNX Runtime's own start).
-    data: bytes | None = field(default=None, repr=False)
+    # The model's bytes as read (or the path of a model file that keeps data in other files, checked), where the
+    # stage is a model whole and unchanged on ONNX Runtime: given to it as they are (serializing a large model
+    # again costs as much as ONNX Runtime's own start, and one past protobuf's 2 GB cannot be serialized).
+    data: bytes | str | None = field(default=None, repr=False)
     # The stage's nodes as cut from the model, before its provider lowered them to its precision (the same
     # model at fp32): kept in memory by `optimizer.build_plan`; None in a plan read from a folder.
     fp32: Any = field(default=None, repr=False)
