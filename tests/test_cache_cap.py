@@ -72,6 +72,24 @@ def test_a_model_replaced_by_one_of_the_same_size_and_time_gets_a_new_plan(tmp_p
     assert_matches(uhop_onnx.InferenceSession(second).run(None, feeds), reference(other_weights(mlp()), feeds))
 
 
+def test_a_model_whose_external_data_was_replaced_gets_a_new_plan(tmp_path):
+    path = tmp_path / "m.onnx"
+
+    def save(model):
+        (tmp_path / "w.bin").unlink(missing_ok=True)
+        onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin",
+                  size_threshold=0)
+        return path.read_bytes()
+
+    kept = save(mlp())
+    first = optimize(path)
+    assert save(other_weights(mlp())) == kept  # the model file is the same; its weights beside it are not
+    second = optimize(path)
+    assert second.model_hash != first.model_hash
+    feeds = random_feeds(mlp())
+    assert_matches(uhop_onnx.InferenceSession(second).run(None, feeds), reference(other_weights(mlp()), feeds))
+
+
 def test_a_digest_is_remembered_only_for_the_same_version_of_the_file(tmp_path, monkeypatch):
     monkeypatch.setattr(cache, "LARGE", 0)  # small files are hashed each time
     path = tmp_path / "m.onnx"

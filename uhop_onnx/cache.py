@@ -18,8 +18,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
-from .files import atomic_file
+from .errors import InputError, UhopError
+from .files import atomic_file, external_tensors
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,13 @@ LARGE = 4 * 1024**2  # bytes: a smaller file is hashed (3 ms or less) again each
 
 
 def file_digest(path: Path) -> str:
+    """The sha256 of a model file's bytes and, where it keeps data in other files of its folder, of theirs (a
+    model's weights replaced beside an unchanged file make another model); see `_remembered`. A `LARGE` file
+    is taken whole (a model that keeps its data in other files is small)."""
+    return _with_external_data(path) if path.stat().st_size < LARGE else _remembered(path)
+
+
+def _remembered(path: Path) -> str:
     """The sha256 of the file's bytes; of a `LARGE` file, remembered in the cache (`model-hashes.json`) by its
     path, device, inode, size, modification and change times."""
     stat = path.stat()
@@ -150,6 +157,25 @@ def file_digest(path: Path) -> str:
     if time.time_ns() - stat.st_ctime_ns > RACY_S * 1e9:
         store.update({str(path): [seen, digest]})
     return digest
+
+
+def _with_external_data(path: Path) -> str:
+    """The sha256 of a small file's bytes and of each file of its folder it names as a model's external data.
+    Files named outside its folder, or not regular files, are left out: loading the model refuses them."""
+    data = path.read_bytes()
+    try:
+        found = external_tensors(data)
+    except UhopError:  # not a model: loading it names the problem
+        found = []
+    digest = hashlib.sha256(data)
+    if not found:
+        return digest.hexdigest()
+    folder = path.resolve().parent
+    for location in sorted({entries.get("location", "") for _, entries in found}):
+        target = (folder / location).resolve()
+        if location and target.is_relative_to(folder) and target.is_file():
+            digest.update(f"\0{location}\0{_remembered(target)}".encode())
+    return digest.hexdigest()
 
 
 def _hashed(path: Path) -> str:
