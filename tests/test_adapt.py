@@ -190,6 +190,14 @@ def test_a_kept_starter_is_served_as_decided_and_a_kept_plan_is_rechecked_agains
     assert_matches(_call(third, feeds, 2), reference(model, feeds))
     third.close()
 
+    # as a session builds it: started on the kept plan itself, which is re-checked, not explored again
+    fourth = Serving(kept, compile_plan, "openvino", lambda stopped: offered, explore_after_s=0.0,
+                     decided={key: ("openvino", kept, 10)}, recheck="ort-cpu", starter_kept=True)
+    _call(fourth, feeds, EXPLORE_AFTER)
+    _wait(lambda: _trying_or_done(fourth) or _step(fourth, feeds))
+    assert [c["label"] for c in fourth.adaptation[key]["candidates"]] == ["ort-cpu"], fourth.adaptation
+    fourth.close()
+
 
 def test_a_budget_spent_before_the_candidates_says_so_and_keeps_nothing(tmp_path):
     model = BUILDERS["cnn"]()

@@ -7,6 +7,7 @@ it is faster beyond noise on the same interleaved calls, and that decision is ke
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
@@ -260,21 +261,23 @@ class Serving:
         if key not in self._decided or (self._decided[key][1] is None and self._starter_kept):
             return Bucket(key, self.starter)
         label, plan, calls = self._decided.pop(key)
+        arm = self.starter if plan is None else self._kept_arm(key, label, plan)
+        if arm is None:  # it no longer compiles: decided again
+            return Bucket(key, self.starter)
         if plan is None or label == self._recheck:  # nothing was faster than what it would be re-checked against
-            return Bucket(key, self.starter if plan is None else self._kept_arm(key, label, plan),
-                          decision=f"kept {label}, as decided earlier (at {calls} calls)", explored=True,
+            return Bucket(key, arm, decision=f"kept {label}, as decided earlier (at {calls} calls)", explored=True,
                           settled=True)
-        arm = self._kept_arm(key, label, plan)
-        return Bucket(key, arm, only=self._recheck if arm is not self.starter else None)
+        return Bucket(key, arm, only=self._recheck)
 
-    def _kept_arm(self, key: str, label: str, plan: Plan) -> Arm:
-        """The arm of a plan decided earlier; the starter when it no longer compiles (under the lock)."""
+    def _kept_arm(self, key: str, label: str, plan: Plan) -> Arm | None:
+        """The arm of a plan decided earlier (the starter's, when the session started on it); None when it no
+        longer compiles (under the lock)."""
         try:
             arm = self._arms.get(label) or self._arm(label, plan)
         except Exception as error:  # noqa: BLE001 - a kept decision that no longer compiles is only skipped
             log.warning("%s: the plan decided earlier (%s) does not compile (%s); starting on %s",
                         key, label, first_line(error), self.starter.label)
-            return self.starter
+            return None
         self._arms[label] = arm
         return arm
 
@@ -431,7 +434,9 @@ class Serving:
             for label, recipe in self._recipes.items():
                 if label == bucket.current.label or label in bucket.trials or bucket.only not in (None, label):
                     continue
-                if self.stopped() or self._spent >= self._budget_s:
+                if self.stopped():
+                    break
+                if self._spent >= self._budget_s:
                     untried.append(label)
                     continue
                 with self._lock:
@@ -542,8 +547,8 @@ def _same_stages(a: Plan, b: Plan) -> bool:
 
 def whole_model(loaded: onnx.ModelProto, data: bytes | str, name: str, digest: str, provider: Provider) -> Plan:
     """`loaded` (as `uhop_onnx.load_as_read` gives it, with `data`, the bytes it was read from or its path;
-    `digest`, the file's sha256) as one stage on `provider`, an ONNX Runtime one, unsimplified: what the runtime itself would run,
-    built without placing anything."""
+    `digest`, its `model_digest`) as one stage on `provider`, an ONNX Runtime one, unsimplified: what the
+    runtime itself would run, built without placing anything."""
     inputs, outputs = io_signatures(loaded)
     stage = Stage(provider=provider.id, options=dict(provider.options), nodes=[n.name for n in loaded.graph.node],
                   inputs=[i.name for i in loaded.graph.input], outputs=[o.name for o in outputs],
@@ -561,7 +566,7 @@ class Decisions:
     decided again."""
 
     def __init__(self, folder: Path, digest: str = ""):
-        self.folder, self.digest = folder, digest  # the sha256 of the model's bytes
+        self.folder, self.digest = folder, digest  # the model's `cache.model_digest`
         self.table = JsonTable(folder / "decisions.json", check=_decision)
 
     def read(self) -> dict[str, tuple[str, Plan | None, int]]:
@@ -591,15 +596,20 @@ class Decisions:
         except (UhopError, OSError) as error:  # a full disk: the decision is only not kept
             log.warning("could not keep the decision for %s in %s: %s", bucket, self.folder, first_line(error))
             return
+        replaced = self.table.get(bucket)
         self.table.update({bucket: {"label": label, "plan": name, "calls": calls}})
+        if replaced and replaced["plan"]:  # unnamed from now: a reader may be loading it (see `_prune`)
+            with contextlib.suppress(OSError):
+                os.utime(self.folder / replaced["plan"])
         self._prune()
 
     def _prune(self) -> None:
-        """Remove the plans no decision names any more, once no reader can still be about to load them."""
+        """Remove the plans no decision has named for `UNNAMED_S` seconds (a reader may be loading one)."""
         named = {entry["plan"] for entry in self.table.read().values()}
         for folder in self.folder.iterdir():
-            try:
-                unused = folder.is_dir() and folder.name not in named and time.time() - folder.stat().st_mtime > UNNAMED_S
+            try:  # a name starting with "." is a plan being written (no decision names one so)
+                unused = (folder.is_dir() and not folder.name.startswith(".") and folder.name not in named
+                          and time.time() - folder.stat().st_mtime > UNNAMED_S)
             except OSError:  # removed by another process meanwhile
                 continue
             if unused:

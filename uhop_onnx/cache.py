@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import mmap
 import os
 import platform
 import re
@@ -136,10 +137,17 @@ LARGE = 4 * 1024**2  # bytes: a smaller file is hashed (3 ms or less) again each
 
 
 def file_digest(path: Path) -> str:
-    """The sha256 of a model file's bytes and, where it keeps data in other files of its folder, of theirs (a
-    model's weights replaced beside an unchanged file make another model); see `_remembered`. A `LARGE` file
-    is taken whole (a model that keeps its data in other files is small)."""
-    return _with_external_data(path) if path.stat().st_size < LARGE else _remembered(path)
+    """The sha256 of a file's bytes (`_remembered`); of an ONNX model that keeps data in other files of its
+    folder, of its bytes and theirs (weights replaced beside an unchanged model file make another model).
+    Files it names outside its folder, or that are not regular files, are left out: loading refuses them."""
+    own = _remembered(path)
+    data = _data_files(path)
+    if not data:
+        return own
+    digest = hashlib.sha256(own.encode())
+    for location, target in data:
+        digest.update(f"\0{location}\0{_remembered(target)}".encode())
+    return digest.hexdigest()
 
 
 def _remembered(path: Path) -> str:
@@ -159,23 +167,26 @@ def _remembered(path: Path) -> str:
     return digest
 
 
-def _with_external_data(path: Path) -> str:
-    """The sha256 of a small file's bytes and of each file of its folder it names as a model's external data.
-    Files named outside its folder, or not regular files, are left out: loading the model refuses them."""
-    data = path.read_bytes()
+def _data_files(path: Path) -> list[tuple[str, Path]]:
+    """(location, file) of each file of its folder that a model file names as external data, in order; none
+    for a file that is no model. The file is mapped, not read: the walk reads only its fields' headers."""
     try:
-        found = external_tensors(data)
-    except UhopError:  # not a model: loading it names the problem
-        found = []
-    digest = hashlib.sha256(data)
-    if not found:
-        return digest.hexdigest()
+        with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            locations = {entries.get("location", "") for _, entries in _external(view)}
+    except (OSError, ValueError):  # empty, or unreadable: loading it names the problem
+        return []
     folder = path.resolve().parent
-    for location in sorted({entries.get("location", "") for _, entries in found}):
-        target = (folder / location).resolve()
-        if location and target.is_relative_to(folder) and target.is_file():
-            digest.update(f"\0{location}\0{_remembered(target)}".encode())
-    return digest.hexdigest()
+    found = [(location, (folder / location).resolve()) for location in sorted(locations) if location]
+    return [(location, target) for location, target in found if target.is_relative_to(folder) and target.is_file()]
+
+
+def _external(view: mmap.mmap) -> list:
+    """`external_tensors` of a mapped file; none for one that is no model (its error let go here, so that
+    nothing still holds the mapping when it closes)."""
+    try:
+        return external_tensors(view)
+    except UhopError:
+        return []
 
 
 def _hashed(path: Path) -> str:
@@ -184,8 +195,8 @@ def _hashed(path: Path) -> str:
 
 
 def model_digest(model: Any) -> str:
-    """The sha256 of a model's bytes: of a path (`file_digest`), of `bytes`, or of an `onnx.ModelProto`
-    serialized deterministically."""
+    """The sha256 of a model: of a path (`file_digest`: with the external data files it names), of `bytes`,
+    or of an `onnx.ModelProto` serialized deterministically."""
     if isinstance(model, bytes):
         return hashlib.sha256(model).hexdigest()
     if hasattr(model, "SerializeToString"):
