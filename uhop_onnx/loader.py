@@ -68,7 +68,7 @@ def _read(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool) -> tu
     _check_structure(proto.graph, where)
     _check_sizes(proto.graph, where)
     del data  # the checker and shape inference read one serialization of the model, and nothing else is held
-    with _within_protobuf(where):
+    with _within_protobuf(where, external):
         checked = serialized(proto)
     del proto
     try:
@@ -79,13 +79,16 @@ def _read(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool) -> tu
 
 
 @contextmanager
-def _within_protobuf(where: str) -> Iterator[None]:
-    """Protobuf's refusal to serialize a model past 2 GB, as a `ModelError` naming `where`."""
+def _within_protobuf(where: str, external: bool = False) -> Iterator[None]:
+    """Protobuf's refusal to serialize a model past 2 GB, as a `ModelError` naming `where` (and, for a model
+    whose weights are `external` already, what still runs it)."""
     try:
         yield
     except ValueError as error:
-        raise ModelError(f"{where}: cannot be serialized ({first_line(error)}); save it with its weights as "
-                         "external data and load it from its path") from None
+        remedy = ("its weights are external already, but checking and placing it serialize it whole; run it as "
+                  "it is in a session (uhop_onnx.InferenceSession(path) gives ONNX Runtime its path)" if external else
+                  "save it with its weights as external data and load it from its path")
+        raise ModelError(f"{where}: cannot be serialized ({first_line(error)}); {remedy}") from None
 
 
 def serialized(model: onnx.ModelProto) -> bytes:

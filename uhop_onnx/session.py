@@ -338,7 +338,7 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
     host and providers (the most called bucket's), else on the model placed on the runtimes `specs` name, as
     ONNX Runtime would run it (`ort-cpu` when none are named). Its candidates, prepared in the background,
     are each provider present (under `policy`) first with the others after it, then the measured search's
-    plan at the bucket's real inputs; a plan decided earlier is re-checked against the first runtime named."""
+    plan at the bucket's real inputs; a plan decided earlier is re-checked against ONNX Runtime alone."""
     first = resolve(["ort-cpu"] if specs is None else specs, threads, strict, policy="literal")[0]
     plain = first.id == LAST_RESORT and not assign  # ONNX Runtime runs every node: nothing to place
     # reading and hashing a large file leave the GIL: done beside the load (a thread costs more on a small one)
@@ -386,7 +386,7 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
         return {**recipes, "search": search, **slow}
 
     return Serving(starter, compile, label, candidates, budget_s=budget_s, decisions=decisions, decided=decided,
-                   recheck=first.label, starter_kept=kept)
+                   recheck=LAST_RESORT, starter_kept=kept)
 
 
 def _large(source: Any) -> bool:
