@@ -125,9 +125,9 @@ def _asked(worker: SearchWorker | None, provider: Provider, graph: Graph, questi
         return question(*args)
     try:
         return worker.call(question, *args)
-    except WorkerFailed as crash:
-        log.warning("%s: asking it what it can run crashed (%s); it runs nothing here", provider.label, crash)
-        return {n.name: Support(False, f"asking {provider.label} crashed: {crash}", "check") for n in graph.nodes}
+    except WorkerFailed as failure:  # it crashed, or did not answer in time and was stopped
+        log.warning("%s: asking it what it can run failed (%s); it runs nothing here", provider.label, failure)
+        return {n.name: Support(False, f"asking {provider.label} failed: {failure}", "check") for n in graph.nodes}
 
 
 class FixedShapes:
