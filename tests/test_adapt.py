@@ -204,8 +204,10 @@ def test_a_budget_spent_before_the_candidates_says_so_and_keeps_nothing(tmp_path
     feeds = random_feeds(model)
     starter = optimize(model, providers=["ort-cpu"], profile=False)
 
-    def slow(stopped):  # asking for the candidates takes the whole budget (a loaded machine, a large model)
-        time.sleep(0.3)
+    def slow(stopped):  # asking for the candidates takes the whole budget (a large model)
+        until = time.thread_time() + 0.3
+        while time.thread_time() < until:
+            pass
         return {"openvino": lambda sample: pytest.fail("tried past the budget")}
 
     decisions = Decisions(tmp_path / "decisions")
@@ -216,6 +218,24 @@ def test_a_budget_spent_before_the_candidates_says_so_and_keeps_nothing(tmp_path
     assert "adapt_budget (0.2 s) ran out before openvino could be tried" in bucket["decision"], bucket
     serving.close()
     assert not decisions.table.read()  # decided on nothing measured: the next process explores
+
+
+def test_the_budget_counts_work_not_waiting():
+    """A background thread kept waiting (at nice 10 on a loaded machine) has spent none of its budget."""
+    model = BUILDERS["cnn"]()
+    feeds = random_feeds(model)
+    starter = optimize(model, providers=["ort-cpu"], profile=False)
+    candidate = optimize(model, providers=["openvino"], profile=False)
+
+    def waited(stopped):
+        time.sleep(0.3)
+        return {"openvino": lambda sample: candidate}
+
+    serving = Serving(starter, compile_plan, "ort-cpu", waited, explore_after_s=0.0, budget_s=0.2)
+    _call(serving, feeds, EXPLORE_AFTER)
+    _wait(lambda: _trying_or_done(serving) or _step(serving, feeds))
+    assert [c["label"] for c in next(iter(serving.adaptation.values()))["candidates"]] == ["openvino"]
+    serving.close()
 
 
 def test_a_candidate_whose_outputs_differ_is_refused(tmp_path):

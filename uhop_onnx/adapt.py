@@ -140,7 +140,7 @@ class Serving:
     """Runs calls on the plan serving each shape bucket. Given `candidates` (called once, on the background
     thread, with `stopped`: label -> a function building a candidate plan from a bucket's sample feeds), a
     bucket called `EXPLORE_AFTER` times and for `explore_after_s` seconds in all has its candidates compiled
-    one at a time on a background thread (at nice 10, within `budget_s` seconds of work in all), each checked
+    one at a time on a background thread (at nice 10, within `budget_s` seconds of its CPU time), each checked
     against the serving plan on the sample and then interleaved with it on real calls, `ROUND` calls each in
     turn, with no compile beside them. A candidate more than 1.5x slower after its first rounds stops at
     once; one faster beyond noise (the upper end of the interval of its paired time ratios below 1) replaces
@@ -420,16 +420,18 @@ class Serving:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         except (AttributeError, OSError):
             pass
+        # the budget counts this thread's CPU time: on a loaded machine a thread at nice 10 waits long for little
+        # work (a YOLOv8n's candidates, analysed beside a tight loop of calls, took a 60 s budget of wall time)
+        begun = time.thread_time()
         while (bucket := self._next_job()) is not None:
             if self._recipes is None:
-                started = time.perf_counter()
                 try:
                     self._recipes = dict(self._candidates(self.stopped))
                 except Exception as error:  # noqa: BLE001 - without candidates the session keeps its plan
                     log.warning("no candidate plans can be prepared (%s); the session keeps its plan",
                                 first_line(error))
                     self._recipes = {}
-                self._spent += time.perf_counter() - started
+                self._spent = time.thread_time() - begun
             untried = []
             for label, recipe in self._recipes.items():
                 if label == bucket.current.label or label in bucket.trials or bucket.only not in (None, label):
@@ -441,14 +443,13 @@ class Serving:
                     continue
                 with self._lock:
                     trial = bucket.trials[label] = Trial(label)
-                started = time.perf_counter()
                 try:
                     arm = self._prepared(trial, recipe, bucket)
                 except Exception as error:  # noqa: BLE001 - a candidate may fail in any way; it only stops
                     trial.state, trial.error = "failed", first_line(error)
                     log.info("%s: candidate %s failed: %s", bucket.key, label, trial.error)
                     arm = None
-                self._spent += time.perf_counter() - started
+                self._spent = time.thread_time() - begun
                 with self._lock:
                     if arm is not None and trial.state == "compiling":
                         trial.arm, trial.state = arm, "trying"

@@ -46,7 +46,7 @@ class InferenceSession:
     on for this model, host and providers, else the model as ONNX Runtime would run it for the providers
     named) and returns; the session then learns from its own calls which plan is fastest per shape bucket
     (see `adapt.Serving`; `session.adaptation` says what was tried, `adapt_budget` bounds the background
-    seconds). `session.plan` is the plan that served the latest call. `policy="literal"` (or the session
+    thread's CPU seconds). `session.plan` is the plan that served the latest call. `policy="literal"` (or the session
     config entry `uhop.policy`) makes ONNX Runtime's EP names plain aliases of its runtimes; `uhop.adapt`
     = `0` turns adapting off. The second and third
     positional places are ONNX Runtime's: `sess_options` (an `onnxruntime.SessionOptions`: its
