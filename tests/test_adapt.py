@@ -192,11 +192,30 @@ def test_a_kept_starter_is_served_as_decided_and_a_kept_plan_is_rechecked_agains
 
     # as a session builds it: started on the kept plan itself, which is re-checked, not explored again
     fourth = Serving(kept, compile_plan, "openvino", lambda stopped: offered, explore_after_s=0.0,
-                     decided={key: ("openvino", kept, 10)}, recheck="ort-cpu", starter_kept=True)
+                     decided={key: ("openvino", kept, 10)}, recheck="ort-cpu",
+                     unplaced=lambda: ("ort-cpu", starter))
     _call(fourth, feeds, EXPLORE_AFTER)
     _wait(lambda: _trying_or_done(fourth) or _step(fourth, feeds))
     assert [c["label"] for c in fourth.adaptation[key]["candidates"]] == ["ort-cpu"], fourth.adaptation
     fourth.close()
+
+
+def test_a_bucket_kept_on_the_starter_is_served_so_when_the_session_started_on_another_buckets_plan():
+    kept = optimize(ENCODER, providers=["openvino"], profile=False)
+
+    def untouched(stopped):
+        raise AssertionError("a bucket kept on the starter explores nothing")
+
+    serving = Serving(kept, compile_plan, "openvino", untouched, decided={
+        "input_ids: 1x8": ("openvino", kept, 10), "input_ids: 1x16": ("ort-cpu", None, 5)},
+        recheck="ort-cpu", unplaced=lambda: ("ort-cpu", optimize(ENCODER, providers=["ort-cpu"], profile=False)))
+    feeds = {"input_ids": np.arange(16, dtype=np.int64)[None] % 100}
+    outputs, plan = serving.run(None, feeds)
+    bucket = serving.adaptation["input_ids: 1x16"]
+    assert plan.get_providers() == ["ort-cpu"] and "as decided earlier" in bucket["decision"], bucket
+    want = onnxruntime.InferenceSession(ENCODER, providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert_matches(outputs, want)
+    serving.close()
 
 
 def test_a_budget_spent_before_the_candidates_says_so_and_keeps_nothing(tmp_path):

@@ -148,16 +148,16 @@ class Serving:
     decision made once every candidate was tried (and each replacement); `decided` (bucket -> (label, plan,
     calls), read from them; plan None: the starter was kept) are earlier processes' decisions: a bucket kept
     on the starter is served by it as decided, and a bucket kept on another plan starts on that plan,
-    re-checked against the `recheck` candidate alone (ONNX Runtime by default). `starter_kept` says that
-    `starter` itself is a kept plan, not the one a session starts on when nothing was decided. `run` is
-    thread safe."""
+    re-checked against the `recheck` candidate alone (ONNX Runtime by default). `unplaced`, given when
+    `starter` is itself a kept plan, builds (label, plan) of the one a session starts on when nothing was
+    decided, for the buckets kept on that one. `run` is thread safe."""
 
     def __init__(self, starter: Plan, compile: Callable[[Plan], Executor], label: str,
                  candidates: Callable[[Callable[[], bool]], Mapping[str, Recipe]] | None = None, *,
                  budget_s: float = 60.0, explore_after_s: float = EXPLORE_AFTER_S,
                  tolerance: Mapping[str, float] = FP32_CHECK,
                  decisions: Decisions | None = None, decided: Mapping[str, tuple[str, Plan | None, int]] | None = None,
-                 recheck: str | None = None, starter_kept: bool = False):
+                 recheck: str | None = None, unplaced: Callable[[], tuple[str, Plan]] | None = None):
         self._compile, self._candidates = compile, candidates
         self._recipes: Mapping[str, Recipe] | None = None  # the candidates, once the background work asked
         self._budget_s, self._tolerance, self.decisions = budget_s, dict(tolerance), decisions
@@ -167,7 +167,7 @@ class Serving:
         self.starter = self._arm(label, starter)
         self._arms: dict[str, Arm] = {label: self.starter}
         self._decided = dict(decided or {})  # bucket -> (label, plan, calls) decided by an earlier process
-        self._recheck, self._starter_kept = recheck, starter_kept
+        self._recheck, self._unplaced = recheck, unplaced
         self._buckets: dict[str, Bucket] = {}
         self._exact: set[tuple] = set()
         self._by_shapes: dict[tuple, Bucket] = {}  # exact shapes -> their bucket
@@ -258,9 +258,13 @@ class Serving:
     def _new_bucket(self, key: str) -> Bucket:
         """A bucket at its first call, on what an earlier process decided for it (see the class), else on the
         starter, to be explored (under the lock)."""
-        if key not in self._decided or (self._decided[key][1] is None and self._starter_kept):
+        if key not in self._decided:
             return Bucket(key, self.starter)
         label, plan, calls = self._decided.pop(key)
+        if plan is None and self._unplaced is not None:  # the session started on another bucket's kept plan
+            label, plan = self._built(key, self._unplaced)
+            if plan is None:
+                return Bucket(key, self.starter)
         arm = self.starter if plan is None else self._kept_arm(key, label, plan)
         if arm is None:  # it no longer compiles: decided again
             return Bucket(key, self.starter)
@@ -268,6 +272,14 @@ class Serving:
             return Bucket(key, arm, decision=f"kept {label}, as decided earlier (at {calls} calls)", explored=True,
                           settled=True)
         return Bucket(key, arm, only=self._recheck)
+
+    def _built(self, key: str, build: Callable[[], tuple[str, Plan]]) -> tuple[str, Plan | None]:
+        """(label, plan) that `build` makes; (label, None) when it fails, so that the bucket is decided again."""
+        try:
+            return build()
+        except Exception as error:  # noqa: BLE001 - without it the bucket is only explored again
+            log.warning("%s: the plan it was decided on cannot be built (%s); deciding again", key, first_line(error))
+            return "", None
 
     def _kept_arm(self, key: str, label: str, plan: Plan) -> Arm | None:
         """The arm of a plan decided earlier (the starter's, when the session started on it); None when it no
@@ -379,7 +391,7 @@ class Serving:
         """Keep the bucket's serving plan for the next process (None for the starter a session starts on when
         nothing was decided, which it builds itself), written off the caller's thread (under the lock)."""
         if self.decisions is not None and not self._closed:
-            starter = bucket.current is self.starter and not self._starter_kept
+            starter = bucket.current is self.starter and self._unplaced is None
             self._keeper.submit(self.decisions.keep, bucket.key, bucket.current.label,
                                 None if starter else bucket.current.plan, bucket.calls)
 

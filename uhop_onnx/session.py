@@ -351,17 +351,24 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
     finally:
         if beside:
             beside.shutdown()
+
+    def unplaced() -> tuple[str, Plan]:
+        """The plan a session starts on when nothing was decided, and its label."""
+        if plain:
+            model, as_read = (loaded, data) if loaded is not None else load_as_read(source)
+            return first.label, whole_model(model, as_read, model_name(source, model), decisions.digest, first)
+        from .optimizer import optimize
+
+        placed = optimize(source, providers=specs, assign=assign, profile=False, threads=threads, strict=strict,
+                          policy="literal")
+        nodes = {p: sum(len(s.nodes) for s in placed.stages if s.provider == p) for p in placed.get_providers()}
+        return max(nodes, key=nodes.get), placed
+
     decided = decisions.read()
     label, starter, _ = next(iter(decided.values()), ("", None, 0))  # the most called bucket's plan
     kept = starter is not None
-    if not kept and plain:
-        label, starter = first.label, whole_model(loaded, data, model_name(source, loaded), decisions.digest, first)
-    elif not kept:
-        from .optimizer import optimize
-
-        starter = optimize(source, providers=specs, assign=assign, profile=False, threads=threads, strict=strict,
-                           policy="literal")
-        label = max(starter.get_providers(), key=lambda p: sum(len(s.nodes) for s in starter.stages if s.provider == p))
+    if not kept:
+        label, starter = unplaced()
 
     def candidates(stopped: Callable[[], bool]) -> dict[str, Callable[[Mapping[str, np.ndarray]], Plan]]:
         from .optimizer import analyze, first_then_rest, optimize
@@ -386,7 +393,7 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
         return {**recipes, "search": search, **slow}
 
     return Serving(starter, compile, label, candidates, budget_s=budget_s, decisions=decisions, decided=decided,
-                   recheck=LAST_RESORT, starter_kept=kept)
+                   recheck=LAST_RESORT, unplaced=unplaced if kept else None)
 
 
 def _large(source: Any) -> bool:
