@@ -46,9 +46,9 @@ class InferenceSession:
     on for this model, host and providers, else the model as ONNX Runtime would run it for the providers
     named) and returns; the session then learns from its own calls which plan is fastest per shape bucket
     (see `adapt.Serving`; `session.adaptation` says what was tried, `adapt_budget` bounds the background
-    thread's CPU seconds). `session.plan` is the plan that served the latest call. `policy="literal"` (or the session
-    config entry `uhop.policy`) makes ONNX Runtime's EP names plain aliases of its runtimes; `uhop.adapt`
-    = `0` turns adapting off. The second and third
+    thread's CPU seconds). `session.plan` is the plan that served the latest call. `policy="literal"` (or the
+    session config entry `uhop.policy`) makes ONNX Runtime's EP names plain aliases of its runtimes;
+    `uhop.adapt` = `0` turns adapting off. The second and third
     positional places are ONNX Runtime's: `sess_options` (an `onnxruntime.SessionOptions`: its
     `intra_op_num_threads`, `enable_profiling`, `profile_file_prefix` and `log_severity_level` are read; a
     list there is taken as `providers`), `providers` (ids, ONNX Runtime's EP names, or `(name, options)`
@@ -367,7 +367,9 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
     decided = decisions.read()
     label, starter, _ = next(iter(decided.values()), ("", None, 0))  # the most called bucket's plan
     kept = starter is not None
-    if not kept:
+    if kept:  # the model as read is not held for the session's life: read again if `unplaced` is called
+        loaded = data = None
+    else:
         label, starter = unplaced()
 
     def candidates(stopped: Callable[[], bool]) -> dict[str, Callable[[Mapping[str, np.ndarray]], Plan]]:
