@@ -274,7 +274,7 @@ class Serving:
         return Bucket(key, arm, only=self._recheck)
 
     def _built(self, key: str, build: Callable[[], tuple[str, Plan]]) -> tuple[str, Plan | None]:
-        """(label, plan) that `build` makes; (label, None) when it fails, so that the bucket is decided again."""
+        """(label, plan) that `build` makes; ("", None) when it fails, so that the bucket is decided again."""
         try:
             return build()
         except Exception as error:  # noqa: BLE001 - without it the bucket is only explored again
@@ -433,7 +433,7 @@ class Serving:
         except (AttributeError, OSError):
             pass
         # the budget counts this thread's CPU time: on a loaded machine a thread at nice 10 waits long for little
-        # work (a YOLOv8n's candidates, analysed beside a tight loop of calls, took a 60 s budget of wall time)
+        # work, and wall time would spend the budget on the waiting
         begun = time.thread_time()
         while (bucket := self._next_job()) is not None:
             if self._recipes is None:
@@ -602,7 +602,7 @@ class Decisions:
 
     def keep(self, bucket: str, label: str, plan: Plan | None, calls: int) -> None:
         """Keep `plan` (None: the starter) as the bucket's decision, in place of the one kept before."""
-        name = f"{hashlib.sha256(bucket.encode()).hexdigest()[:12]}-{uuid.uuid4().hex[:8]}" if plan else ""
+        name = "" if plan is None else f"{hashlib.sha256(bucket.encode()).hexdigest()[:12]}-{uuid.uuid4().hex[:8]}"
         try:
             if plan is not None:
                 plan.save(self.folder / name, report=False)
