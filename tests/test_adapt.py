@@ -373,3 +373,15 @@ def test_a_replaced_decision_leaves_no_plan_behind(tmp_path, monkeypatch):
     entry = decisions.table.get("x: 1x3x32x32")
     assert entry["label"] == "ort-cpu"
     assert [p.name for p in decisions.folder.iterdir() if p.is_dir()] == [entry["plan"]]
+
+
+def test_a_decision_settled_as_the_program_ends_is_not_an_error(tmp_path):
+    """A background settle after the interpreter began to shut down cannot schedule its write: it is let go."""
+    model = BUILDERS["cnn"]()
+    starter = optimize(model, providers=["ort-cpu"], profile=False)
+    serving = Serving(starter, compile_plan, "ort-cpu", lambda stopped: {}, decisions=Decisions(tmp_path / "d"))
+    serving.run(None, random_feeds(model))
+    serving._keeper.shutdown()  # as at interpreter shutdown: new futures are refused
+    serving._keep(next(iter(serving._buckets.values())))
+    assert not serving.decisions.table.read()
+    serving.close()

@@ -392,8 +392,11 @@ class Serving:
         nothing was decided, which it builds itself), written off the caller's thread (under the lock)."""
         if self.decisions is not None and not self._closed:
             starter = bucket.current is self.starter and self._unplaced is None
-            self._keeper.submit(self.decisions.keep, bucket.key, bucket.current.label,
-                                None if starter else bucket.current.plan, bucket.calls)
+            try:
+                self._keeper.submit(self.decisions.keep, bucket.key, bucket.current.label,
+                                    None if starter else bucket.current.plan, bucket.calls)
+            except RuntimeError:  # the interpreter is shutting down (a background settle after the program ended)
+                log.debug("%s: the program ended before its decision could be kept", bucket.key)
 
     def _retire(self, arm: Arm) -> None:
         """Close `arm` once no bucket serves with it or tries it and no call runs on it (under the lock)."""
