@@ -155,3 +155,68 @@ def test_external_data_that_onnx_cannot_read_into_the_model_is_refused(tmp_path)
     path.write_bytes(model.SerializeToString())
     with pytest.raises(ModelError, match="keeps its data in another file, which is read only for initializers"):
         uhop_onnx.load(path)
+
+
+def _with_every_kind_of_tensor() -> onnx.ModelProto:
+    """Large initializers, a large Constant, a subgraph's initializer, a sparse initializer and an external
+    tensor's entries: every place `files.skeleton` leaves values out of."""
+    big = np.arange(4096, dtype=np.float32)
+    branch = helper.make_graph([helper.make_node("Add", ["x", "b"], ["z"], name="inner")], "then", [],
+                               [_value("z", (4096,))], [numpy_helper.from_array(big * 2, "b")])
+    nodes = [helper.make_node("Constant", [], ["c"], name="const", value=numpy_helper.from_array(big + 1)),
+             helper.make_node("Add", ["x", "w"], ["s"], name="add"),
+             helper.make_node("Add", ["s", "c"], ["t"], name="add2"),
+             helper.make_node("If", ["cond"], ["y"], name="if", then_branch=branch, else_branch=branch)]
+    model = _model(nodes, inputs=("x",), initializers=[numpy_helper.from_array(big, "w"),
+                                                        numpy_helper.from_array(np.array(True), "cond")])
+    model.graph.output.append(_value("t", (4096,)))
+    sparse = helper.make_sparse_tensor(numpy_helper.from_array(big[:300], "sv"),
+                                       numpy_helper.from_array(np.arange(300, dtype=np.int64), "si"), [4096])
+    model.graph.sparse_initializer.append(sparse)
+    far = TensorProto(name="far", data_type=TensorProto.FLOAT, dims=[2], data_location=TensorProto.EXTERNAL)
+    far.external_data.add(key="location", value="w.bin")
+    model.graph.initializer.append(far)
+    return model
+
+
+def test_a_skeleton_is_the_model_without_its_tensors_values():
+    from uhop_onnx.files import skeleton
+    from uhop_onnx.loader import _tensors
+
+    model = _with_every_kind_of_tensor()
+    data = model.SerializeToString()
+    shape = onnx.ModelProto.FromString(skeleton(data))
+    assert len(skeleton(data)) < len(data) / 10
+    values = ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data")
+    for tensor in _tensors(model):
+        if tensor.ByteSize() >= 1024:  # a smaller message is kept as it is
+            for field in values:
+                tensor.ClearField(field)
+    assert shape == model
+    assert {t.name: t for t in _tensors(shape)}["far"].external_data[0].value == "w.bin"
+
+
+@pytest.mark.parametrize("data", [b"\x0a\xff\xff\xff\xff\x0f" + b"\0" * 2_000_000, b"\x0b" * 2_000_000])
+def test_a_large_file_that_is_no_model_is_named_at_the_start(tmp_path, data):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(data)
+    with pytest.raises(ModelError, match="not an ONNX model"):
+        uhop_onnx.InferenceSession(str(path))
+
+
+def test_a_session_on_a_large_model_holds_it_whole_where_it_is_needed(tmp_path):
+    """A session starts from the model's structure; its plan, saved, is the model with every weight."""
+    weight = np.random.default_rng(0).random((512, 1024), dtype=np.float32)  # 2 MiB, past `_SKELETON`
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [_value("x", (3, 512))], [_value("y", (3, 1024))], [numpy_helper.from_array(weight, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    session = uhop_onnx.InferenceSession(str(path), adapt=False)
+    x = np.ones((3, 512), np.float32)
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], x @ weight, rtol=1e-5)
+    folder = session.plan.save(tmp_path / "plan")
+    session.close()
+    [stage] = uhop_onnx.Plan.load(folder).stages
+    saved = onnx.load(str(folder / stage.file))
+    np.testing.assert_array_equal(numpy_helper.to_array(saved.graph.initializer[0]), weight)

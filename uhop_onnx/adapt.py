@@ -562,13 +562,14 @@ def _same_stages(a: Plan, b: Plan) -> bool:
 
 
 def whole_model(loaded: onnx.ModelProto, data: bytes | str, name: str, digest: str, provider: Provider) -> Plan:
-    """`loaded` (as `uhop_onnx.load_as_read` gives it, with `data`, the bytes it was read from or its path;
-    `digest`, its `model_digest`) as one stage on `provider`, an ONNX Runtime one, unsimplified: what the
-    runtime itself would run, built without placing anything."""
+    """`loaded` (its structure, as `uhop_onnx.load_as_read` gives it, with `data`, the bytes it was read from
+    or its path; `digest`, its `model_digest`) as one stage on `provider`, an ONNX Runtime one, unsimplified:
+    what the runtime itself would run, built without placing anything (the model whole is parsed from `data`
+    when first needed)."""
     inputs, outputs = io_signatures(loaded)
     stage = Stage(provider=provider.id, options=dict(provider.options), nodes=[n.name for n in loaded.graph.node],
                   inputs=[i.name for i in loaded.graph.input], outputs=[o.name for o in outputs],
-                  file=f"stage_00_{provider.id}.onnx", declared=declared_outputs(loaded), model=loaded, data=data)
+                  file=f"stage_00_{provider.id}.onnx", declared=declared_outputs(loaded), data=data)
     return Plan(model_name=name, model_hash=digest, inputs=inputs, outputs=outputs,
                 providers=[{"id": provider.id, "options": dict(provider.options),
                             "version": provider.availability.version}],

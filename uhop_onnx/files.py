@@ -274,6 +274,59 @@ def external_tensors(model: bytes, where: object = "model", error: type[UhopErro
             for t in tensors if t["location"] == _EXTERNAL]
 
 
+_VALUES = frozenset({4, 5, 6, 7, 9, 10, 11})  # TensorProto's fields that hold its values
+_WHOLE = 1024  # a message shorter than this is kept as it is
+
+
+def skeleton(model: bytes, where: object = "model", error: type[UhopError] = ModelError) -> bytes:
+    """The serialized ONNX `model` without its tensors' values: each tensor keeps its name, type, dims and
+    where its data lives. What the model's structure, signature and external data need, parsed in a small
+    part of the time the whole model takes. Bytes that are no protobuf are an `error`."""
+    data = memoryview(model)
+    return b"".join(_without_values(data, 0, len(data), "model", where, error))
+
+
+def _without_values(data: memoryview, at: int, end: int, kind: str, where: object, error: type[UhopError]) -> list:
+    """The fields of one `kind` of message in `data[at:end]`, as pieces of bytes, tensors' values left out."""
+    pieces: list = []
+    leads = _LEADS.get(kind, {})
+    while at < end:
+        begin = at
+        key, at = _varint(data, at, end, where, error)
+        number, wire, keyed = key >> 3, key & 7, at
+        if wire == 0:
+            _, at = _varint(data, at, end, where, error)
+        elif wire == 2:
+            size, at = _varint(data, at, end, where, error)
+            if at + size > end:
+                raise error(f"{where}: not an ONNX model or truncated (a field runs past its message)")
+            if number in leads and size >= _WHOLE:
+                inner = b"".join(_without_values(data, at, at + size, leads[number], where, error))
+                pieces += [data[begin:keyed], _encoded(len(inner)), inner]
+                at += size
+                continue
+            at += size
+        elif wire in (1, 5):
+            at += 8 if wire == 1 else 4
+        else:
+            raise error(f"{where}: not an ONNX model (protobuf wire type {wire})")
+        if not (kind == "tensor" and number in _VALUES):
+            pieces.append(data[begin:at])
+    if at > end:
+        raise error(f"{where}: not an ONNX model or truncated (a field runs past its message)")
+    return pieces
+
+
+def _encoded(value: int) -> bytes:
+    """`value` as a protobuf varint."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 def _text(data: memoryview, where: object, error: type[UhopError]) -> str:
     try:
         return bytes(data).decode("utf-8")

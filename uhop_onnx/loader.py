@@ -8,7 +8,6 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import onnx
 from google.protobuf import unknown_fields
@@ -16,7 +15,7 @@ from google.protobuf.message import DecodeError, Message
 from onnx import external_data_helper, shape_inference
 
 from .errors import ModelError, first_line
-from .files import check_external_data
+from .files import check_external_data, skeleton
 from .graph import outer_inputs
 
 log = logging.getLogger(__name__)
@@ -32,39 +31,15 @@ def load(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool = True)
     from inside the model's own folder. With `check=False` the model is only parsed, named and given its
     external data: for a runtime that checks it itself (ONNX Runtime, running the model as it is).
     """
-    return _read(model, check)[0]
-
-
-def load_as_read(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[onnx.ModelProto, bytes | str]:
-    """`load(model, check=False)`, and what a runtime given the model as it is takes, without serializing it
-    again: the bytes it was parsed from, or, for a file that keeps data in other files (each checked to lie in
-    its folder), the file's resolved path (a model past protobuf's 2 GB cannot be serialized at all)."""
-    return _read(model, check=False)
-
-
-def _read(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool) -> tuple[onnx.ModelProto, Any]:
-    """The model loaded, and, unchecked, its bytes as read or its path (see `load_as_read`). A model object is
-    copied by parsing its bytes, so that one serialization serves both."""
-    if isinstance(model, onnx.ModelProto):
-        with _within_protobuf("model"):
-            data, where, folder = serialized(model), "model", None
-        proto = onnx.ModelProto.FromString(data)
-    elif isinstance(model, bytes):
-        data, where, folder = model, "model", None
-        proto = _parse(data, where, check)
-    else:
-        path = Path(model)
-        if not path.is_file():
-            raise ModelError(f"{path}: no such file")
-        data, where, folder = path.read_bytes(), str(path), path.resolve().parent
-        proto = _parse(data, where, check)
+    data, where, folder = _bytes(model)
+    proto = _parse(data, where, check)
     _check_versions(proto, where)
     external = check_external_data(data, folder, where)
     if external:
         read_external_data(proto, folder, where)
     name_nodes(proto.graph)
     if not check:
-        return proto, str(Path(where).resolve()) if external else data
+        return proto
     _check_structure(proto.graph, where)
     _check_sizes(proto.graph, where)
     del data  # the checker and shape inference read one serialization of the model, and nothing else is held
@@ -75,7 +50,38 @@ def _read(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool) -> tu
         onnx.checker.check_model(checked)
     except onnx.checker.ValidationError as error:
         raise ModelError(f"{where}: {first_line(error)}") from None
-    return _infer_shapes(checked, where), None
+    return _infer_shapes(checked, where)
+
+
+def load_as_read(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[onnx.ModelProto, bytes | str]:
+    """The model's structure (`load(model, check=False)` without its tensors' values, past `_SKELETON` bytes:
+    names, signature, metadata, nodes named as `load` names them), and what a runtime given the model as it is
+    takes, without serializing it again: the bytes it was read from, or, for a file that keeps data in other
+    files (each checked to lie in its folder, not read), the file's resolved path (a model past protobuf's 2 GB
+    cannot be serialized at all)."""
+    data, where, folder = _bytes(model)
+    structure = skeleton(data, where) if len(data) >= _SKELETON else data
+    proto = _parse(structure, where, check=False)
+    _check_versions(proto, where)
+    external = check_external_data(structure, folder, where)
+    name_nodes(proto.graph)
+    return proto, str(Path(where).resolve()) if external else data
+
+
+_SKELETON = 1 << 20  # a smaller model is parsed whole: walking its wire format costs more
+
+
+def _bytes(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[bytes, str, Path | None]:
+    """A model's serialized bytes, what to call it in messages, and the folder its external data lies in."""
+    if isinstance(model, onnx.ModelProto):
+        with _within_protobuf("model"):
+            return serialized(model), "model", None
+    if isinstance(model, bytes):
+        return model, "model", None
+    path = Path(model)
+    if not path.is_file():
+        raise ModelError(f"{path}: no such file")
+    return path.read_bytes(), str(path), path.resolve().parent
 
 
 @contextmanager

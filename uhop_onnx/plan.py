@@ -52,7 +52,7 @@ class Stage:
     # Each output's name and declared dimensions, recorded when the plan is built (None in a plan saved before
     # stages recorded them: read from the stage's model when it is compiled); results are checked against it.
     declared: list[tuple[str, Dims]] | None = None
-    model: Any = field(default=None, repr=False)  # onnx.ModelProto, read from `file` on demand
+    model: Any = field(default=None, repr=False)  # onnx.ModelProto, read from `file` or `data` on demand
     # The model's bytes as read (or the path of a model file that keeps data in other files, checked), where the
     # stage is a model whole and unchanged on ONNX Runtime: given to it as they are (serializing a large model
     # again costs as much as ONNX Runtime's own start, and one past protobuf's 2 GB cannot be serialized).
@@ -189,9 +189,14 @@ class Plan:
         }
 
     def stage_model(self, stage: Stage):
-        """The stage's ONNX model, read from the plan folder when not in memory, once its bytes match the
-        sha256 the plan recorded and any data it keeps in other files lies in the plan folder (then read
-        into it: no runtime resolves those paths, against the working directory, itself)."""
+        """The stage's ONNX model: parsed from the bytes or the file it was read from (a model whole, as read)
+        or read from the plan folder when not in memory, once its bytes match the sha256 the plan recorded and
+        any data it keeps in other files lies in the plan folder (then read into it: no runtime resolves those
+        paths, against the working directory, itself)."""
+        if stage.model is None and stage.data is not None:
+            from .loader import load
+
+            stage.model = load(stage.data, check=False)
         if stage.model is None:
             import onnx
 

@@ -53,11 +53,11 @@ def compile_stage(plan: Plan, stage: Stage, threads: int | None, exclusive: bool
     if on is None:
         provider = provider.at_precision(stage.precision)
     provider.require()
-    model = plan.stage_model(stage)
     if stage.declared is None:
-        stage.declared = declared_outputs(model)
+        stage.declared = declared_outputs(plan.stage_model(stage))
     try:
-        return provider.compile(model if stage.data is None or on else stage.data, exclusive=exclusive)
+        return provider.compile(plan.stage_model(stage) if stage.data is None or on else stage.data,
+                                exclusive=exclusive)
     except UhopError:
         raise
     except Exception as error:  # noqa: BLE001 - a runtime may refuse a stage in any way; say which
