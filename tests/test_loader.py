@@ -212,7 +212,8 @@ def test_a_session_on_a_large_model_holds_it_whole_where_it_is_needed(tmp_path):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     path = tmp_path / "m.onnx"
     path.write_bytes(model.SerializeToString())
-    session = uhop_onnx.InferenceSession(str(path), adapt=False)
+    session = uhop_onnx.InferenceSession(str(path))
+    assert session.plan.stages[0].data == str(path.resolve())  # ONNX Runtime reads the file, not a copy
     x = np.ones((3, 512), np.float32)
     np.testing.assert_allclose(session.run(None, {"x": x})[0], x @ weight, rtol=1e-5)
     folder = session.plan.save(tmp_path / "plan")
@@ -220,3 +221,12 @@ def test_a_session_on_a_large_model_holds_it_whole_where_it_is_needed(tmp_path):
     [stage] = uhop_onnx.Plan.load(folder).stages
     saved = onnx.load(str(folder / stage.file))
     np.testing.assert_array_equal(numpy_helper.to_array(saved.graph.initializer[0]), weight)
+
+
+@pytest.mark.parametrize("location", ["../secret.bin", "link.bin"])
+def test_a_session_refuses_external_data_outside_the_model_folder(tmp_path, location):
+    (tmp_path / "secret.bin").write_bytes(np.full(2, 7, np.float32).tobytes())
+    path = _external_model(tmp_path, location)
+    (path.parent / "link.bin").symlink_to(tmp_path / "secret.bin")
+    with pytest.raises(ModelError, match="outside the model's folder"):
+        uhop_onnx.InferenceSession(str(path))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import mmap
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -56,19 +57,37 @@ def load(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool = True)
 def load_as_read(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[onnx.ModelProto, bytes | str]:
     """The model's structure (`load(model, check=False)` without its tensors' values, past `_SKELETON` bytes:
     names, signature, metadata, nodes named as `load` names them), and what a runtime given the model as it is
-    takes, without serializing it again: the bytes it was read from, or, for a file that keeps data in other
-    files (each checked to lie in its folder, not read), the file's resolved path (a model past protobuf's 2 GB
-    cannot be serialized at all)."""
-    data, where, folder = _bytes(model)
-    structure = skeleton(data, where) if len(data) >= _SKELETON else data
+    takes, without reading or serializing it again: a file's resolved path (its external data checked to lie
+    in its folder, not read; ONNX Runtime checks the same when it reads them), else the model's bytes."""
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        if not path.is_file():
+            raise ModelError(f"{path}: no such file")
+        data, where, folder = str(path.resolve()), str(path), path.resolve().parent
+        structure = _mapped_skeleton(path) if path.stat().st_size >= _SKELETON else path.read_bytes()
+    else:
+        data, where, folder = _bytes(model)
+        structure = skeleton(data, where) if len(data) >= _SKELETON else data
     proto = _parse(structure, where, check=False)
     _check_versions(proto, where)
-    external = check_external_data(structure, folder, where)
+    # the parsed tensors tell at C speed whether any keeps data elsewhere; the wire walk then checks where
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in _tensors(proto)):
+        check_external_data(structure, folder, where)
     name_nodes(proto.graph)
-    return proto, str(Path(where).resolve()) if external else data
+    return proto, data
 
 
 _SKELETON = 1 << 20  # a smaller model is parsed whole: walking its wire format costs more
+
+
+def _mapped_skeleton(path: Path) -> bytes:
+    """`files.skeleton` of a model file, mapped rather than read: the walk touches only its fields' headers."""
+    with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as view:
+        try:
+            return skeleton(view, str(path))
+        except ModelError as error:  # its traceback holds views of the mapping: let it go before unmapping
+            failure = str(error)
+    raise ModelError(failure)
 
 
 def _bytes(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[bytes, str, Path | None]:
