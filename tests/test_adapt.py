@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -385,3 +386,27 @@ def test_a_decision_settled_as_the_program_ends_is_not_an_error(tmp_path):
     serving._keep(next(iter(serving._buckets.values())))
     assert not serving.decisions.table.read()
     serving.close()
+
+
+def test_a_model_of_a_size_nothing_was_kept_for_starts_before_its_digest_and_keeps_its_decision(tmp_path):
+    """On a cold cache the starter compiles while the model is hashed; the digest then names the starter's
+    plan and keys the decision, which the next session (same size: it waits for the digest) starts on."""
+    from uhop_onnx.cache import model_digest
+
+    model = BUILDERS["cnn"]()
+    path = tmp_path / "cnn.onnx"
+    onnx.save(model, path)
+    feeds = random_feeds(model)
+    session = uhop_onnx.InferenceSession(str(path), adapt_budget=0.0)
+    assert isinstance(session._serving.decisions, Future)  # keyed once the digest is computed
+    assert_matches(session.run(None, feeds), reference(model, feeds))
+    _wait(lambda: session.plan.model_hash)
+    assert session.plan.model_hash == model_digest(str(path))
+    folder = session._serving.decisions.result().folder
+    assert folder.name.startswith(f"{path.stat().st_size}-")
+    bucket = next(iter(session.adaptation))
+    session.close()
+    Decisions(folder).keep(bucket, "openvino", optimize(model, providers=["openvino"], profile=False), 10)
+    again = uhop_onnx.InferenceSession(str(path))
+    assert isinstance(again._serving.decisions, Decisions) and again.get_providers() == ["openvino"]
+    again.close()

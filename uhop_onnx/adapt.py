@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -156,7 +156,8 @@ class Serving:
                  candidates: Callable[[Callable[[], bool]], Mapping[str, Recipe]] | None = None, *,
                  budget_s: float = 60.0, explore_after_s: float = EXPLORE_AFTER_S,
                  tolerance: Mapping[str, float] = FP32_CHECK,
-                 decisions: Decisions | None = None, decided: Mapping[str, tuple[str, Plan | None, int]] | None = None,
+                 decisions: Decisions | Future[Decisions] | None = None,
+                 decided: Mapping[str, tuple[str, Plan | None, int]] | None = None,
                  recheck: str | None = None, unplaced: Callable[[], tuple[str, Plan]] | None = None):
         self._compile, self._candidates = compile, candidates
         self._recipes: Mapping[str, Recipe] | None = None  # the candidates, once the background work asked
@@ -178,6 +179,14 @@ class Serving:
         self._worker: threading.Thread | None = None
         # Decisions are written one after another, in the order made (a bucket's later one must win)
         self._keeper = ThreadPoolExecutor(1, thread_name_prefix="uhop-adapt-keep")
+        if isinstance(decisions, Future):  # keyed by the model's digest, still being computed
+            decisions.add_done_callback(self._keyed)
+
+    def _keyed(self, decisions: Future[Decisions]) -> None:
+        """The model's digest, once computed, named by the starter's plan where it was left blank."""
+        if decisions.exception() is None and not self.starter.plan.model_hash:
+            with self._lock:
+                self.starter.plan = replace(self.starter.plan, model_hash=decisions.result().digest)
 
     # what the session reads
 
@@ -393,10 +402,19 @@ class Serving:
         if self.decisions is not None and not self._closed:
             starter = bucket.current is self.starter and self._unplaced is None
             try:
-                self._keeper.submit(self.decisions.keep, bucket.key, bucket.current.label,
+                self._keeper.submit(self._kept, bucket.key, bucket.current.label,
                                     None if starter else bucket.current.plan, bucket.calls)
             except RuntimeError:  # the interpreter is shutting down (a background settle after the program ended)
                 log.debug("%s: the program ended before its decision could be kept", bucket.key)
+
+    def _kept(self, *decision: Any) -> None:
+        """`Decisions.keep(*decision)`, on the keeper's thread, once the model's digest keys them."""
+        try:
+            decisions = self.decisions.result() if isinstance(self.decisions, Future) else self.decisions
+        except Exception as error:  # noqa: BLE001 - the digest failed: the decision is only not kept
+            log.warning("could not keep the decision for %s: %s", decision[0], first_line(error))
+            return
+        decisions.keep(*decision)
 
     def _retire(self, arm: Arm) -> None:
         """Close `arm` once no bucket serves with it or tries it and no call runs on it (under the lock)."""

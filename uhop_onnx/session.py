@@ -341,22 +341,27 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
     plan at the bucket's real inputs; a plan decided earlier is re-checked against ONNX Runtime alone."""
     first = resolve(["ort-cpu"] if specs is None else specs, threads, strict, policy="literal")[0]
     plain = first.id == LAST_RESORT and not assign  # ONNX Runtime runs every node: nothing to place
+    # nothing was kept for a model of this size, so no digest can find a decision: the model is hashed later
+    late = plain and not _kept_for_size(model_size(source))
     # reading and hashing a large file leave the GIL: done beside the load (a thread costs more on a small one)
-    beside = ThreadPoolExecutor(1, thread_name_prefix="uhop-digest") if _large(source) else None
+    beside = ThreadPoolExecutor(1, thread_name_prefix="uhop-digest") if late or _large(source) else None
     try:
-        digest = beside.submit(model_digest, source) if beside else None
+        digest = beside.submit(model_digest, source) if beside and not late else None
         # ONNX Runtime checks the model; uhop's own checks run before any other provider
         loaded, data = load_as_read(source) if plain else (None, None)
-        decisions = decisions_for(source, specs, threads, policy, assign, digest and digest.result())
+        key = (source, specs, threads, policy, assign)
+        decisions = beside.submit(decisions_for, *key) if late else decisions_for(*key, digest and digest.result())
     finally:
         if beside:
-            beside.shutdown()
+            beside.shutdown(wait=not late)
 
     def unplaced() -> tuple[str, Plan]:
-        """The plan a session starts on when nothing was decided, and its label."""
+        """The plan a session starts on when nothing was decided, and its label (its model digest left blank
+        while it is computed: `Serving` fills it in)."""
         if plain:
             model, as_read = (loaded, data) if loaded is not None else load_as_read(source)
-            return first.label, whole_model(model, as_read, model_name(source, model), decisions.digest, first)
+            digest = "" if late else decisions.digest
+            return first.label, whole_model(model, as_read, model_name(source, model), digest, first)
         from .optimizer import optimize
 
         placed = optimize(source, providers=specs, assign=assign, profile=False, threads=threads, strict=strict,
@@ -364,7 +369,7 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
         nodes = {p: sum(len(s.nodes) for s in placed.stages if s.provider == p) for p in placed.get_providers()}
         return max(nodes, key=nodes.get), placed
 
-    decided = decisions.read()
+    decided = {} if late else decisions.read()
     label, starter, _ = next(iter(decided.values()), ("", None, 0))  # the most called bucket's plan
     kept = starter is not None
     if kept:  # the model as read is not held for the session's life: read again if `unplaced` is called
@@ -398,12 +403,21 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
                    recheck=LAST_RESORT, unplaced=unplaced if kept else None)
 
 
+def model_size(source: Any) -> int | None:
+    """The bytes of a model file, of serialized bytes or of a model object; None for a path not readable."""
+    if isinstance(source, bytes):
+        return len(source)
+    if hasattr(source, "ByteSize"):
+        return source.ByteSize()
+    try:
+        return os.stat(source).st_size
+    except OSError:  # load() names the problem
+        return None
+
+
 def _large(source: Any) -> bool:
     """Whether `source` is a model file of at least `cache.LARGE` bytes."""
-    try:
-        return isinstance(source, (str, os.PathLike)) and os.stat(source).st_size >= LARGE
-    except OSError:  # load() names the problem
-        return False
+    return isinstance(source, (str, os.PathLike)) and (model_size(source) or 0) >= LARGE
 
 
 def decisions_for(source: Any, specs: list | None, threads: int | None, policy: str,
@@ -416,7 +430,20 @@ def decisions_for(source: Any, specs: list | None, threads: int | None, policy: 
     digest = digest or model_digest(source)
     key = json.dumps([digest, device_fingerprint(threads), __version__, repr(specs), policy, dict(assign or {})],
                      sort_keys=True)
-    return Decisions(cache_dir() / "sessions" / hashlib.sha256(key.encode()).hexdigest()[:32], digest)
+    # named by the model's size too: a model of a size nothing was kept for needs no digest (`_kept_for_size`)
+    name = f"{model_size(source)}-{hashlib.sha256(key.encode()).hexdigest()[:32]}"
+    return Decisions(cache_dir() / "sessions" / name, digest)
+
+
+def _kept_for_size(size: int | None) -> bool:
+    """Whether sessions kept decisions for any model of `size` bytes (True when that is not known)."""
+    try:
+        with os.scandir(cache_dir() / "sessions") as kept:
+            return size is None or any(entry.name.startswith(f"{size}-") for entry in kept)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
 
 
 def _read_session_options(so: Any) -> dict[str, Any]:
