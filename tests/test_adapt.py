@@ -388,10 +388,13 @@ def test_a_decision_settled_as_the_program_ends_is_not_an_error(tmp_path):
     serving.close()
 
 
-def test_a_model_of_a_size_nothing_was_kept_for_starts_before_its_digest_and_keeps_its_decision(tmp_path):
+def test_a_model_of_a_size_nothing_was_kept_for_starts_before_its_digest_and_keeps_its_decision(tmp_path,
+                                                                                                  monkeypatch):
     """On a cold cache the starter compiles while the model is hashed; the digest then names the starter's
     plan and keys the decision, which the next session (same size: it waits for the digest) starts on."""
     from uhop_onnx.cache import model_digest
+
+    monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path / "cache"))
 
     model = BUILDERS["cnn"]()
     path = tmp_path / "cnn.onnx"

@@ -188,32 +188,43 @@ def read_npz(path: str | os.PathLike | IO[bytes], error: type[UhopError] = Input
 
 def check_external_data(model: bytes, folder: Path | None, where: object, error: type[UhopError] = ModelError,
                         remedy: str = "load the model from its file path instead") -> bool:
-    """Whether the serialized ONNX `model` keeps tensors' data in other files, once each such file is checked:
-    a relative path that stays inside `folder` once links are resolved, a regular file holding the bytes the
-    tensor names. Anything else is an `error` naming `where`; without a `folder` (a model given as bytes, or
-    one a runtime reads from bytes and would resolve against the working directory), any such tensor is,
-    with `remedy`. Reads the protobuf wire format itself: no onnx needed (a board has none)."""
-    found = external_tensors(model, where, error)
+    """Whether the serialized ONNX `model` keeps tensors' data in other files, once each such file is checked
+    (`check_locations`). Reads the protobuf wire format itself: no onnx needed (a board has none)."""
+    return check_locations(external_tensors(model, where, error), folder, where, error, remedy)
+
+
+def check_locations(found: list[tuple[str, dict[str, str]]], folder: Path | None, where: object,
+                    error: type[UhopError] = ModelError, remedy: str = "load the model from its file path instead"
+                    ) -> bool:
+    """Whether `found`, the (name, external_data entries) of a model's tensors that keep their data in other
+    files, names any, once each is checked: a relative path that stays inside `folder` once links are
+    resolved, a regular file holding the bytes the tensor names. Anything else is an `error` naming `where`;
+    without a `folder` (a model given as bytes, or one a runtime reads from bytes and would resolve against
+    the working directory), any such tensor is, with `remedy`."""
     if found and folder is None:
         name, entries = found[0]
         raise error(f"{where}: tensor {name!r} keeps its data in another file ({entries.get('location')!r}); "
                     f"{remedy}")
     root = folder.resolve() if folder is not None else None
+    sizes: dict[str, int | None] = {}  # location -> its file's size (None: not a file inside the folder)
     for name, entries in found:
         location = entries.get("location", "")
         try:
-            target = (root / location).resolve()
             offset, length = int(entries.get("offset") or 0), int(entries.get("length") or 0)
+            if location not in sizes:
+                target = (root / location).resolve()
+                inside = location and not Path(location).is_absolute() and target.is_relative_to(root)
+                sizes[location] = target.stat().st_size if inside and target.is_file() else -1 if inside else None
         except (ValueError, OSError) as failure:
             raise error(f"{where}: external data of tensor {name!r} names {location!r} at offset "
                         f"{entries.get('offset')!r}, length {entries.get('length')!r}: not usable "
                         f"({failure})") from None
-        if not location or Path(location).is_absolute() or not target.is_relative_to(root):
+        if sizes[location] is None:
             raise error(f"{where}: external data of tensor {name!r} points outside the model's folder "
                         f"({location!r}); keep external data files beside the model")
-        if not target.is_file():
+        if sizes[location] < 0:
             raise error(f"{where}: external data file {location!r} of tensor {name!r} is missing")
-        if offset < 0 or length < 0 or offset + length > target.stat().st_size:
+        if offset < 0 or length < 0 or offset + length > sizes[location]:
             raise error(f"{where}: external data of tensor {name!r} runs past the end of {location!r}")
     return bool(found)
 

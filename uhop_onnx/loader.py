@@ -16,7 +16,7 @@ from google.protobuf.message import DecodeError, Message
 from onnx import external_data_helper, shape_inference
 
 from .errors import ModelError, first_line
-from .files import check_external_data, skeleton
+from .files import check_external_data, check_locations, skeleton
 from .graph import outer_inputs
 
 log = logging.getLogger(__name__)
@@ -70,9 +70,8 @@ def load_as_read(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[on
         structure = skeleton(data, where) if len(data) >= _SKELETON else data
     proto = _parse(structure, where, check=False)
     _check_versions(proto, where)
-    # the parsed tensors tell at C speed whether any keeps data elsewhere; the wire walk then checks where
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in _tensors(proto)):
-        check_external_data(structure, folder, where)
+    check_locations([(t.name, {e.key: e.value for e in t.external_data}) for t in _tensors(proto)
+                     if t.data_location == onnx.TensorProto.EXTERNAL], folder, where)
     name_nodes(proto.graph)
     return proto, data
 
