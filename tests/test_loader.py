@@ -223,10 +223,15 @@ def test_a_session_on_a_large_model_holds_it_whole_where_it_is_needed(tmp_path):
     np.testing.assert_array_equal(numpy_helper.to_array(saved.graph.initializer[0]), weight)
 
 
-@pytest.mark.parametrize("location", ["../secret.bin", "link.bin"])
+@pytest.mark.parametrize("location", ["../secret.bin", "link.bin", "absolute"])
 def test_a_session_refuses_external_data_outside_the_model_folder(tmp_path, location):
     (tmp_path / "secret.bin").write_bytes(np.full(2, 7, np.float32).tobytes())
-    path = _external_model(tmp_path, location)
+    path = _external_model(tmp_path, str(tmp_path / "secret.bin") if location == "absolute" else location)
     (path.parent / "link.bin").symlink_to(tmp_path / "secret.bin")
     with pytest.raises(ModelError, match="outside the model's folder"):
         uhop_onnx.InferenceSession(str(path))
+    # what the session hands the path to refuses it too, were the file changed after uhop-onnx's check
+    import onnxruntime
+
+    with pytest.raises(Exception, match="External data path"):
+        onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
