@@ -54,6 +54,9 @@ def load(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool = True)
     return _infer_shapes(checked, where)
 
 
+_SKELETON = 1 << 20  # a smaller model is parsed whole: walking its wire format costs more
+
+
 def load_as_read(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[onnx.ModelProto, bytes | str]:
     """The model's structure (`load(model, check=False)` without its tensors' values, past `_SKELETON` bytes:
     names, signature, metadata, nodes named as `load` names them), and what a runtime given the model as it is
@@ -74,9 +77,6 @@ def load_as_read(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[on
                      if t.data_location == onnx.TensorProto.EXTERNAL], folder, where)
     name_nodes(proto.graph)
     return proto, data
-
-
-_SKELETON = 1 << 20  # a smaller model is parsed whole: walking its wire format costs more
 
 
 def _mapped_skeleton(path: Path) -> bytes:

@@ -53,8 +53,8 @@ class Stage:
     # stages recorded them: read from the stage's model when it is compiled); results are checked against it.
     declared: list[tuple[str, Dims]] | None = None
     model: Any = field(default=None, repr=False)  # onnx.ModelProto, read from `file` or `data` on demand
-    # The model's bytes as read (or the path of a model file that keeps data in other files, checked), where the
-    # stage is a model whole and unchanged on ONNX Runtime: given to it as they are (serializing a large model
+    # The model file's path (its external data checked), or the model's bytes as given, where the stage is a
+    # model whole and unchanged on ONNX Runtime: given to it as they are (reading and serializing a large model
     # again costs as much as ONNX Runtime's own start, and one past protobuf's 2 GB cannot be serialized).
     data: bytes | str | None = field(default=None, repr=False)
     # The stage's nodes as cut from the model, before its provider lowered them to its precision (the same

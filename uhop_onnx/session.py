@@ -343,7 +343,8 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
     plain = first.id == LAST_RESORT and not assign  # ONNX Runtime runs every node: nothing to place
     # nothing was kept for a model of this size, so no digest can find a decision: the model is hashed later
     late = plain and not _kept_for_size(model_size(source))
-    # reading and hashing a large file leave the GIL: done beside the load (a thread costs more on a small one)
+    # reading and hashing a large file leave the GIL: done beside the load (a thread costs more on a small one,
+    # unless nothing waits for it)
     beside = ThreadPoolExecutor(1, thread_name_prefix="uhop-digest") if late or _large(source) else None
     try:
         digest = beside.submit(model_digest, source) if beside and not late else None
