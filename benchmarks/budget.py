@@ -6,9 +6,9 @@ Per model: the wall time of `uhop-onnx optimize --budget B` in its own process (
 plan it chose, and that plan's latency over the plan of the unbounded search (`--budget 100000`, another cold
 cache), both plans timed each in its own worker process, in alternating rounds (`measure.time_candidates`):
 the ratio is the median over rounds of the bounded plan's round median over the unbounded one's in the same
-round (where both chose the same plan, it shows only the noise between two processes). Every cold cache starts
-with the kernels library already built (it is built once per host, not per model: a first `optimize` on the
-shipped MobileNet builds it). `--models` takes `encoder` (the shipped one) and corpus names
+round (where both chose the same plan, which the line says, it shows only the noise between two processes).
+Every cold cache starts with the kernels library already built (it is built once per host, not per model: a
+first `optimize` on the shipped MobileNet builds it). `--models` takes `encoder` (the shipped one) and corpus names
 (`corpus_models.case`: `timm-resnet18`, `hf-bert@dynamo`, `int8-qdq`...), measured at their inputs.
 """
 
@@ -73,6 +73,14 @@ def chosen(folder: Path) -> str:
     return f"{plan.profile['chosen']} ({stages_summary(stages)})"
 
 
+def same_plan(a: Path, b: Path) -> bool:
+    """Whether two plan folders place the same nodes on the same providers, options and precisions."""
+    def layout(folder: Path) -> list:
+        return [(s.provider, s.options, s.precision, s.nodes) for s in Plan.load(folder).stages]
+
+    return layout(a) == layout(b)
+
+
 def main(budget: float = 30.0, models: str = "timm-resnet18,encoder", rounds: int = 15,
          json_out: Path | None = typer.Option(None, "--json")) -> None:
     results = {}
@@ -92,11 +100,13 @@ def main(budget: float = 30.0, models: str = "timm-resnet18,encoder", rounds: in
             ratio = statistics.median(b / u for b, u in pairs) if None not in ms.values() else None
             results[name] = {"model": model, "budget_s": budget, "wall_s": round(wall, 1),
                              "unbounded_wall_s": round(wall_unbounded, 1), "plan": chosen(bounded),
-                             "unbounded_plan": chosen(unbounded), "ms": ms, "ratio": ratio and round(ratio, 3)}
+                             "unbounded_plan": chosen(unbounded), "same_plan": same_plan(bounded, unbounded),
+                             "ms": ms, "ratio": ratio and round(ratio, 3)}
             r = results[name]
             print(f"{name}: optimize --budget {budget:g} took {r['wall_s']} s (unbounded {r['unbounded_wall_s']} s); "
-                  f"plan {r['plan']} vs unbounded {r['unbounded_plan']}: {ms['bounded']} ms vs "
-                  f"{ms['unbounded']} ms, median ratio per round {r['ratio']}", flush=True)
+                  f"plan {r['plan']} vs unbounded {r['unbounded_plan']}"
+                  f"{' (the same plan: the ratio is the noise between two processes)' if r['same_plan'] else ''}: "
+                  f"{ms['bounded']} ms vs {ms['unbounded']} ms, median ratio per round {r['ratio']}", flush=True)
     if json_out:
         json_out.write_text(json.dumps(results, indent=2) + "\n")
 
