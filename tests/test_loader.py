@@ -235,3 +235,18 @@ def test_a_session_refuses_external_data_outside_the_model_folder(tmp_path, loca
 
     with pytest.raises(Exception, match="External data path"):
         onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def test_a_model_nested_past_protobufs_limit_is_named_not_a_recursion_error():
+    """Graphs inside If attributes, 400 deep (1200 messages; protobuf's own parser stops at 100), each large
+    enough to be walked into: written on the wire, as onnx cannot build them."""
+    from uhop_onnx.files import _encoded, skeleton
+
+    def field(number: int, payload: bytes) -> bytes:
+        return _encoded(number << 3 | 2) + _encoded(len(payload)) + payload
+
+    graph = field(5, field(9, bytes(1200)))  # GraphProto.initializer, its raw_data
+    for _ in range(400):
+        graph = field(1, field(5, field(6, graph)))  # GraphProto.node -> NodeProto.attribute -> AttributeProto.g
+    with pytest.raises(ModelError, match="nested over 100 deep"):
+        skeleton(field(7, graph))

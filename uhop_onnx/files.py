@@ -287,6 +287,7 @@ def external_tensors(model: bytes, where: object = "model", error: type[UhopErro
 
 _VALUES = frozenset({4, 5, 6, 7, 9, 10, 11})  # TensorProto's fields that hold its values
 _WHOLE = 1024  # a message shorter than this is kept as it is
+_DEEPEST = 100  # messages nested deeper are refused, as protobuf's parser refuses them
 
 
 def skeleton(model: bytes, where: object = "model", error: type[UhopError] = ModelError) -> bytes:
@@ -297,8 +298,11 @@ def skeleton(model: bytes, where: object = "model", error: type[UhopError] = Mod
     return b"".join(_without_values(data, 0, len(data), "model", where, error))
 
 
-def _without_values(data: memoryview, at: int, end: int, kind: str, where: object, error: type[UhopError]) -> list:
+def _without_values(data: memoryview, at: int, end: int, kind: str, where: object, error: type[UhopError],
+                    depth: int = 0) -> list:
     """The fields of one `kind` of message in `data[at:end]`, as pieces of bytes, tensors' values left out."""
+    if depth > _DEEPEST:
+        raise error(f"{where}: not an ONNX model that can be read (messages nested over {_DEEPEST} deep)")
     pieces: list = []
     leads = _LEADS.get(kind, {})
     while at < end:
@@ -312,7 +316,7 @@ def _without_values(data: memoryview, at: int, end: int, kind: str, where: objec
             if at + size > end:
                 raise error(f"{where}: not an ONNX model or truncated (a field runs past its message)")
             if number in leads and size >= _WHOLE:
-                inner = b"".join(_without_values(data, at, at + size, leads[number], where, error))
+                inner = b"".join(_without_values(data, at, at + size, leads[number], where, error, depth + 1))
                 pieces += [data[begin:keyed], _encoded(len(inner)), inner]
                 at += size
                 continue
