@@ -1,7 +1,8 @@
 """Files: writes that land whole or not at all (a file or a folder is built beside its target and renamed onto
 it, with the modes the user's umask gives: mkstemp and mkdtemp would leave them private to the owner), staging
-left by a killed process removed on the next write, `.npz` arrays read without pickles, and the external-data
-files an ONNX model names checked to lie inside its own folder."""
+left by a killed process removed on the next write, `.npz` arrays read without pickles, the external-data
+files an ONNX model names checked to lie inside its own folder, and a serialized model's structure without its
+tensors' values (both read from the protobuf wire format: a board has no onnx)."""
 
 from __future__ import annotations
 
