@@ -6,7 +6,8 @@ For each model, at the shapes its users call it with:
 - curve: one adaptive session called until it has decided (or `--settle` seconds): its latency over calls,
   in windows, with the calls and seconds it took to decide and what it decided;
 - steady: ONNX Runtime and OpenVINO run directly, LiteRT alone, and the adaptive session after its warm-up
-  (from the decision the curve run kept), each in its own worker process, in alternating rounds
+  (from the decision the curve run kept, called back to back until it has decided again, before the other
+  workers start building), each in its own worker process, in alternating rounds
   (`measure.time_candidates`); the minimum of the round medians, and uhop-onnx over the fastest single runtime.
 
     python benchmarks/adapt.py [--models yolov8n,ocr-det,...] [--rounds 3] [--settle 90] [--start-only]
@@ -170,11 +171,12 @@ def compare(name: str, rounds: int, settle: float, start_only: bool) -> None:
             tried = ", ".join(f"{t['label']} {t['state']}" for t in bucket["candidates"])
             print(f"    {bucket['bucket']}: {bucket['decision']} [{tried}]")
     os.environ["UHOP_CACHE_DIR"] = str(work / "kept")  # the steady session starts on what the curve kept
-    candidates = [Candidate("onnxruntime", "onnxruntime", "uhop_onnx.bench:raw_runtime"),
+    # the session warms up (and re-checks what the curve kept) first, alone: the others build after it
+    candidates = [Candidate("uhop adaptive", str(settle), "uhop_onnx.bench:adapted"),
+                  Candidate("onnxruntime", "onnxruntime", "uhop_onnx.bench:raw_runtime"),
                   Candidate("openvino", "openvino", "uhop_onnx.bench:raw_runtime"),
-                  Candidate("litert", "litert", "uhop_onnx.bench:provider_alone"),
-                  Candidate("uhop adaptive", str(settle), "uhop_onnx.bench:adapted")]
-    figures = time_candidates(candidates, str(path), feeds, None, rounds=max(5, rounds))
+                  Candidate("litert", "litert", "uhop_onnx.bench:provider_alone")]
+    figures = time_candidates(candidates, str(path), feeds, None, rounds=max(5, rounds), one_by_one=True)
     singles = {n: f["ms"] for n, f in figures.items() if n != "uhop adaptive" and f["ms"] is not None}
     for n, f in figures.items():
         text = f"{f['ms']:.3f} ms (spread {100 * f['spread']:.0f}%)" if f["ms"] is not None else f"failed: {f['error']}"

@@ -216,27 +216,33 @@ def time_plans_in_processes(plans: Mapping[str, Any] | Iterable[tuple[str, Any]]
 
 def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[str, np.ndarray],
                     threads: int | None, rounds: int, calls: int | None = None,
-                    deadline: Deadline | None = None) -> dict[str, dict]:
+                    deadline: Deadline | None = None, one_by_one: bool = False) -> dict[str, dict]:
     """Each candidate in its own worker process, run on `feeds`; rounds alternate between them, in a
     rotating order. At the `deadline`, a worker not yet ready is stopped (its error says so), and no round
-    starts after the third. Per name: `ms` (the minimum of the round medians), `spread`, `round_medians_ms`,
-    `stages` (`openvino x12` per stage) and `error` (one line, or None)."""
+    starts after the third. With `one_by_one`, each worker starts once the one before is ready (a candidate
+    that measures while it builds, an adaptive session, then has the machine to itself). Per name: `ms` (the
+    minimum of the round medians), `spread`, `round_medians_ms`, `stages` (`openvino x12` per stage) and
+    `error` (one line, or None)."""
     workers, replies, logs = {}, {}, {}
     shared = tempfile.NamedTemporaryFile(prefix=f"uhop-feeds-{os.getpid()}-", suffix=".npz", delete=False)
     with shared:
         np.savez(shared, **feeds)
-    for c in candidates:
+
+    def spawn(c: Candidate) -> None:
         request = json.dumps({"candidate": asdict(c), "model": model, "feeds": shared.name, "threads": threads,
                               "calls": calls})
         logs[c.name] = tempfile.TemporaryFile(mode="w+")
         workers[c.name], replies[c.name] = _spawn(["worker", request], logs[c.name])
+
+    for c in [] if one_by_one else candidates:
+        spawn(c)
     medians: dict[str, list[float]] = {c.name: [] for c in candidates}
     stages: dict[str, list[str]] = {c.name: [] for c in candidates}
     errors: dict[str, str] = {}
     late: set[str] = set()
 
     def stop_the_unready() -> None:
-        for name, worker in workers.items():
+        for name, worker in list(workers.items()):
             if name not in stages_told and worker.poll() is None:
                 late.add(name)
                 worker.kill()
@@ -247,7 +253,13 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
         watchdog.daemon = True
         watchdog.start()
     try:
-        for name, worker in workers.items():
+        for c in candidates:
+            if one_by_one and deadline is not None and deadline.passed:
+                errors[c.name] = LATE
+                continue
+            if one_by_one:
+                spawn(c)
+            name, worker = c.name, workers[c.name]
             try:
                 stages[name] = json.loads(_reply(worker, replies[name], "ready", logs[name]))
                 stages_told.add(name)
