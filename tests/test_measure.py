@@ -59,3 +59,35 @@ def test_a_saved_plan_is_timed_in_its_own_worker(tmp_path):
     assert figures["plan"]["stages"] == [f"ort-cpu x{len(plan.stages[0].nodes)}"]
     assert len(figures["plan"]["round_medians_ms"]) == 2
     assert figures["missing"]["ms"] is None and "not a plan folder" in figures["missing"]["error"]
+
+
+@pytest.mark.parametrize("one_by_one", [False, True])
+def test_workers_start_one_by_one_when_asked(tmp_path, monkeypatch, one_by_one):
+    """One by one, a worker starts once the one before it said it is ready (an adaptive session measuring
+    while it warms up then has the machine to itself); else all start at once."""
+    import uhop_onnx.measure as measure
+
+    model = mlp()
+    uhop_onnx.optimize(model, providers=["ort-cpu"], profile=False).save(tmp_path / "plan", report=False)
+    events: list[tuple[str, str]] = []
+    spawn, reply = measure._spawn, measure._reply
+
+    def spawned(command, log):
+        events.append(("start", json.loads(command[1])["candidate"]["name"]))
+        return spawn(command, log)
+
+    def replied(worker, replies, word, log):
+        said = reply(worker, replies, word, log)
+        if word == "ready":
+            events.append(("ready", ""))
+        return said
+
+    monkeypatch.setattr(measure, "_spawn", spawned)
+    monkeypatch.setattr(measure, "_reply", replied)
+    figures = time_candidates([Candidate("a", str(tmp_path / "plan")), Candidate("b", str(tmp_path / "plan"))],
+                              None, random_feeds(model), 1, 2, 2, one_by_one=one_by_one)
+    assert all(f["error"] is None for f in figures.values())
+    if one_by_one:
+        assert events == [("start", "a"), ("ready", ""), ("start", "b"), ("ready", "")]
+    else:
+        assert events[:2] == [("start", "a"), ("start", "b")]
