@@ -365,6 +365,25 @@ def test_a_kept_decision_starts_the_next_session_and_a_damaged_one_is_dropped(tm
     assert str(cache_dir()) in str(folder)  # kept in the cache, under its cap
 
 
+def test_a_kept_plan_is_rechecked_against_the_model_as_onnxruntime_runs_it(tmp_path, monkeypatch):
+    """The re-check's ONNX Runtime is the model as given, unsimplified (what the program would run without
+    uhop-onnx), not the simplified model on ONNX Runtime, which can run slower there."""
+    monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path / "cache"))
+    model = BUILDERS["cnn"]()
+    path = tmp_path / "cnn.onnx"
+    onnx.save(model, path)
+    feeds = random_feeds(model)
+    bucket = f"{model.graph.input[0].name}: 1x3x32x32"
+    folder = decisions_for(str(path), None, None, "device", None).folder
+    Decisions(folder).keep(bucket, "openvino", optimize(model, providers=["openvino"], profile=False), 10)
+    session = uhop_onnx.InferenceSession(str(path))
+    assert session.get_providers() == ["openvino"]
+    recheck = session._serving._candidates(lambda: False)["ort-cpu"](feeds)
+    [stage] = recheck.stages
+    assert stage.data == str(path.resolve()) and stage.nodes == [n.name for n in uhop_onnx.load(path).graph.node]
+    session.close()
+
+
 def test_a_replaced_decision_leaves_no_plan_behind(tmp_path, monkeypatch):
     monkeypatch.setattr("uhop_onnx.adapt.UNNAMED_S", 0.0)
     model = BUILDERS["cnn"]()

@@ -338,7 +338,8 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
     host and providers (the most called bucket's), else on the model placed on the runtimes `specs` name, as
     ONNX Runtime would run it (`ort-cpu` when none are named). Its candidates, prepared in the background,
     are each provider present (under `policy`) first with the others after it, then the measured search's
-    plan at the bucket's real inputs; a plan decided earlier is re-checked against ONNX Runtime alone."""
+    plan at the bucket's real inputs; a plan decided earlier is re-checked against ONNX Runtime alone (on
+    `ort-cpu`, the model as given, unsimplified)."""
     first = resolve(["ort-cpu"] if specs is None else specs, threads, strict, policy="literal")[0]
     plain = first.id == LAST_RESORT and not assign  # ONNX Runtime runs every node: nothing to place
     # nothing was kept for a model of this size, so no digest can find a decision: the model is hashed later
@@ -396,6 +397,10 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
                                 **{"budget": min(30.0, budget_s), **optimize_options})
 
         recipes = {p.label: (lambda sample, label=p.label: first_then_rest(a, label, threads)) for p in a.providers}
+        # ONNX Runtime alone is the model as given on it, unsimplified: what a kept plan is re-checked against
+        # (the simplified model can run slower there: 1.2x on a GPT-2 step)
+        if plain:
+            recipes[first.label] = lambda sample: unplaced()[1]
         # our kernels build a C library for the model's shapes (minutes for a large CNN): their turn comes last
         slow = {label: recipes.pop(label) for label in [p.label for p in a.providers if p.id == "kernels"]}
         return {**recipes, "search": search, **slow}
