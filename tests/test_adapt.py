@@ -340,14 +340,19 @@ def test_a_plan_is_not_adapted_unless_asked(tmp_path):
         uhop_onnx.InferenceSession(plan, adapt=True)
 
 
-def test_a_kept_decision_starts_the_next_session_and_a_damaged_one_is_dropped(tmp_path, caplog):
+def _kept_on_openvino(tmp_path) -> tuple[onnx.ModelProto, Path, dict, Path]:
+    """The cnn saved to a file, its feeds, and the folder of decisions that keep it on OpenVINO."""
     model = BUILDERS["cnn"]()
     path = tmp_path / "cnn.onnx"
     onnx.save(model, path)
-    feeds = random_feeds(model)
     bucket = f"{model.graph.input[0].name}: 1x3x32x32"
     folder = decisions_for(str(path), None, None, "device", None).folder
     Decisions(folder).keep(bucket, "openvino", optimize(model, providers=["openvino"], profile=False), 10)
+    return model, path, random_feeds(model), folder
+
+
+def test_a_kept_decision_starts_the_next_session_and_a_damaged_one_is_dropped(tmp_path, caplog):
+    model, path, feeds, folder = _kept_on_openvino(tmp_path)
     again = uhop_onnx.InferenceSession(str(path))
     assert again.get_providers() == ["openvino"]  # it starts on what was decided
     assert_matches(again.run(None, feeds), reference(model, feeds))
@@ -369,13 +374,7 @@ def test_a_kept_plan_is_rechecked_against_the_model_as_onnxruntime_runs_it(tmp_p
     """The re-check's ONNX Runtime is the model as given, unsimplified (what the program would run without
     uhop-onnx), not the simplified model on ONNX Runtime, which can run slower there."""
     monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path / "cache"))
-    model = BUILDERS["cnn"]()
-    path = tmp_path / "cnn.onnx"
-    onnx.save(model, path)
-    feeds = random_feeds(model)
-    bucket = f"{model.graph.input[0].name}: 1x3x32x32"
-    folder = decisions_for(str(path), None, None, "device", None).folder
-    Decisions(folder).keep(bucket, "openvino", optimize(model, providers=["openvino"], profile=False), 10)
+    _, path, feeds, _ = _kept_on_openvino(tmp_path)
     session = uhop_onnx.InferenceSession(str(path))
     assert session.get_providers() == ["openvino"]
     recheck = session._serving._candidates(lambda: False)["ort-cpu"](feeds)
