@@ -250,3 +250,12 @@ def test_a_model_nested_past_protobufs_limit_is_named_not_a_recursion_error():
         graph = field(1, field(5, field(6, graph)))  # GraphProto.node -> NodeProto.attribute -> AttributeProto.g
     with pytest.raises(ModelError, match="nested over 100 deep"):
         skeleton(field(7, graph))
+
+
+@pytest.mark.parametrize("source", [3, None, 2.5])
+def test_a_model_of_no_known_kind_is_named(source):
+    """A file descriptor number is not read as a model file (a session sized the model by it before)."""
+    with pytest.raises(TypeError, match=f"a file path, bytes or an onnx.ModelProto, not {type(source).__name__}"):
+        uhop_onnx.InferenceSession(source)
+    with pytest.raises(TypeError, match="a file path, bytes or an onnx.ModelProto"):
+        uhop_onnx.load(source)

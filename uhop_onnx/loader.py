@@ -96,6 +96,8 @@ def _bytes(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[bytes, s
             return serialized(model), "model", None
     if isinstance(model, bytes):
         return model, "model", None
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"a model is a file path, bytes or an onnx.ModelProto, not {type(model).__name__}")
     path = Path(model)
     if not path.is_file():
         raise ModelError(f"{path}: no such file")

@@ -410,15 +410,16 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
 
 
 def model_size(source: Any) -> int | None:
-    """The bytes of a model file, of serialized bytes or of a model object; None for a path not readable."""
+    """The bytes of a model file, of serialized bytes or of a model object; None for anything else, or a path
+    not readable (loading names the problem)."""
     if isinstance(source, bytes):
         return len(source)
-    if hasattr(source, "ByteSize"):
-        return source.ByteSize()
-    try:
-        return os.stat(source).st_size
-    except OSError:  # load() names the problem
-        return None
+    if isinstance(source, (str, os.PathLike)):
+        try:
+            return os.stat(source).st_size
+        except OSError:
+            return None
+    return source.ByteSize() if hasattr(source, "ByteSize") else None
 
 
 def _large(source: Any) -> bool:
