@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import mmap
 import os
 import platform
 import re
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError, UhopError
-from .files import atomic_file, external_tensors
+from .files import atomic_file, external_tensors, read_mapped
 
 log = logging.getLogger(__name__)
 
@@ -171,22 +170,12 @@ def _data_files(path: Path) -> list[tuple[str, Path]]:
     """(location, file) of each file of its folder that a model file names as external data, in order; none
     for a file that is no model. The file is mapped, not read: the walk reads only its fields' headers."""
     try:
-        with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as view:
-            locations = {entries.get("location", "") for _, entries in _external(view)}
-    except (OSError, ValueError):  # empty, or unreadable: loading it names the problem
+        locations = {entries.get("location", "") for _, entries in read_mapped(path, external_tensors)}
+    except (OSError, ValueError, UhopError):  # empty, unreadable or no model: loading it names the problem
         return []
     folder = path.resolve().parent
     found = [(location, (folder / location).resolve()) for location in sorted(locations) if location]
     return [(location, target) for location, target in found if target.is_relative_to(folder) and target.is_file()]
-
-
-def _external(view: mmap.mmap) -> list:
-    """`external_tensors` of a mapped file; none for one that is no model (its error let go here, so that
-    nothing still holds the mapping when it closes)."""
-    try:
-        return external_tensors(view)
-    except UhopError:
-        return []
 
 
 def _hashed(path: Path) -> str:

@@ -6,15 +6,16 @@ tensors' values (both read from the protobuf wire format: a board has no onnx)."
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 from .errors import InputError, ModelError, OutputError, UhopError
 
@@ -284,6 +285,21 @@ def external_tensors(model: bytes, where: object = "model", error: type[UhopErro
             raise error(f"{where}: not an ONNX model or truncated (a field runs past its message)")
     return [(t.get(_TENSOR_NAME, ""), {e.get(1, ""): e.get(2, "") for e in t["entries"]})
             for t in tensors if t["location"] == _EXTERNAL]
+
+
+T = TypeVar("T")
+
+
+def read_mapped(path: Path, read: Callable[[mmap.mmap], T]) -> T:
+    """`read(view)` of a file mapped rather than read: a walk of a model's wire format (`external_tensors`,
+    `skeleton`) touches only its fields' headers. A `UhopError` it raises is raised again, as its kind and
+    message, once the mapping is closed (its traceback holds views of the mapping, which would keep it open)."""
+    with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as view:
+        try:
+            return read(view)
+        except UhopError as error:
+            kind, message = type(error), str(error)
+    raise kind(message)
 
 
 _VALUES = frozenset({4, 5, 6, 7, 9, 10, 11})  # TensorProto's fields that hold its values

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import mmap
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +15,7 @@ from google.protobuf.message import DecodeError, Message
 from onnx import external_data_helper, shape_inference
 
 from .errors import ModelError, first_line
-from .files import check_external_data, check_locations, skeleton
+from .files import check_external_data, check_locations, read_mapped, skeleton
 from .graph import outer_inputs
 
 log = logging.getLogger(__name__)
@@ -63,11 +62,10 @@ def load_as_read(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[on
     takes, without reading or serializing it again: a file's resolved path (its external data checked to lie
     in its folder, not read; ONNX Runtime checks the same when it reads them), else the model's bytes."""
     if isinstance(model, (str, os.PathLike)):
-        path = Path(model)
-        if not path.is_file():
-            raise ModelError(f"{path}: no such file")
-        data, where, folder = str(path.resolve()), str(path), path.resolve().parent
-        structure = _mapped_skeleton(path) if path.stat().st_size >= _SKELETON else path.read_bytes()
+        path, where, folder = _file(model)
+        data = str(path.resolve())
+        structure = (read_mapped(path, lambda view: skeleton(view, where)) if path.stat().st_size >= _SKELETON
+                     else path.read_bytes())
     else:
         data, where, folder = _bytes(model)
         structure = skeleton(data, where) if len(data) >= _SKELETON else data
@@ -79,16 +77,6 @@ def load_as_read(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[on
     return proto, data
 
 
-def _mapped_skeleton(path: Path) -> bytes:
-    """`files.skeleton` of a model file, mapped rather than read: the walk touches only its fields' headers."""
-    with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as view:
-        try:
-            return skeleton(view, str(path))
-        except ModelError as error:  # its traceback holds views of the mapping: let it go before unmapping
-            failure = str(error)
-    raise ModelError(failure)
-
-
 def _bytes(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[bytes, str, Path | None]:
     """A model's serialized bytes, what to call it in messages, and the folder its external data lies in."""
     if isinstance(model, onnx.ModelProto):
@@ -96,12 +84,18 @@ def _bytes(model: str | os.PathLike | onnx.ModelProto | bytes) -> tuple[bytes, s
             return serialized(model), "model", None
     if isinstance(model, bytes):
         return model, "model", None
+    path, where, folder = _file(model)
+    return path.read_bytes(), where, folder
+
+
+def _file(model: object) -> tuple[Path, str, Path]:
+    """A model file's path, what to call it in messages, and its folder; a `ModelError` when it is no file."""
     if not isinstance(model, (str, os.PathLike)):
         raise TypeError(f"a model is a file path, bytes or an onnx.ModelProto, not {type(model).__name__}")
     path = Path(model)
     if not path.is_file():
         raise ModelError(f"{path}: no such file")
-    return path.read_bytes(), str(path), path.resolve().parent
+    return path, str(path), path.resolve().parent
 
 
 @contextmanager

@@ -234,8 +234,9 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
         logs[c.name] = tempfile.TemporaryFile(mode="w+")
         workers[c.name], replies[c.name] = _spawn(["worker", request], logs[c.name])
 
-    for c in [] if one_by_one else candidates:
-        spawn(c)
+    if not one_by_one:
+        for c in candidates:
+            spawn(c)
     medians: dict[str, list[float]] = {c.name: [] for c in candidates}
     stages: dict[str, list[str]] = {c.name: [] for c in candidates}
     errors: dict[str, str] = {}
@@ -254,10 +255,10 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
         watchdog.start()
     try:
         for c in candidates:
-            if one_by_one and deadline is not None and deadline.passed:
-                errors[c.name] = LATE
-                continue
             if one_by_one:
+                if deadline is not None and deadline.passed:
+                    errors[c.name] = LATE
+                    continue
                 spawn(c)
             name, worker = c.name, workers[c.name]
             try:
