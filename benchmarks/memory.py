@@ -8,8 +8,8 @@ Per model, three processes, each its own peak resident set (`VmHWM`, read as it 
 - `uhop-onnx optimize MODEL --shape ... -o OUT --budget B` with a cache folder of its own (`UHOP_CACHE_DIR`,
   holding a copy of this host's kernels library, built once per host); its worker processes are reported
   apart (the largest of them, looked at every 50 ms);
-- the import floor: a process that imports what `optimize` imports (the CLI, the optimizer and the runtimes
-  `providers.resolve` finds present), and nothing else.
+- the import floor: a process that imports what `optimize` imports (the CLI and the optimizer) and lists the
+  providers present (`providers.resolve`, which imports no runtime for it), and nothing else.
 The ratio is optimize's peak over ONNX Runtime's. Models: the corpus (`benchmarks/corpus_models.py`; a name
 alone is its TorchScript export, `NAME:dynamo` the dynamo one, a file of another tool `NAME:file`) and the
 shipped `models/*.onnx`; `default` is the set the README's table lists.
@@ -132,7 +132,7 @@ def main(models: str = typer.Option("default", help="default, all, or NAME[:EXPO
          budget: float = 30.0, json_out: Path | None = typer.Option(None, "--json")) -> None:
     names = DEFAULT.split(",") if models == "default" else _all() if models == "all" else models.split(",")
     floor, _ = peak(FLOOR, [])
-    print(f"import floor (uhop-onnx's imports and the runtimes present): {floor} MiB", flush=True)
+    print(f"import floor (uhop-onnx's imports, the providers present listed): {floor} MiB", flush=True)
     print(f"{'model':34} {'ORT MiB':>8} {'optimize MiB':>13} {'workers MiB':>12} {'ratio':>6}", flush=True)
     rows = {}
     for name in names:

@@ -91,11 +91,11 @@ def create(spec: ProviderSpec, threads: int | None = None) -> Provider:
 
 def resolve(specs: Sequence[ProviderSpec] | None, threads: int | None = None, strict: bool = False,
             policy: str = "device") -> list[Provider]:
-    """The providers a plan may use, in preference order: the listed ones, or every present one when `specs`
-    is None; `ort-cpu` is appended as the last resort wherever it is installed (`appended`, when a list did
+    """The providers a plan may use, in preference order: the listed ones, or every one present when `specs`
+    is None (as its files tell, where they can: no runtime is imported for it); `ort-cpu` is appended as the last resort wherever it is installed (`appended`, when a list did
     not name it: it runs only the nodes no listed provider supports). Under `policy="device"`, ONNX
-    Runtime's names name devices (`listed`); under "literal" they are aliases. A listed provider absent
-    here is skipped with one warning, as ONNX Runtime does; with `strict` it raises `ProviderError`."""
+    Runtime's names name devices (`listed`); under "literal" they are aliases. A listed provider its probe finds
+    absent here is skipped with one warning, as ONNX Runtime does; with `strict` it raises `ProviderError`."""
     if policy not in POLICIES:
         raise InputError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
     if isinstance(specs, str):
@@ -107,11 +107,11 @@ def resolve(specs: Sequence[ProviderSpec] | None, threads: int | None = None, st
             raise ProviderError(f"providers is empty; give at least one of: {', '.join(REGISTRY)}")
         chosen = []
         for provider in listed(specs, threads, policy, strict):
-            if strict or provider.present:
+            if strict or provider.probed.present:
                 provider.require()
                 chosen.append(provider)
             else:
-                a = provider.availability
+                a = provider.probed
                 warn(f"provider {provider.label!r} is not available here ({a.reason}); skipped. "
                      f"Pass strict=True to make this an error")
     if all(p.id != LAST_RESORT for p in chosen):
@@ -163,8 +163,8 @@ def get_available_providers() -> list[str]:
 
 
 def devices() -> list[Availability]:
-    """Every provider and device uhop-onnx knows, present or not."""
-    return [p.availability for p in _known()]
+    """Every provider and device uhop-onnx knows, present or not, as its probe finds it."""
+    return [p.probed for p in _known()]
 
 
 def _known() -> Iterable[Provider]:

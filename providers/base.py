@@ -72,6 +72,22 @@ class Absent(Exception):
         self.install = install
 
 
+def installed(package: str, distribution: str, *patterns: str) -> str | None:
+    """The version of `distribution` where the package `package` is on the path, found without importing it,
+    with a file matching each glob of `patterns` in its folder; None otherwise."""
+    from importlib.metadata import PackageNotFoundError, version
+    from importlib.util import find_spec
+
+    spec = find_spec(package)
+    folders = [Path(f) for f in (spec.submodule_search_locations or [])] if spec is not None else []
+    if not any(all(next(f.glob(p), None) for p in patterns) for f in folders):
+        return None
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
 class Runner(ABC):
     """A compiled stage. Feeds and results are keyed by the stage's ONNX tensor names, in ONNX layout.
 
@@ -383,9 +399,29 @@ class Provider(ABC):
 
     @cached_property
     def availability(self) -> Availability:
-        """Present, or absent with the reason. Any exception while importing or probing the runtime (a
-        protobuf clash raises `TypeError` on import) makes the provider absent, with it as the reason, and
-        leaves every other provider working."""
+        """Present, or absent with the reason: read from the installed files where `locate` can tell (so that
+        listing every provider present imports no runtime), else `probed`. A provider located present that
+        then fails its probe is refused where it is first used (`require`)."""
+        try:
+            located = self.locate()
+        except Exception as error:  # noqa: BLE001 - an odd installation is for the probe to judge
+            log.info("%s: locating it raised %s: %s", self.id, type(error).__name__, first_line(error))
+            located = None
+        if located is None:
+            return self.probed
+        version, device = located
+        return Availability(self.id, True, version=version, device=device)
+
+    def locate(self) -> tuple[str, str] | None:
+        """(runtime version, device) from the installed package's files alone, without importing it, where they
+        tell as much as `probe` whether it runs here; None (the default) leaves it to `probe`."""
+        return None
+
+    @cached_property
+    def probed(self) -> Availability:
+        """Present, or absent with the reason, as `probe` finds it. Any exception while importing or probing the
+        runtime (a protobuf clash raises `TypeError` on import) makes the provider absent, with it as the
+        reason, and leaves every other provider working."""
         try:
             version, device = self.probe()
         except Absent as absent:
@@ -402,9 +438,10 @@ class Provider(ABC):
         return self.availability.present
 
     def require(self) -> None:
-        """Raise a `ProviderError` naming the reason and the install command when absent."""
-        if not self.present:
-            a = self.availability
+        """Raise a `ProviderError` naming the reason and the install command when `probed` absent (the runtime
+        imported and its device found, before it is used in this process)."""
+        if not self.probed.present:
+            a = self.probed
             hint = f"; to install: {a.install}" if a.install else ""
             raise ProviderError(f"provider {self.id!r} is not available: {a.reason}{hint}")
 

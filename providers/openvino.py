@@ -16,7 +16,8 @@ from uhop_onnx.errors import InputError, missing_module
 from . import indices
 from uhop_onnx.host import cpu_features, host_arch
 
-from .base import FP32, Absent, Artifact, ArtifactFormat, Lowering, Pool, Provider, Runner, output_dtypes, quantized
+from .base import (FP32, Absent, Artifact, ArtifactFormat, Lowering, Pool, Provider, Runner, installed, output_dtypes,
+                   quantized)
 from .capability import CapabilityTable, OpRule, Support
 
 if TYPE_CHECKING:
@@ -222,6 +223,12 @@ class OpenVino(Provider):
     @classmethod
     def known_options(cls) -> list[dict[str, Any]]:
         return [{"device": d} for d in ("CPU", "GPU", "NPU")]
+
+    def locate(self) -> tuple[str, str] | None:
+        """The CPU device, where openvino is installed with its CPU plugin (a GPU or NPU needs its driver: the
+        probe asks)."""
+        version = installed("openvino", "openvino", "libs/*openvino_*cpu_plugin*") if self.device == "CPU" else None
+        return (version, self.device) if version else None
 
     def probe(self) -> tuple[str, str]:
         try:

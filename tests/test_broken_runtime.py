@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 BROKEN = ("openvino", "ai_edge_litert")
 CLASH = "Descriptors cannot be created directly (protobuf clash)"
 
@@ -42,15 +44,24 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def broken_path(tmp_path) -> dict[str, str]:
+# Files that make an installed runtime look whole without importing it (`Provider.locate`): with them, the
+# broken runtime is listed as present and refused where it is first used.
+NATIVE = {"openvino": "libs/libopenvino_intel_cpu_plugin.so", "ai_edge_litert": "_pywrap_litert_interpreter_wrapper.so"}
+
+
+def broken_path(tmp_path, looks_whole: bool = False) -> dict[str, str]:
     for name in BROKEN:
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(f"raise TypeError({CLASH!r})\n")
+        if looks_whole:
+            (tmp_path / name / NATIVE[name]).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name / NATIVE[name]).touch()
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
 
 
-def test_a_runtime_that_raises_on_import_is_absent_and_the_rest_works(tmp_path):
-    env = broken_path(tmp_path)
+@pytest.mark.parametrize("looks_whole", [False, True], ids=["bare", "native-files-present"])
+def test_a_runtime_that_raises_on_import_is_absent_and_the_rest_works(tmp_path, looks_whole):
+    env = broken_path(tmp_path, looks_whole)
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env,
                           check=False)
     assert done.returncode == 0, done.stderr

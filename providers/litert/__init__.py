@@ -24,7 +24,7 @@ from uhop_onnx.inputs import free_inputs
 from uhop_onnx.precision import FP32_TOLERANCE, compare
 
 from .. import indices
-from ..base import FP32, Absent, Artifact, ArtifactFormat, Lowering, Provider, Runner
+from ..base import FP32, Absent, Artifact, ArtifactFormat, Lowering, Provider, Runner, installed
 from ..capability import Support
 from . import delegates
 from .runner import LiteRtRunner, empty_runner, interpreter_module
@@ -144,6 +144,11 @@ class LiteRt(Provider):
                 moments[name] = (float(stacked.mean()), float(stacked.std()))
         return with_calibration(model, Calibrated(ranges, moments))
 
+    def locate(self) -> tuple[str, str] | None:
+        """Where ai-edge-litert is installed with its interpreter's library, and the tflite schema beside it."""
+        version = installed("ai_edge_litert", "ai-edge-litert", "*interpreter_wrapper*")
+        return (version, self._device()) if version and installed("tflite", "tflite", "*.py") else None
+
     def probe(self) -> tuple[str, str]:
         try:
             interpreter_module()
@@ -153,8 +158,11 @@ class LiteRt(Provider):
             import tflite  # noqa: F401  - the flatbuffer schema the converter writes with
         except ImportError as error:
             raise Absent(f"the tflite package (the converter's schema) is not installed ({error})") from None
+        return _version(), self._device()
+
+    def _device(self) -> str:
         delegate = self.options.get("delegate")
-        return _version(), f"delegate:{delegate}" if delegate else "CPU"
+        return f"delegate:{delegate}" if delegate else "CPU"
 
     def query(self, model: onnx.ModelProto) -> dict[str, Support]:
         """The converter's own answer: nodes it cannot express exactly, and why."""
