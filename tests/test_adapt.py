@@ -283,6 +283,31 @@ def test_shape_buckets_are_exact_then_rounded_up_to_powers_of_two():
     serving.close()
 
 
+def test_a_search_at_another_buckets_shapes_gets_its_own_plan():
+    """A candidate whose plan depends on the bucket's sample (the measured search) is made again at each
+    bucket: the plan found at one bucket's shapes is not served at another's just because they share a label."""
+    starter = optimize(ENCODER, providers=["ort-cpu"], profile=False)
+    found = {4: optimize(ENCODER, providers=["openvino"], profile=False),
+             8: optimize(ENCODER, providers=["litert"], profile=False)}
+
+    def compile(plan):
+        return _Slowed(compile_plan(plan), 0.02 if plan is starter else 0.0)
+
+    serving = Serving(starter, compile, "ort-cpu",
+                      lambda stopped: {"search": lambda sample: found[sample["input_ids"].shape[1]]},
+                      explore_after_s=0.0)
+    for seq in (4, 8):
+        feeds = {"input_ids": np.arange(seq, dtype=np.int64)[None] % 100}
+        _call(serving, feeds, EXPLORE_AFTER)
+        _wait(lambda: (b := serving.adaptation.get(f"input_ids: 1x{seq}")) and b["decision"] or _step(serving, feeds))
+    served = {key: b["serving"] for key, b in serving.adaptation.items()}
+    assert served == {"input_ids: 1x4": "search", "input_ids: 1x8": "search"}, serving.adaptation
+    for seq, plan in found.items():
+        served = serving.run(None, {"input_ids": np.arange(seq, dtype=np.int64)[None] % 100})[1]
+        assert [(s.provider, s.nodes) for s in served.stages] == [(s.provider, s.nodes) for s in plan.stages]
+    serving.close()
+
+
 def test_session_starts_on_onnx_runtime_then_adapts_and_stays_correct_from_many_threads():
     model = BUILDERS["mobilenet"]()
     feeds = [random_feeds(model, seed) for seed in range(4)]

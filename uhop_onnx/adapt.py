@@ -166,7 +166,7 @@ class Serving:
         self._lock = threading.Lock()
         self._fallback = False
         self.starter = self._arm(label, starter)
-        self._arms: dict[str, Arm] = {label: self.starter}
+        self._arms: list[Arm] = [self.starter]  # every plan compiled and not retired; buckets share a plan's
         self._decided = dict(decided or {})  # bucket -> (label, plan, calls) decided by an earlier process
         self._recheck, self._unplaced = recheck, unplaced
         self._buckets: dict[str, Bucket] = {}
@@ -207,7 +207,7 @@ class Serving:
     def fallback(self, on: bool) -> None:
         with self._lock:
             self._fallback = on
-            for arm in self._arms.values():
+            for arm in self._arms:
                 if arm.executor is not None:
                     arm.executor.fallback = on
 
@@ -294,13 +294,18 @@ class Serving:
         """The arm of a plan decided earlier (the starter's, when the session started on it); None when it no
         longer compiles (under the lock)."""
         try:
-            arm = self._arms.get(label) or self._arm(label, plan)
+            arm = self._compiled(plan) or self._arm(label, plan)
         except Exception as error:  # noqa: BLE001 - a kept decision that no longer compiles is only skipped
             log.warning("%s: the plan decided earlier (%s) does not compile (%s); starting on %s",
                         key, label, first_line(error), self.starter.label)
             return None
-        self._arms[label] = arm
+        if arm not in self._arms:
+            self._arms.append(arm)
         return arm
+
+    def _compiled(self, plan: Plan) -> Arm | None:
+        """The arm already serving or trying `plan`'s stages, under whatever label (under the lock)."""
+        return next((a for a in self._arms if _same_stages(a.plan, plan)), None)
 
     def _turn(self, bucket: Bucket) -> Arm:
         """The arm for this call: the candidates on trial take turns with the serving arm (under the lock)."""
@@ -423,7 +428,8 @@ class Serving:
         if arm is self.starter or used:
             return
         arm.retired = True
-        self._arms.pop(arm.label, None)
+        if arm in self._arms:
+            self._arms.remove(arm)
         arm.release()
 
     # the background work
@@ -499,21 +505,21 @@ class Serving:
             time.sleep(0.02)
 
     def _prepared(self, trial: Trial, recipe: Recipe, bucket: Bucket) -> Arm | None:
-        """The candidate's arm, compiled (or shared with another bucket), run `WARM_UP` times on the bucket's
-        sample and checked there against the serving plan's outputs; None when its plan is one already tried."""
+        """The candidate's arm for this bucket's sample, compiled (or shared with another bucket that tried the
+        same plan: a search at another bucket's shapes may find another), run `WARM_UP` times on the sample
+        and checked there against the serving plan's outputs; None when its plan is one already tried."""
+        plan = recipe(bucket.sample)
         with self._lock:
-            arm = self._arms.get(trial.label)
+            arm = self._compiled(plan)
+        if arm is not None and arm.label != trial.label:
+            trial.state = f"same plan as {arm.label}"
+            return None
         if arm is None:
-            plan = recipe(bucket.sample)
-            same = next((a.label for a in list(self._arms.values()) if _same_stages(a.plan, plan)), None)
-            if same is not None:
-                trial.state = f"same plan as {same}"
-                return None
             arm = self._arm(trial.label, plan)
             with self._lock:
                 closed = self._closed
                 if not closed:
-                    self._arms[trial.label] = arm
+                    self._arms.append(arm)
             if closed:  # the session closed while it compiled
                 arm.executor.close()
                 raise UhopError("stopped: the session closed")
@@ -538,7 +544,7 @@ class Serving:
         """Stop the background work and release every plan's runtimes."""
         with self._lock:
             self._closed = True
-            arms, self._arms = list(self._arms.values()), {}
+            arms, self._arms = self._arms, []
         self._jobs.put(None)
         self._keeper.shutdown(wait=False)  # the decisions made are still written
         for arm in arms:
