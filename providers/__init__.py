@@ -92,10 +92,11 @@ def create(spec: ProviderSpec, threads: int | None = None) -> Provider:
 def resolve(specs: Sequence[ProviderSpec] | None, threads: int | None = None, strict: bool = False,
             policy: str = "device") -> list[Provider]:
     """The providers a plan may use, in preference order: the listed ones, or every one present when `specs`
-    is None (as its files tell, where they can: no runtime is imported for it); `ort-cpu` is appended as the last resort wherever it is installed (`appended`, when a list did
-    not name it: it runs only the nodes no listed provider supports). Under `policy="device"`, ONNX
-    Runtime's names name devices (`listed`); under "literal" they are aliases. A listed provider its probe finds
-    absent here is skipped with one warning, as ONNX Runtime does; with `strict` it raises `ProviderError`."""
+    is None (as its installed files tell, where they can: no runtime is imported to list it); `ort-cpu` is
+    appended as the last resort wherever it is installed (`appended`, when a list did not name it: it runs
+    only the nodes no listed provider supports). Under `policy="device"`, ONNX Runtime's names name devices
+    (`listed`); under "literal" they are aliases. A listed provider its probe finds absent here is skipped
+    with one warning, as ONNX Runtime does; with `strict` it raises `ProviderError`."""
     if policy not in POLICIES:
         raise InputError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
     if isinstance(specs, str):
