@@ -308,6 +308,39 @@ def test_a_search_at_another_buckets_shapes_gets_its_own_plan():
     serving.close()
 
 
+def test_a_plan_another_bucket_is_warming_up_is_not_closed_by_this_buckets_verdict(monkeypatch):
+    """Bucket 1x8 warms up the plan bucket 1x4 is trying (the same plan, shared); 1x4's verdict (dropped)
+    must leave it open until 1x8's trial is over."""
+    monkeypatch.setattr("uhop_onnx.adapt.TRIAL_S", 0.3)  # the background goes on to 1x8 while 1x4's trial runs
+    starter = optimize(ENCODER, providers=["ort-cpu"], profile=False)
+    candidate = optimize(ENCODER, providers=["openvino"], profile=False)
+    warming, release = threading.Event(), threading.Event()
+
+    class Held(_Slowed):
+        def run(self, output_names, feeds, **kwargs):
+            if threading.current_thread().name == "uhop-adapt" and feeds["input_ids"].shape[1] == 8:
+                warming.set()
+                release.wait(60)
+            return super().run(output_names, feeds, **kwargs)
+
+    def compile(plan):
+        return _Slowed(compile_plan(plan), 0.0) if plan is starter else Held(compile_plan(plan), 0.05)
+
+    serving = Serving(starter, compile, "ort-cpu", lambda stopped: {"x": lambda sample: candidate},
+                      explore_after_s=0.0)
+    short, long = ({"input_ids": np.arange(n, dtype=np.int64)[None] % 60} for n in (4, 8))
+    _call(serving, short, EXPLORE_AFTER)
+    _wait(lambda: "trying" in str(serving.adaptation))
+    _call(serving, long, EXPLORE_AFTER)
+    _wait(warming.is_set)
+    _wait(lambda: serving.adaptation["input_ids: 1x4"]["decision"] or _step(serving, short))  # dropped there
+    release.set()
+    _wait(lambda: serving.adaptation["input_ids: 1x8"]["candidates"][0]["state"] != "compiling")
+    trial = serving.adaptation["input_ids: 1x8"]["candidates"][0]
+    assert trial["state"] != "failed", trial
+    serving.close()
+
+
 def test_session_starts_on_onnx_runtime_then_adapts_and_stays_correct_from_many_threads():
     model = BUILDERS["mobilenet"]()
     feeds = [random_feeds(model, seed) for seed in range(4)]
@@ -353,6 +386,17 @@ def test_adapt_off_keeps_one_plan():
     options.add_session_config_entry("uhop.adapt", "maybe")
     with pytest.raises(uhop_onnx.InputError, match="uhop.adapt"):
         uhop_onnx.InferenceSession(model.SerializeToString(), options)
+
+
+@pytest.mark.parametrize("adapt", [True, False])
+def test_a_closed_session_says_so_when_run(adapt):
+    model = BUILDERS["cnn"]()
+    feeds = random_feeds(model)
+    session = uhop_onnx.InferenceSession(model.SerializeToString(), adapt=adapt)
+    session.run(None, feeds)
+    session.close()
+    with pytest.raises(uhop_onnx.UhopError, match="the session is closed"):
+        session.run(None, feeds)
 
 
 def test_a_plan_is_not_adapted_unless_asked(tmp_path):

@@ -1,16 +1,26 @@
 """An optional runtime whose import raises something other than `ImportError` (a protobuf version clash raises
 `TypeError`) is absent, with that exception as the reason; `devices`, `optimize` and `InferenceSession` keep
-working for models that never use it. Run in a subprocess whose `sys.path` starts with broken packages."""
+working for models that never use it. Run in a subprocess whose `sys.path` starts with broken packages, bare or
+with the native files that make the runtime look whole to `Provider.locate` (listed present, then refused where
+it is first used); and in this process, with OpenVINO's probe made to fail after a plan on it was cached."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
+import numpy as np
 import pytest
+
+import uhop_onnx
+from uhop_onnx.adapt import Serving
+from uhop_onnx.models import mlp
 
 BROKEN = ("openvino", "ai_edge_litert")
 CLASH = "Descriptors cannot be created directly (protobuf clash)"
@@ -34,7 +44,10 @@ SCRIPT = textwrap.dedent("""
         asked = None
     except uhop_onnx.UhopError as error:
         asked = str(error)
+    cpu = uhop_onnx.InferenceSession(model, providers=["CPUExecutionProvider"], profile=False, strict=True)
     print(json.dumps({
+        "available": uhop_onnx.get_available_providers(),
+        "cpu_strict": all(np.allclose(a, e, rtol=1e-4, atol=1e-5) for a, e in zip(cpu.run(None, {"input": x}), expected)),
         "devices": [d.to_json() for d in devices()],
         "providers": session.get_providers(),
         "matches": all(np.allclose(a, e, rtol=1e-4, atol=1e-5) for a, e in zip(got, expected)),
@@ -72,10 +85,53 @@ def test_a_runtime_that_raises_on_import_is_absent_and_the_rest_works(tmp_path, 
     assert report["matches"] and report["providers"] and not set(report["providers"]) & {"openvino", "litert"}
     assert report["measured"] and not set(report["measured"]) & {"openvino", "litert"}
     assert report["asked"] and "openvino" in report["asked"] and "TypeError" in report["asked"]
+    # the host's CPU, named strictly, is every CPU provider that runs here: the broken ones left out
+    assert report["cpu_strict"] and not set(report["available"]) & {"openvino", "litert"}
 
 
-def test_devices_command_lists_the_broken_runtime_as_absent(tmp_path):
-    env = broken_path(tmp_path)
+def _broken_openvino(monkeypatch) -> None:
+    """OpenVINO whose files are all there (`locate` lists it present) but whose import fails."""
+    from uhop_onnx.providers.openvino import OpenVino
+
+    def probe(self):
+        raise TypeError(CLASH)
+
+    monkeypatch.setattr(OpenVino, "probe", probe)
+
+
+def test_a_cached_plan_on_a_runtime_that_no_longer_imports_is_measured_again_without_it(monkeypatch, tmp_path,
+                                                                                       caplog):
+    monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path))
+    model = mlp()
+    uhop_onnx.optimize(model, budget=5)
+    [cached] = (tmp_path / "plans").iterdir()
+    shutil.rmtree(cached)
+    uhop_onnx.optimize(model, providers=["openvino"], profile=False).save(cached)  # as if OpenVINO had won
+    assert uhop_onnx.optimize(model, budget=5).get_providers() == ["openvino"]  # the cached plan, reused
+    _broken_openvino(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="uhop_onnx.optimizer"):
+        plan = uhop_onnx.optimize(model, budget=5)
+    assert "openvino" not in plan.get_providers()
+    assert "runs on openvino, not available here now" in caplog.text and CLASH in caplog.text
+
+
+def test_an_adapting_session_tries_no_runtime_that_does_not_import(monkeypatch):
+    model = mlp()
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    _broken_openvino(monkeypatch)
+    monkeypatch.setitem(Serving.__init__.__kwdefaults__, "explore_after_s", 0.0)
+    session = uhop_onnx.InferenceSession(model, adapt_budget=10.0)
+    deadline = time.monotonic() + 120
+    while not any(b["candidates"] for b in session.adaptation.values()) and time.monotonic() < deadline:
+        session.run(None, {"input": x})
+    labels = [c["label"] for b in session.adaptation.values() for c in b["candidates"]]
+    session.close()
+    assert labels and "openvino" not in labels
+
+
+@pytest.mark.parametrize("looks_whole", [False, True], ids=["bare", "native-files-present"])
+def test_devices_command_lists_the_broken_runtime_as_absent(tmp_path, looks_whole):
+    env = broken_path(tmp_path, looks_whole)
     done = subprocess.run([sys.executable, "-m", "uhop_onnx.cli", "devices", "--json"], capture_output=True,
                           text=True, timeout=300, env=env, check=False)
     assert done.returncode == 0, done.stderr

@@ -222,6 +222,8 @@ class Serving:
     def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any], *, host: bool = True,
             timings: list[Timing] | None = None) -> tuple[list[Any], Plan]:
         """The outputs, and the plan that computed them."""
+        if self._closed:
+            raise UhopError("the session is closed: its runtimes were released; make a new session to run again")
         if self._candidates is None:  # one plan: nothing to choose or time
             return self.starter.executor.run(output_names, feeds, host=host, timings=timings), self.starter.plan
         bucket = self._bucket(feeds)
@@ -423,8 +425,8 @@ class Serving:
 
     def _retire(self, arm: Arm) -> None:
         """Close `arm` once no bucket serves with it or tries it and no call runs on it (under the lock)."""
-        used = any(arm is b.current or any(t.arm is arm and t.state == "trying" for t in b.trials.values())
-                   for b in self._buckets.values())
+        used = any(arm is b.current or any(t.arm is arm and t.state in ("compiling", "trying")
+                                           for t in b.trials.values()) for b in self._buckets.values())
         if arm is self.starter or used:
             return
         arm.retired = True
@@ -485,8 +487,11 @@ class Serving:
                 try:
                     arm = self._prepared(trial, recipe, bucket)
                 except Exception as error:  # noqa: BLE001 - a candidate may fail in any way; it only stops
-                    trial.state, trial.error = "failed", first_line(error)
-                    log.info("%s: candidate %s failed: %s", bucket.key, label, trial.error)
+                    log.info("%s: candidate %s failed: %s", bucket.key, label, first_line(error))
+                    with self._lock:
+                        trial.state, trial.error = "failed", first_line(error)
+                        if trial.arm is not None:  # its plan goes, unless another bucket serves or tries it
+                            self._retire(trial.arm)
                     arm = None
                 self._spent = time.thread_time() - begun
                 with self._lock:
@@ -511,6 +516,8 @@ class Serving:
         plan = recipe(bucket.sample)
         with self._lock:
             arm = self._compiled(plan)
+            if arm is not None and arm.label == trial.label:
+                trial.arm = arm  # in use from now: another bucket's verdict must not close it while it warms up
         if arm is not None and arm.label != trial.label:
             trial.state = f"same plan as {arm.label}"
             return None
@@ -520,6 +527,7 @@ class Serving:
                 closed = self._closed
                 if not closed:
                     self._arms.append(arm)
+                    trial.arm = arm
             if closed:  # the session closed while it compiled
                 arm.executor.close()
                 raise UhopError("stopped: the session closed")
@@ -529,8 +537,6 @@ class Serving:
         for name, a, b in zip(arm.executor.outputs, got, want):
             verdict = compare(a, b, self._tolerance)
             if not verdict["ok"]:
-                with self._lock:
-                    self._retire(arm)
                 raise UhopError(f"output {name!r} differs from the serving plan's "
                                 f"({verdict.get('error') or verdict['max_abs_error']})")
         return arm

@@ -262,9 +262,17 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
             log.warning("cached plan %s fails its check (%s); it is dropped and measured again", folder, error)
             discard(folder)
         else:
-            log.info("reusing the plan measured earlier on this machine: %s", folder)
-            touch(folder)
-            return plan
+            # its providers were listed from their files: one that fails its probe now is measured without
+            broken = [p for p in chosen if p.id in plan.get_providers() and not p.probed.present]
+            if not broken:
+                log.info("reusing the plan measured earlier on this machine: %s", folder)
+                touch(folder)
+                return plan
+            log.warning("the plan measured earlier runs on %s, not available here now (%s); measuring again "
+                        "without it", broken[0].label, broken[0].probed.reason)
+            chosen = [p for p in chosen if p not in broken]
+            folder = cache_dir() / "plans" / _plan_key(model, chosen, assign=assign, threads=threads, budget=budget,
+                                                       **measured_at)
     with SearchWorker(deadline) as worker:  # what may crash natively while the plan is sought runs there
         plan = place_measured(analysis(worker), threads, budget=budget, progress=progress, deadline=deadline,
                               worker=worker)

@@ -183,8 +183,8 @@ class InferenceSession:
         self.fallback = False
 
     def close(self) -> None:
-        """Release every stage's runtime now (it happens anyway when the session is garbage-collected); do not
-        run the session afterwards."""
+        """Release every stage's runtime now (it happens anyway when the session is garbage-collected); a run
+        afterwards raises `UhopError`."""
         self._close()
 
     # running
@@ -383,7 +383,8 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
         from .optimizer import analyze, first_then_rest, optimize
 
         with quietly():  # what reading the providers warns of was said at the start
-            chosen = resolve(specs, threads, strict, policy=policy)
+            # probed here, off the caller's thread: one listed from its files alone may fail to import
+            chosen = [p for p in resolve(specs, threads, strict, policy=policy) if p.probed.present]
             a = analyze(source, specs, assign, threads, resolved=chosen)
 
         def search(sample: Mapping[str, np.ndarray]) -> Plan:

@@ -153,7 +153,7 @@ class LiteRt(Provider):
         try:
             interpreter_module()
         except ImportError as error:
-            raise Absent(f"neither ai-edge-litert nor tflite-runtime is installed ({error})") from None
+            raise Absent(f"neither ai-edge-litert nor tflite-runtime can be imported ({error})") from None
         try:
             import tflite  # noqa: F401  - the flatbuffer schema the converter writes with
         except ImportError as error:

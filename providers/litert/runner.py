@@ -19,11 +19,17 @@ log = logging.getLogger(__name__)
 
 
 def interpreter_module():
-    """`ai_edge_litert.interpreter`, else `tflite_runtime.interpreter`."""
+    """`ai_edge_litert.interpreter`, else `tflite_runtime.interpreter`; where neither imports, ai-edge-litert's
+    error (a broken install says why) unless it is only not installed."""
     try:
         from ai_edge_litert import interpreter
-    except ImportError:
-        from tflite_runtime import interpreter
+    except ImportError as error:
+        try:
+            from tflite_runtime import interpreter
+        except ImportError:
+            if error.name == "ai_edge_litert":  # not installed: tflite-runtime's error says as much
+                raise
+            raise error from None  # installed but broken: its own error says why
     return interpreter
 
 
