@@ -9,7 +9,7 @@ Per model, three processes, each its own peak resident set (`VmHWM`, read as it 
   holding a copy of this host's kernels library, built once per host); its worker processes are reported
   apart (the largest of them, looked at every 50 ms);
 - the import floor: a process that imports what `optimize` imports (the CLI and the optimizer) and lists the
-  providers present (`providers.resolve`, which imports no runtime for it), and nothing else.
+  providers present (`providers.resolve`, which imports neither OpenVINO nor LiteRT for it), and nothing else.
 The ratio is optimize's peak over ONNX Runtime's. Models: the corpus (`benchmarks/corpus_models.py`; a name
 alone is its TorchScript export, `NAME:dynamo` the dynamo one, a file of another tool `NAME:file`) and the
 shipped `models/*.onnx`; `default` is the set the README's table lists.

@@ -31,6 +31,9 @@ def capabilities(model: onnx.ModelProto, graph: Graph, provider: Provider, query
     accepted = [n.index for n in graph.nodes if verdicts[n.name].ok]
     if not accepted or not query:
         return verdicts
+    if not provider.present:  # listed from its files, it fails its probe here: asked nothing, it runs nothing
+        absent = Support(False, f"{provider.id} is not available: {provider.probed.reason}", "runtime")
+        return {**verdicts, **{graph.nodes[i].name: absent for i in accepted}}
     try:
         verdicts.update(provider.query(extract(model, graph, accepted, name="query")))
     except Exception as error:  # noqa: BLE001 - any runtime failure means "ask node by node"

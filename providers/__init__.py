@@ -102,13 +102,13 @@ def resolve(specs: Sequence[ProviderSpec] | None, threads: int | None = None, st
     if isinstance(specs, str):
         specs = [s for s in specs.split(",") if s]
     if specs is None:
-        chosen = [p for p in (cls(None, threads) for cls in REGISTRY.values()) if p.present]
+        chosen = [p for p in (cls(None, threads) for cls in REGISTRY.values()) if p.availability.present]
     else:
         if not specs:
             raise ProviderError(f"providers is empty; give at least one of: {', '.join(REGISTRY)}")
         chosen = []
         for provider in listed(specs, threads, policy, strict):
-            if strict or provider.probed.present:
+            if strict or provider.present:
                 provider.require()
                 chosen.append(provider)
             else:
@@ -134,7 +134,7 @@ def listed(specs: Sequence[ProviderSpec], threads: int | None, policy: str, stri
     its build lacks (`strict`: `ProviderError`)."""
     names = [_split(spec) for spec in specs]
     devices = [ORT_NAMES[n].device if n in ORT_NAMES and policy == "device" else None for n, _ in names]
-    cpu = [p for p in (REGISTRY[i](o, threads) for i, o in HOST_CPU) if p.probed.present] if any(devices) else []
+    cpu = [p for p in (REGISTRY[i](o, threads) for i, o in HOST_CPU) if p.present] if any(devices) else []
     named: list[Provider] = []
     for (name, options), device in zip(names, devices, strict=True):
         if name.endswith("ExecutionProvider") and name not in ORT_NAMES:
@@ -161,7 +161,7 @@ def _key(provider: Provider) -> tuple:
 def get_available_providers() -> list[str]:
     """The ids of the providers present on this host as their probes find them, in registry order
     (onnxruntime's function of that name)."""
-    return [ident for ident, cls in REGISTRY.items() if cls().probed.present]
+    return [ident for ident, cls in REGISTRY.items() if cls().present]
 
 
 def devices() -> list[Availability]:

@@ -282,7 +282,7 @@ class Provider(ABC):
     precisions, each with how a stage is built at it: `precisions`, `variants`, `lower` and `bundle_precisions`
     follow), `format` (its bundle format: `artifact_format`, `export_blocker`, `export`, `load_artifact` and
     `simulator` follow) and `static_shapes` (`compile` builds such a stage once per shape it runs at). Beside
-    them it defines `probe` and `build`, and optionally `query` and `check`.
+    them it defines `probe` and `build`, and optionally `locate`, `query` and `check`.
     """
 
     id: ClassVar[str]
@@ -399,9 +399,9 @@ class Provider(ABC):
 
     @cached_property
     def availability(self) -> Availability:
-        """Present, or absent with the reason: read from the installed files where `locate` can tell (so that
-        listing every provider present imports no runtime), else `probed`. A provider located present that
-        then fails its probe is refused where it is first used (`require`)."""
+        """Present, or absent with the reason, as far as listing it needs: read from the installed files where
+        `locate` can tell (so that listing every provider present, and its version, imports no runtime), else
+        `probed`. Whether it runs here is `present`."""
         try:
             located = self.locate()
         except Exception as error:  # noqa: BLE001 - an odd installation is for the probe to judge
@@ -435,12 +435,12 @@ class Provider(ABC):
 
     @property
     def present(self) -> bool:
-        return self.availability.present
+        """Whether it runs here, as its probe finds it (the runtime imported, its device found)."""
+        return self.probed.present
 
     def require(self) -> None:
-        """Raise a `ProviderError` naming the reason and the install command when `probed` absent (the runtime
-        imported and its device found, before it is used in this process)."""
-        if not self.probed.present:
+        """Raise a `ProviderError` naming the reason and the install command when not `present`."""
+        if not self.present:
             a = self.probed
             hint = f"; to install: {a.install}" if a.install else ""
             raise ProviderError(f"provider {self.id!r} is not available: {a.reason}{hint}")

@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent("""
     import onnxruntime as ort
     import uhop_onnx
     from uhop_onnx.models import mlp
-    from uhop_onnx.providers import devices
+    from uhop_onnx.providers import devices, resolve
 
     model = mlp()
     x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
@@ -46,6 +46,7 @@ SCRIPT = textwrap.dedent("""
         asked = str(error)
     cpu = uhop_onnx.InferenceSession(model, providers=["CPUExecutionProvider"], profile=False, strict=True)
     print(json.dumps({
+        "listed": [p.id for p in resolve(None)],
         "available": uhop_onnx.get_available_providers(),
         "cpu_strict": all(np.allclose(a, e, rtol=1e-4, atol=1e-5) for a, e in zip(cpu.run(None, {"input": x}), expected)),
         "devices": [d.to_json() for d in devices()],
@@ -87,6 +88,8 @@ def test_a_runtime_that_raises_on_import_is_absent_and_the_rest_works(tmp_path, 
     assert report["asked"] and "openvino" in report["asked"] and "TypeError" in report["asked"]
     # the host's CPU, named strictly, is every CPU provider that runs here: the broken ones left out
     assert report["cpu_strict"] and not set(report["available"]) & {"openvino", "litert"}
+    if looks_whole:  # listed from their files (the real packages' metadata), then refused where used
+        assert {"openvino", "litert"} <= set(report["listed"]), report["listed"]
 
 
 def _broken_openvino(monkeypatch) -> None:
@@ -113,6 +116,10 @@ def test_a_cached_plan_on_a_runtime_that_no_longer_imports_is_measured_again_wit
         plan = uhop_onnx.optimize(model, budget=5)
     assert "openvino" not in plan.get_providers()
     assert "runs on openvino, not available here now" in caplog.text and CLASH in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="uhop_onnx.optimizer"):  # measured once: then reused
+        assert uhop_onnx.optimize(model, budget=5).get_providers() == plan.get_providers()
+    assert "reusing the plan measured earlier" in caplog.text, caplog.text
 
 
 def test_an_adapting_session_tries_no_runtime_that_does_not_import(monkeypatch):

@@ -166,7 +166,7 @@ class Serving:
         self._lock = threading.Lock()
         self._fallback = False
         self.starter = self._arm(label, starter)
-        self._arms: list[Arm] = [self.starter]  # every plan compiled and not retired; buckets share a plan's
+        self._arms: list[Arm] = [self.starter]  # every plan compiled, not retired; shared where buckets try one plan
         self._decided = dict(decided or {})  # bucket -> (label, plan, calls) decided by an earlier process
         self._recheck, self._unplaced = recheck, unplaced
         self._buckets: dict[str, Bucket] = {}
@@ -424,7 +424,8 @@ class Serving:
         decisions.keep(*decision)
 
     def _retire(self, arm: Arm) -> None:
-        """Close `arm` once no bucket serves with it or tries it and no call runs on it (under the lock)."""
+        """Close `arm` once no bucket serves with it, tries it or warms it up, and no call runs on it (under the
+        lock)."""
         used = any(arm is b.current or any(t.arm is arm and t.state in ("compiling", "trying")
                                            for t in b.trials.values()) for b in self._buckets.values())
         if arm is self.starter or used:
@@ -516,11 +517,10 @@ class Serving:
         plan = recipe(bucket.sample)
         with self._lock:
             arm = self._compiled(plan)
-            if arm is not None and arm.label == trial.label:
-                trial.arm = arm  # in use from now: another bucket's verdict must not close it while it warms up
-        if arm is not None and arm.label != trial.label:
-            trial.state = f"same plan as {arm.label}"
-            return None
+            if arm is not None and arm.label != trial.label:
+                trial.state = f"same plan as {arm.label}"
+                return None
+            trial.arm = arm  # in use from now: another bucket's verdict must not close it while it warms up
         if arm is None:
             arm = self._arm(trial.label, plan)
             with self._lock:

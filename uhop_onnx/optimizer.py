@@ -107,7 +107,7 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
             support[provider.label] = _asked(worker, provider, graph, fixed.capabilities, graph, provider)
         else:
             support[provider.label] = _asked(worker, provider, graph, capabilities, simplified, graph, provider,
-                                             provider.present)
+                                             provider.availability.present)
     if worker is not None and fixed is not None:
         worker.forget(fixed.model)  # every provider asked: the model at fixed shapes is needed no more
     last = chosen[-1].label
@@ -141,7 +141,7 @@ class FixedShapes:
     def capabilities(self, graph: Graph, provider: Provider) -> dict[str, Support]:
         """`provider`'s answer for every node of `graph`; a node folded away at these shapes is a constant
         there, which the provider computes when it builds the stage."""
-        verdicts = capabilities(self.model, self.graph, provider, query=provider.present)
+        verdicts = capabilities(self.model, self.graph, provider, query=provider.availability.present)
         folded = Support(True, "a constant at the measured shapes", "simplify")
         return {n.name: verdicts.get(n.name, folded) for n in graph.nodes}
 
@@ -251,28 +251,23 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
         measured_at["precision"] = [precision, tolerance, None if calibration is None else (
             inputs_digest(calibration) if isinstance(calibration, (str, os.PathLike)) else
             inputs_digest({f"{k}/{n}": v for k, s in enumerate(samples) for n, v in s.items()}))]
-    folder = cache_dir() / "plans" / _plan_key(model, chosen, assign=assign, threads=threads, budget=budget,
-                                               **measured_at)
-    if (folder / PLAN_FILE).is_file():
-        try:
-            plan = Plan.load(folder)
-            for stage in plan.stages:  # every stage file against its sha256 before the plan is trusted
-                plan.stage_model(stage)
-        except UhopError as error:
-            log.warning("cached plan %s fails its check (%s); it is dropped and measured again", folder, error)
-            discard(folder)
-        else:
-            # its providers were listed from their files: one that fails its probe now is measured without
-            broken = [p for p in chosen if p.id in plan.get_providers() and not p.probed.present]
-            if not broken:
-                log.info("reusing the plan measured earlier on this machine: %s", folder)
-                touch(folder)
-                return plan
-            log.warning("the plan measured earlier runs on %s, not available here now (%s); measuring again "
-                        "without it", broken[0].label, broken[0].probed.reason)
-            chosen = [p for p in chosen if p not in broken]
-            folder = cache_dir() / "plans" / _plan_key(model, chosen, assign=assign, threads=threads, budget=budget,
-                                                       **measured_at)
+    def cached() -> tuple[Path, Plan | None]:
+        folder = cache_dir() / "plans" / _plan_key(model, chosen, assign=assign, threads=threads, budget=budget,
+                                                   **measured_at)
+        return folder, _cached_plan(folder)
+
+    folder, plan = cached()
+    # its providers may have been listed from their files alone: one that fails its probe now is left out
+    broken = [p for p in chosen if plan is not None and p.id in plan.get_providers() and not p.present]
+    if broken:
+        log.warning("the plan measured earlier runs on %s, not available here now (%s); measured without it",
+                    broken[0].label, broken[0].probed.reason)
+        chosen = [p for p in chosen if p not in broken]
+        folder, plan = cached()
+    if plan is not None:
+        log.info("reusing the plan measured earlier on this machine: %s", folder)
+        touch(folder)
+        return plan
     with SearchWorker(deadline) as worker:  # what may crash natively while the plan is sought runs there
         plan = place_measured(analysis(worker), threads, budget=budget, progress=progress, deadline=deadline,
                               worker=worker)
@@ -281,6 +276,22 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     except (UhopError, OSError) as error:  # a full disk, or another process caching the same plan
         log.warning("could not keep the plan in the cache at %s: %s", folder, error)
     prune()
+    return plan
+
+
+def _cached_plan(folder: Path) -> Plan | None:
+    """The plan cached in `folder`, every stage file checked against its sha256; None when there is none, or
+    when it fails its check (it is dropped then, with a warning)."""
+    if not (folder / PLAN_FILE).is_file():
+        return None
+    try:
+        plan = Plan.load(folder)
+        for stage in plan.stages:
+            plan.stage_model(stage)
+    except UhopError as error:
+        log.warning("cached plan %s fails its check (%s); it is dropped and measured again", folder, error)
+        discard(folder)
+        return None
     return plan
 
 
@@ -423,6 +434,8 @@ def _pins(assign: Mapping[str, str], loaded: onnx.ModelProto, graph: Graph, chos
             provider = create(spec, threads)
             provider.require()
             chosen.insert(len(chosen) - (chosen[-1].id == LAST_RESORT), provider)
+        else:
+            _find(chosen, spec).require()  # listed from its files, it must run here to take a pinned node
     return {node: _find(chosen, spec).label for node, spec in assign.items() if node in graph.index_of}
 
 

@@ -184,7 +184,7 @@ class InferenceSession:
 
     def close(self) -> None:
         """Release every stage's runtime now (it happens anyway when the session is garbage-collected); a run
-        afterwards raises `UhopError`."""
+        started after it returns raises `UhopError`."""
         self._close()
 
     # running
@@ -384,7 +384,7 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
 
         with quietly():  # what reading the providers warns of was said at the start
             # probed here, off the caller's thread: one listed from its files alone may fail to import
-            chosen = [p for p in resolve(specs, threads, strict, policy=policy) if p.probed.present]
+            chosen = [p for p in resolve(specs, threads, strict, policy=policy) if p.present]
             a = analyze(source, specs, assign, threads, resolved=chosen)
 
         def search(sample: Mapping[str, np.ndarray]) -> Plan:
