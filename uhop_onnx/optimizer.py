@@ -434,8 +434,6 @@ def _pins(assign: Mapping[str, str], loaded: onnx.ModelProto, graph: Graph, chos
             provider = create(spec, threads)
             provider.require()
             chosen.insert(len(chosen) - (chosen[-1].id == LAST_RESORT), provider)
-        else:
-            _find(chosen, spec).require()  # listed from its files, it must run here to take a pinned node
     return {node: _find(chosen, spec).label for node, spec in assign.items() if node in graph.index_of}
 
 
