@@ -295,7 +295,7 @@ def test_a_search_at_another_buckets_shapes_gets_its_own_plan():
 
     serving = Serving(starter, compile, "ort-cpu",
                       lambda stopped: {"search": lambda sample: found[sample["input_ids"].shape[1]]},
-                      explore_after_s=0.0)
+                      explore_after_s=0.0, per_bucket={"search"})
     for seq in (4, 8):
         feeds = {"input_ids": np.arange(seq, dtype=np.int64)[None] % 100}
         _call(serving, feeds, EXPLORE_AFTER)

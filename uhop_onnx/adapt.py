@@ -18,7 +18,7 @@ import statistics
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -150,7 +150,9 @@ class Serving:
     on the starter is served by it as decided, and a bucket kept on another plan starts on that plan,
     re-checked against the `recheck` candidate alone (ONNX Runtime by default). `unplaced`, given when
     `starter` is itself a kept plan, builds (label, plan) of the one a session starts on when nothing was
-    decided, for the buckets kept on that one. `run` is thread safe."""
+    decided, for the buckets kept on that one. The candidates labelled in `per_bucket` make their plan from
+    each bucket's sample (a search measures at it); the others' plans are made once and shared by every
+    bucket. `run` is thread safe."""
 
     def __init__(self, starter: Plan, compile: Callable[[Plan], Executor], label: str,
                  candidates: Callable[[Callable[[], bool]], Mapping[str, Recipe]] | None = None, *,
@@ -158,8 +160,9 @@ class Serving:
                  tolerance: Mapping[str, float] = FP32_CHECK,
                  decisions: Decisions | Future[Decisions] | None = None,
                  decided: Mapping[str, tuple[str, Plan | None, int]] | None = None,
-                 recheck: str | None = None, unplaced: Callable[[], tuple[str, Plan]] | None = None):
-        self._compile, self._candidates = compile, candidates
+                 recheck: str | None = None, unplaced: Callable[[], tuple[str, Plan]] | None = None,
+                 per_bucket: Collection[str] = ()):
+        self._compile, self._candidates, self._per_bucket = compile, candidates, frozenset(per_bucket)
         self._recipes: Mapping[str, Recipe] | None = None  # the candidates, once the background work asked
         self._budget_s, self._tolerance, self.decisions = budget_s, dict(tolerance), decisions
         self._explore_after_s = explore_after_s
@@ -511,16 +514,21 @@ class Serving:
             time.sleep(0.02)
 
     def _prepared(self, trial: Trial, recipe: Recipe, bucket: Bucket) -> Arm | None:
-        """The candidate's arm for this bucket's sample, compiled (or shared with another bucket that tried the
-        same plan: a search at another bucket's shapes may find another), run `WARM_UP` times on the sample
-        and checked there against the serving plan's outputs; None when its plan is one already tried."""
-        plan = recipe(bucket.sample)
-        with self._lock:
-            arm = self._compiled(plan)
-            if arm is not None and arm.label != trial.label:
-                trial.state = f"same plan as {arm.label}"
-                return None
-            trial.arm = arm  # in use from now: another bucket's verdict must not close it while it warms up
+        """The candidate's arm for this bucket, compiled or shared with another bucket (a `per_bucket` one's
+        only where its plan is the same), run `WARM_UP` times on the bucket's sample and checked there against
+        the serving plan's outputs; None when its plan is one already tried."""
+        with self._lock:  # a plan made once, shared by the buckets
+            trial.arm = None if trial.label in self._per_bucket else next(
+                (a for a in self._arms if a.label == trial.label), None)
+        if trial.arm is None:
+            plan = recipe(bucket.sample)
+            with self._lock:
+                arm = self._compiled(plan)
+                if arm is not None and arm.label != trial.label:
+                    trial.state = f"same plan as {arm.label}"
+                    return None
+                trial.arm = arm  # in use from now: another bucket's verdict must not close it while it warms up
+        arm = trial.arm
         if arm is None:
             arm = self._arm(trial.label, plan)
             with self._lock:
