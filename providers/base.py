@@ -88,6 +88,16 @@ def installed(package: str, distribution: str, *patterns: str) -> str | None:
         return None
 
 
+def probe_model() -> bytes:
+    """Relu over four floats, serialized: the smallest model that proves a runtime reads and computes."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="probe")], "probe", [x], [y])
+    return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
 class Runner(ABC):
     """A compiled stage. Feeds and results are keyed by the stage's ONNX tensor names, in ONNX layout.
 

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from uhop_onnx.errors import InputError, missing_module
+from uhop_onnx.errors import InputError, first_line, missing_module
 
 from . import indices
 from uhop_onnx.host import cpu_features, host_arch
 
 from .base import (FP32, Absent, Artifact, ArtifactFormat, Lowering, Pool, Provider, Runner, installed, output_dtypes,
-                   quantized)
+                   probe_model, quantized)
 from .capability import CapabilityTable, OpRule, Support
 
 if TYPE_CHECKING:
@@ -162,7 +162,15 @@ class OpenVinoIr(ArtifactFormat):
     name = "openvino-ir"
 
     def blocker(self, provider: Provider) -> str | None:
-        return missing_module("openvino", provider.install)  # the IR is written by OpenVINO itself
+        """The IR is written by OpenVINO itself: it must be installed and read an ONNX model here (any device)."""
+        missing = missing_module("openvino", provider.install)
+        if missing is not None:
+            return missing
+        try:
+            read_model(probe_model())
+        except Exception as error:  # noqa: BLE001 - a broken install fails in any way
+            return f"OpenVINO cannot read an ONNX model here ({type(error).__name__}: {first_line(error)})"
+        return None
 
     def export(self, provider: Provider, model: onnx.ModelProto, folder: Path, stem: str) -> Artifact:
         """The stage as OpenVINO IR, weights kept in fp32 (in f16 at fp16; an int8 stage's IR is its QDQ

@@ -27,7 +27,7 @@ from uhop_onnx.cache import JsonTable, cache_dir
 from uhop_onnx.errors import ProviderError, first_line
 from uhop_onnx.files import atomic_file
 
-from .base import FP32, Absent, Artifact, ArtifactFormat, Lowering, Provider, Runner, quantized
+from .base import FP32, Absent, Artifact, ArtifactFormat, Lowering, Provider, Runner, probe_model, quantized
 from .capability import CapabilityTable, Support
 from .quantize import offers, to_fp16
 
@@ -264,16 +264,6 @@ class OrtGpuRunner(OrtRunner):
         self.build_seconds += time.perf_counter() - start
 
 
-def _probe_model() -> bytes:
-    """Relu over four floats: the smallest session that proves a device computes."""
-    from onnx import TensorProto, helper
-
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="probe")], "probe", [x], [y])
-    return helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
-
-
 class OrtGpuProvider(OrtProvider):
     """ONNX Runtime on an accelerator's execution provider: a GPU's (option `device_id`, default 0), or an NPU's.
 
@@ -327,7 +317,7 @@ class OrtGpuProvider(OrtProvider):
         so = session_options(1, exclusive=False)
         so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         try:
-            session = new_session(_probe_model(), so, [self.ep_entry()])
+            session = new_session(probe_model(), so, [self.ep_entry()])
             y = session.run(None, {"x": np.array([-1, 0, 1, 2], np.float32)})[0]
         except Exception as error:  # noqa: BLE001 - any EP failure means no usable device
             raise Absent(f"{self.short} EP present but no device: {first_line(error)}") from None

@@ -145,3 +145,15 @@ def test_devices_command_lists_the_broken_runtime_as_absent(tmp_path, looks_whol
     listed = {d["id"]: d for d in json.loads(done.stdout)}
     assert not listed["litert"]["present"] and "TypeError" in listed["litert"]["reason"]
     assert listed["ort-cpu"]["present"]
+
+
+def test_a_bundle_for_a_target_whose_runtime_cannot_write_here_says_why(monkeypatch, tmp_path):
+    """OpenVINO importable but unable to read a model here (a corrupt plugin): the IR cannot be written, so an
+    Intel NPU bundle is refused naming OpenVINO's own error, not a raw traceback midway through writing."""
+    def read_model(model_bytes):
+        raise RuntimeError("libopenvino_intel_cpu_plugin.so: invalid ELF header")
+
+    monkeypatch.setattr("uhop_onnx.providers.openvino.read_model", read_model)
+    with pytest.raises(uhop_onnx.ProviderError, match="openvino: OpenVINO cannot read an ONNX model here.*invalid ELF"):
+        uhop_onnx.export_bundle(mlp(), "intel-npu", tmp_path / "b")
+    assert not (tmp_path / "b").exists()

@@ -275,20 +275,23 @@ def _providers(profile: Target, only: Sequence[str] | None, threads: int | None,
     if unknown:
         raise UhopError(f"target {profile.name} has no provider {', '.join(sorted(unknown))}; "
                         f"its providers: {', '.join(e.id for e in profile.providers)}")
-    kept, providers = [], []
+    kept, providers, blocked = [], [], []
+    work = "run and build stages for" if present else "build stages for"
     for entry in entries:
         provider = create((entry.id, entry.options), threads)
         blocker = provider.export_blocker() or (None if not present or provider.present
-                                                else provider.availability.reason)
+                                                else provider.probed.reason)
         if blocker is None:
             kept.append(entry)
             providers.append(provider)
         elif entry.required:
-            work = "run and build stages for" if present else "build stages for"
             raise ProviderError(f"target {profile.name} needs {entry.id}, which this host cannot {work}: {blocker}")
+        else:
+            blocked.append(f"{entry.id}: {blocker}")
     if not providers:
-        raise ProviderError(f"this host can build stages for none of {profile.name}'s providers "
-                            f"({', '.join(e.id for e in entries)})")
+        raise ProviderError(f"this host can {work} none of {profile.name}'s providers ({'; '.join(blocked)})")
+    for why in blocked:
+        log.warning("target %s: left out, as this host cannot %s it: %s", profile.name, work, why)
     return kept, providers
 
 
