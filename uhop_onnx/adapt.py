@@ -517,28 +517,28 @@ class Serving:
         """The candidate's arm for this bucket, compiled or shared with another bucket (a `per_bucket` one's
         only where its plan is the same), run `WARM_UP` times on the bucket's sample and checked there against
         the serving plan's outputs; None when its plan is one already tried."""
-        with self._lock:  # a plan made once, shared by the buckets
-            trial.arm = None if trial.label in self._per_bucket else next(
-                (a for a in self._arms if a.label == trial.label), None)
-        if trial.arm is None:
+        # the trial holds its arm from when it is found: another bucket must not close it while it warms up
+        with self._lock:  # a plan made once is shared by the buckets
+            arm = trial.arm = (None if trial.label in self._per_bucket
+                               else next((a for a in self._arms if a.label == trial.label), None))
+        if arm is None:
             plan = recipe(bucket.sample)
             with self._lock:
                 arm = self._compiled(plan)
                 if arm is not None and arm.label != trial.label:
                     trial.state = f"same plan as {arm.label}"
                     return None
-                trial.arm = arm  # in use from now: another bucket's verdict must not close it while it warms up
-        arm = trial.arm
-        if arm is None:
-            arm = self._arm(trial.label, plan)
-            with self._lock:
-                closed = self._closed
-                if not closed:
-                    self._arms.append(arm)
-                    trial.arm = arm
-            if closed:  # the session closed while it compiled
-                arm.executor.close()
-                raise UhopError("stopped: the session closed")
+                trial.arm = arm
+            if arm is None:
+                arm = self._arm(trial.label, plan)
+                with self._lock:
+                    closed = self._closed
+                    if not closed:
+                        self._arms.append(arm)
+                        trial.arm = arm
+                if closed:  # the session closed while it compiled
+                    arm.executor.close()
+                    raise UhopError("stopped: the session closed")
         want = bucket.current.executor.run(None, bucket.sample)
         for _ in range(WARM_UP):
             got = arm.executor.run(None, bucket.sample)

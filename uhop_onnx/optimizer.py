@@ -258,7 +258,7 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
 
     folder, plan = cached()
     # its providers may have been listed from their files alone: one that fails its probe now is left out
-    broken = [p for p in chosen if plan is not None and p.id in plan.get_providers() and not p.present]
+    broken = [p for p in chosen if p.id in plan.get_providers() and not p.present] if plan is not None else []
     if broken:
         log.warning("the plan measured earlier runs on %s, not available here now (%s); planning without it",
                     broken[0].label, broken[0].probed.reason)
