@@ -435,6 +435,7 @@ def _describe(e: BaseException) -> str:
 
 
 def _export(s: Spec, exporter: str, path: Path) -> None:
+    import_torchvision()  # before the model's library imports it
     import torch
 
     torch.manual_seed(0)

@@ -11,23 +11,24 @@ import onnx
 from uhop_onnx.errors import CheckError, first_line
 from uhop_onnx.graph import Graph
 from uhop_onnx.providers import Provider, Support
-from uhop_onnx.providers.capability import check
+from uhop_onnx.providers.capability import CapabilityTable, check
 
 from .extract import extract
 
 log = logging.getLogger(__name__)
 
 
-def capabilities(model: onnx.ModelProto, graph: Graph, provider: Provider, query: bool = True) -> dict[str, Support]:
+def capabilities(model: onnx.ModelProto, graph: Graph, provider: Provider, query: bool = True,
+                 table: CapabilityTable | None = None) -> dict[str, Support]:
     """Node name -> Support for one provider.
 
-    The table decides first; with `query`, the nodes it accepts are cut out as one model and put to the
-    runtime's query, and what that accepts to the provider's build-time check (the one its compile makes).
-    Where the runtime cannot take that model whole, or the check fails, each node is asked alone; a node
-    whose check fails alone is a "no" (source "check") with the check's reason, so placement gives it to the
-    next provider that runs it.
+    The table (`table`, else the provider's) decides first; with `query`, the nodes it accepts are cut out as
+    one model and put to the runtime's query, and what that accepts to the provider's build-time check (the
+    one its compile makes). Where the runtime cannot take that model whole, or the check fails, each node is
+    asked alone; a node whose check fails alone is a "no" (source "check") with the check's reason, so
+    placement gives it to the next provider that runs it.
     """
-    verdicts = {n.name: check(provider.table, n, graph) for n in graph.nodes}
+    verdicts = {n.name: check(table or provider.table, n, graph) for n in graph.nodes}
     accepted = [n.index for n in graph.nodes if verdicts[n.name].ok]
     if not accepted or not query:
         return verdicts

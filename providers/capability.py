@@ -9,7 +9,7 @@ query and a provider's build check (`partitioner.capabilities`) may turn a "yes"
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -55,13 +55,21 @@ class OpRule:
 
 @dataclass(frozen=True)
 class CapabilityTable:
-    """The ops one provider runs. With `any_op`, every op of `domains` is run unless a rule says otherwise."""
+    """The ops one provider runs. With `any_op`, every op of `domains` is run unless a rule says otherwise.
+    `checked_dtypes` are element types the runtime computes, but not always as ONNX Runtime does: placement
+    leaves them off it; `admitting()` is the table with them, for a plan whose results are checked on the
+    program's own inputs (an adapting session's candidate)."""
 
     provider: str
     rules: tuple[OpRule, ...]
     dtypes: frozenset[str]
     domains: Mapping[str, tuple[int, int]]  # domain -> opset range the provider accepts
     any_op: bool = False
+    checked_dtypes: frozenset[str] = frozenset()
+
+    def admitting(self) -> CapabilityTable:
+        """This table with its `checked_dtypes` accepted."""
+        return replace(self, dtypes=self.dtypes | self.checked_dtypes, checked_dtypes=frozenset())
 
     def rule(self, domain: str, op: str) -> OpRule | None:
         return self._index.get((domain, op))

@@ -21,7 +21,7 @@ from uhop_onnx.cli import app
 from uhop_onnx.models import BUILDERS
 from uhop_onnx.optimizer import optimize
 from uhop_onnx.runtime import compile_plan
-from uhop_onnx.session import decisions_for
+from uhop_onnx.session import adaptive, decisions_for
 
 from .conftest import assert_matches, random_feeds, reference
 
@@ -500,3 +500,30 @@ def test_a_model_of_a_size_nothing_was_kept_for_starts_before_its_digest_and_kee
     again = uhop_onnx.InferenceSession(str(path))
     assert isinstance(again._serving.decisions, Decisions) and again.get_providers() == ["openvino"]
     again.close()
+
+
+def test_float16_nodes_go_to_openvino_only_in_a_candidate_checked_on_the_programs_inputs():
+    """OpenVINO computes float16 graphs in f32 between ops, so placement keeps float16 nodes off it; an adapting
+    session tries it with them as a candidate of its own, whose outputs are checked on the bucket's sample."""
+    from onnxconverter_common import float16
+
+    model = float16.convert_float_to_float16(BUILDERS["cnn"](), keep_io_types=True)
+    feeds = random_feeds(model)
+    placed = optimize(model, providers=["openvino", "ort-cpu"], profile=False)
+    assert "openvino" not in {s.provider for s in placed.stages if len(s.nodes) > 1}, placed.stages
+    session = adaptive(model, ["ort-cpu", "openvino"], None, "device", compile_plan, budget_s=60.0, assign=None,
+                       strict=False)
+    label = "openvino (float16 checked)"
+    recipe = session._candidates(lambda: False)[label]
+    plan = recipe(feeds)
+    assert {s.provider for s in plan.stages if len(s.nodes) > 1} == {"openvino"}, plan.stages
+    executor = compile_plan(plan)
+    assert_matches(executor.run(None, feeds), reference(model, feeds))
+    executor.close()
+    serving = Serving(session.starter.plan, compile_plan, "ort-cpu", lambda stopped: {label: recipe},
+                      explore_after_s=0.0)
+    _wait(lambda: _step(serving, feeds) or _trying_or_done(serving))
+    trial = next(iter(serving.adaptation.values()))["candidates"][0]
+    assert trial["label"] == label and trial["state"] != "failed", trial
+    serving.close()
+    session.close()

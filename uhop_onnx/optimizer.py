@@ -374,10 +374,13 @@ def _with_costs(stages: Sequence[Stage], placement: Placement) -> list[Stage]:
                     boundary_ms=cost.boundary_ms) for stage, cost in zip(stages, costs)]
 
 
-def first_then_rest(a: Analysis, label: str, threads: int | None) -> Plan:
-    """The plan of `a` with each node on `label`'s provider where it runs, else on the first of the others
-    (in their order) that runs it."""
-    return build_plan(a, first_supported(a.graph, {label: a.support[label], **a.support}, a.pinned), threads)
+def first_then_rest(a: Analysis, label: str, threads: int | None,
+                    support: Mapping[str, Support] | None = None) -> Plan:
+    """The plan of `a` with each node on `label`'s provider where it runs (where `support` says so, when
+    given), else on the first of the others (in their order) that runs it."""
+    order = {label: a.support[label] if support is None else support}
+    order.update((other, answers) for other, answers in a.support.items() if other != label)
+    return build_plan(a, first_supported(a.graph, order, a.pinned), threads)
 
 
 def build_plan(a: Analysis, choice: Sequence[str], threads: int | None, model_hash: str | None = None) -> Plan:

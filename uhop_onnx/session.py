@@ -337,8 +337,9 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
     """An adapting session's `Serving`. It starts on the plan an earlier process decided on for this model,
     host and providers (the most called bucket's), else on the model placed on the runtimes `specs` name, as
     ONNX Runtime would run it (`ort-cpu` when none are named). Its candidates, prepared in the background,
-    are each provider present (under `policy`) first with the others after it, then the measured search's
-    plan at the bucket's real inputs; a plan decided earlier is re-checked against ONNX Runtime alone (on
+    are each provider present (under `policy`) first with the others after it (and again with the element
+    types its table leaves to a check, where the model has them), then the measured search's plan at the
+    bucket's real inputs; a plan decided earlier is re-checked against ONNX Runtime alone (on
     `ort-cpu`, the model as given, unsimplified)."""
     first = resolve(["ort-cpu"] if specs is None else specs, threads, strict, policy="literal")[0]
     plain = first.id == LAST_RESORT and not assign  # ONNX Runtime runs every node: nothing to place
@@ -381,6 +382,7 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
 
     def candidates(stopped: Callable[[], bool]) -> dict[str, Callable[[Mapping[str, np.ndarray]], Plan]]:
         from .optimizer import analyze, first_then_rest, optimize
+        from .partitioner.capabilities import capabilities
 
         with quietly():  # what reading the providers warns of was said at the start
             # probed here, off the caller's thread: one listed from its files alone may fail to import
@@ -398,6 +400,13 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
                                 **{"budget": min(30.0, budget_s), **optimize_options})
 
         recipes = {p.label: (lambda sample, label=p.label: first_then_rest(a, label, threads)) for p in a.providers}
+        # element types a runtime computes otherwise than ONNX Runtime (OpenVINO's float16, in f32 between ops)
+        # go to it only here, where each candidate's outputs are checked on the program's own inputs
+        dtypes = {t.dtype for t in a.graph.tensors.values()}
+        for p in a.providers:
+            if checked := sorted(p.table.checked_dtypes & dtypes):
+                recipes[f"{p.label} ({', '.join(checked)} checked)"] = lambda sample, p=p: first_then_rest(
+                    a, p.label, threads, capabilities(a.simplified, a.graph, p, table=p.table.admitting()))
         # ONNX Runtime alone is the model as given on it, unsimplified: what a kept plan is re-checked against
         # (the simplified model can run slower there: 1.2x on a GPT-2 step)
         if plain:
