@@ -201,6 +201,8 @@ class _Searching:
         when none was timed or the gate accepts none."""
         timed = sorted((name for name, m in whole.items() if m.ok), key=lambda name: whole[name].ms)
         late = [name for name, m in whole.items() if m.error == LATE]
+        if not timed and self.deadline.abandoned:
+            raise MeasurementError("the search was abandoned before any whole plan was timed")
         if not timed and late:
             log.warning("no whole plan could be timed within the budget; the plan is %s, unmeasured (give a "
                         "larger budget)", late[0])

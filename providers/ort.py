@@ -48,26 +48,12 @@ ORT_TABLE = CapabilityTable(
 )
 
 
-# ONNX Runtime's log severity for the sessions uhop-onnx creates: 3 (errors are raised, not logged).
-_log_severity = 3
-
-
-def set_log_severity(level: int) -> None:
-    """ONNX Runtime's own logging, process-wide, for its default logger and every stage session created
-    from now on: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal."""
-    ort = ortlib.load()
-
-    global _log_severity
-    _log_severity = int(level)
-    ort.set_default_logger_severity(_log_severity)
-
-
 def session_options(threads: int | None, exclusive: bool, optimize: bool = True):
     """ONNX Runtime session options for a stage that may share the process with other stages."""
     ort = ortlib.load()
 
     so = ort.SessionOptions()
-    so.log_severity_level = _log_severity
+    so.log_severity_level = ortlib.log_severity()
     so.intra_op_num_threads = threads or 0
     so.inter_op_num_threads = 1
     if not exclusive:

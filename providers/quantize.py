@@ -111,7 +111,7 @@ class Calibration:
             known = {v.name: v for v in (*model.graph.value_info, *model.graph.output)}
             model.graph.output.extend(known.get(n) or onnx.ValueInfoProto(name=n) for n in computed
                                       if n not in {o.name for o in model.graph.output})
-            session = ortlib.load().InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            session = ortlib.reference_session(model.SerializeToString())
             inputs = {i.name for i in session.get_inputs()}
         for sample in self.samples:
             got = session.run(computed, {k: v for k, v in sample.items() if k in inputs}) if computed else []

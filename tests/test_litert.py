@@ -536,3 +536,28 @@ def test_the_runner_imports_only_numpy_and_its_runtime():
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'onnx', 'onnxruntime', 'tflite', 'openvino'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_session_on_litert_leaves_the_programs_stderr_as_it_was():
+    """LiteRT's once-a-process "Created TensorFlow Lite XNNPACK delegate" line is kept off the program's stderr;
+    what else reaches fd 2 meanwhile is passed on."""
+    code = """
+import os, sys
+import numpy as np
+import uhop_onnx
+from uhop_onnx.models import BUILDERS
+from uhop_onnx.providers.litert.runner import XNNPACK_LINE, _stderr_without
+with _stderr_without(XNNPACK_LINE):
+    os.write(2, b"native line\\n")
+    os.write(2, XNNPACK_LINE)
+    print("python line", file=sys.stderr)
+model = BUILDERS["cnn"]()
+session = uhop_onnx.InferenceSession(model.SerializeToString(), providers=["litert"], profile=False)
+assert session.get_providers() == ["litert"], session.get_providers()
+session.run(None, {i.name: np.ones([d.dim_value or 1 for d in i.type.tensor_type.shape.dim], np.float32)
+                   for i in model.graph.input})
+print("done", file=sys.stderr)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "native line\npython line\ndone\n", result.stderr

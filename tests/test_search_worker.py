@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 
 import numpy as np
@@ -14,13 +15,15 @@ from onnx import TensorProto, helper
 
 import uhop_onnx
 from uhop_onnx import MeasurementError
-from uhop_onnx.measure import Measurement, Profiler, SearchWorker, WorkerFailed
+from uhop_onnx.measure import Candidate, Measurement, Profiler, SearchWorker, WorkerFailed, time_candidates
 from uhop_onnx.models import mlp
 from uhop_onnx.optimizer import analyze
 from uhop_onnx.partitioner.search import Search
 from uhop_onnx.providers import REGISTRY
 from uhop_onnx.providers.ort import OrtCpu
 from uhop_onnx.timing import Deadline
+
+from .conftest import random_feeds
 
 # Lines a native library could write to the worker's stdout, each a reply word of the protocol.
 CHATTER = b'at "x"\nrounds\nfigures {"x": {"ms": 0.001, "spread": 0, "rounds": 9, "error": null}}\ndone\nfailed "no"\n'
@@ -84,6 +87,34 @@ def test_a_call_that_hangs_is_stopped_past_its_deadline_and_the_next_call_gets_a
         assert time.monotonic() - started < 30
         worker.deadline = None
         assert worker.call(chatty, 7) == 7
+
+
+def test_a_call_is_stopped_as_soon_as_its_search_is_abandoned():
+    abandoned = threading.Event()
+    with SearchWorker(Deadline.after(3600.0, abandoned.is_set)) as worker:
+        threading.Timer(0.5, abandoned.set).start()
+        started = time.monotonic()
+        with pytest.raises(WorkerFailed, match="the search was abandoned"):
+            worker.call(time.sleep, 3600)
+        assert time.monotonic() - started < 30
+
+
+def test_whole_plans_stop_being_timed_when_the_search_is_abandoned(tmp_path):
+    """Abandoned as the first worker starts: no round is timed, and each plan is a failure, never a winner."""
+    model = mlp()
+    uhop_onnx.optimize(model, providers=["ort-cpu"], profile=False).save(tmp_path / "plan", report=False)
+    abandoned = threading.Event()
+    threading.Timer(0.2, abandoned.set).start()
+    started = time.monotonic()
+    figures = time_candidates([Candidate(name, str(tmp_path / "plan")) for name in ("a", "b")], None,
+                              random_feeds(model), 1, 1000, 2000, deadline=Deadline.after(3600.0, abandoned.is_set))
+    assert time.monotonic() - started < 60
+    assert all(f["ms"] is None and f["error"] for f in figures.values()), figures
+
+
+def test_an_abandoned_optimize_stops_at_its_next_step():
+    with pytest.raises(uhop_onnx.UhopError, match="the search was abandoned"):
+        uhop_onnx.optimize(mlp(), providers=["ort-cpu"], stop=lambda: True)
 
 
 def test_a_gate_that_hangs_rejects_its_candidate_and_is_never_chosen(caplog):

@@ -160,7 +160,7 @@ def _options(verbose: Annotated[bool, typer.Option(*VERBOSE, help="Show the runt
     """Place ONNX models on the fastest mix of providers, and run them."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "3")  # LiteRT's C++ logging
-    from .providers.ort import set_log_severity
+    from .ortlib import set_log_severity
 
     set_log_severity(2 if verbose else 4)  # not verbose: its errors are raised to us, not logged
 

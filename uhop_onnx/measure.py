@@ -249,10 +249,7 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
                 worker.kill()
 
     stages_told: set[str] = set()
-    watchdog = threading.Timer(max(deadline.left(), 0.0), stop_the_unready) if deadline else None
-    if watchdog:
-        watchdog.daemon = True
-        watchdog.start()
+    watchdog = _watchdog(deadline, deadline.left(), stop_the_unready) if deadline else None
     try:
         for c in candidates:
             if one_by_one:
@@ -271,9 +268,11 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
         names = [c.name for c in candidates if c.name not in errors]
         order = random.Random(0)
         for r in range(rounds if names else 0):
-            if r >= 3 and deadline is not None and deadline.passed:
+            if deadline is not None and (deadline.abandoned or r >= 3 and deadline.passed):
                 break
             for name in order.sample(names, len(names)):
+                if deadline is not None and deadline.abandoned:
+                    errors[name] = LATE
                 if name in errors:
                     continue
                 time.sleep(SETTLE_SECONDS)
@@ -286,14 +285,14 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
                         else "the worker exited"
     finally:
         if watchdog:
-            watchdog.cancel()
+            watchdog.set()
         for worker in workers.values():
             if worker.poll() is None:
                 with suppress(BrokenPipeError):  # it ended meanwhile
                     worker.stdin.close()  # the worker's cue to release what it compiled and exit
         for name, worker in workers.items():
             try:
-                worker.wait(timeout=EXIT_SECONDS)
+                worker.wait(timeout=0 if deadline is not None and deadline.abandoned else EXIT_SECONDS)
             except subprocess.TimeoutExpired:  # a runtime slow to tear down holds nothing we need
                 worker.kill()
                 worker.wait()
@@ -306,6 +305,21 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
                    "spread": _spread(m) if m and name not in errors else None,
                    "round_medians_ms": m, "stages": stages[name], "error": errors.get(name)}
             for name, m in medians.items()}
+
+
+def _watchdog(deadline: Deadline | None, seconds: float, action: Callable[[], None]) -> threading.Event:
+    """Call `action` once, `seconds` from now or as soon as the `deadline` is abandoned (looked at every 0.1
+    s), unless the event returned is set first."""
+    done, end = threading.Event(), time.monotonic() + seconds
+
+    def watch() -> None:
+        while not done.wait(max(min(0.1, end - time.monotonic()), 0.0)):
+            if time.monotonic() >= end or deadline is not None and deadline.abandoned:
+                action()
+                return
+
+    threading.Thread(target=watch, name="uhop-watchdog", daemon=True).start()
+    return done
 
 
 class WorkerFailed(Exception):
@@ -444,9 +458,7 @@ class SearchWorker:
         worker = self._started()
         limit = CALL_SECONDS if self.deadline is None else max(self.deadline.left(), 0.0) + self.grace
         expired = threading.Event()
-        watchdog = threading.Timer(limit, lambda: (expired.set(), worker.kill()))
-        watchdog.daemon = True
-        watchdog.start()
+        watchdog = _watchdog(self.deadline, limit, lambda: (expired.set(), worker.kill()))
         try:
             worker.stdin.write(json.dumps({"call": str(path)}) + "\n")
             worker.stdin.flush()
@@ -454,12 +466,15 @@ class SearchWorker:
         except BrokenPipeError:
             done = False
         finally:
-            watchdog.cancel()
+            watchdog.set()
         if not done or expired.is_set():  # an answer as the time ran out counts as none: the worker is killed
             reason = self._ended()
             os.unlink(path)
-            raise WorkerFailed(f"the worker did not answer within {limit:.3g} s and was stopped" if expired.is_set()
-                               else reason)
+            if expired.is_set() and self.deadline is not None and self.deadline.abandoned:
+                reason = "the worker was stopped: the search was abandoned"
+            elif expired.is_set():
+                reason = f"the worker did not answer within {limit:.3g} s and was stopped"
+            raise WorkerFailed(reason)
         with open(f"{path}.out", "rb") as f:
             raised, value = pickle.load(f)  # noqa: S301 - written by this coordinator's own worker
         os.unlink(path)
@@ -512,9 +527,7 @@ class SearchWorker:
         """The worker's figures of `blocks`, or None and the block it was building when it ended (None when
         it ended while timing them all)."""
         worker = self._started()
-        watchdog = threading.Timer(max(deadline.left(), 0.0) + HANG_SECONDS, worker.kill)
-        watchdog.daemon = True
-        watchdog.start()
+        watchdog = _watchdog(deadline, deadline.left() + HANG_SECONDS, worker.kill)
         building = None
         try:
             settings = {f.name: getattr(profiler, f.name) for f in fields(profiler) if f.name != "clock"}
@@ -532,7 +545,7 @@ class SearchWorker:
         except (BrokenPipeError, ValueError):  # it ended as it was told, or as it answered
             pass
         finally:
-            watchdog.cancel()
+            watchdog.set()
         return None, building
 
     def _started(self) -> subprocess.Popen:

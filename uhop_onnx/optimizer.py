@@ -96,13 +96,13 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
                         shapes_text(measured_shapes(feeds)), first_line(error))
     support = {}
     for provider in list(chosen):
+        progress(f"asking {provider.label} what it can run")
         if deadline is not None and deadline.passed and provider not in (chosen[0], chosen[-1]) \
                 and provider.label not in pinned.values():
             log.warning("%s is left out: the budget ran out before it was asked what it can run (give a larger "
                         "budget)", provider.label)
             chosen.remove(provider)
             continue
-        progress(f"asking {provider.label} what it can run")
         if fixed and provider.static_shapes:
             support[provider.label] = _asked(worker, provider, graph, fixed.capabilities, graph, provider)
         else:
@@ -126,6 +126,8 @@ def _asked(worker: SearchWorker | None, provider: Provider, graph: Graph, questi
     try:
         return worker.call(question, *args)
     except WorkerFailed as failure:  # it crashed, or did not answer in time and was stopped
+        if worker.deadline is not None and worker.deadline.abandoned:
+            raise  # stopped as the search was abandoned: nobody waits for the answer
         log.warning("%s: asking it what it can run failed (%s); it runs nothing here", provider.label, failure)
         return {n.name: Support(False, f"asking {provider.label} failed: {failure}", "check") for n in graph.nodes}
 
@@ -191,7 +193,8 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
              precision: str = "fp32", tolerance: float | None = None,
              calibration: str | os.PathLike | Mapping[str, Any] | None = None,
              budget: float = 60.0, profiler: Profiler | None = None,
-             progress: Callable[[str], None] = lambda step: None, policy: str = "device") -> Plan:
+             progress: Callable[[str], None] = lambda step: None, policy: str = "device",
+             stop: Callable[[], bool] | None = None) -> Plan:
     """Place every node of `model` on a provider and split it into stages.
 
     `providers` lists provider ids (or `(id, options)`) in preference order; None means every provider
@@ -199,7 +202,9 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     placements are measured on this machine and the fastest is kept (block figures cached on disk); without
     it, each node goes to the first provider that supports it. `budget` bounds the whole call, in seconds:
     it returns by then (plus the measurement under way) with the best plan found so far, `progress` told
-    each step and each new best plan (as `partitioner.search.BEST` + its name and figure).
+    each step and each new best plan (as `partitioner.search.BEST` + its name and figure). Once `stop()` is
+    true the search is abandoned: the measurements under way stop (their workers killed), and the search
+    ends at its next step with what `progress` raises then, or the best plan so far.
     Whole plans are timed each in its own process, as they will run; a given `profiler` times everything
     in this process instead (with a fake clock, tests get exact figures). A measured plan is kept in the
     cache, keyed by the model's bytes, the providers present (and their versions), the arguments and this
@@ -219,7 +224,9 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     files, one sample each; int8 is tried only with it. Without `shapes` or `inputs`, measurements run at
     the first calibration sample.
     """
-    deadline = Deadline.after(budget)
+    deadline = Deadline.after(budget, stop)
+    if stop is not None:
+        progress = partial(_unless_abandoned, stop, progress)
     tolerance, samples, measure_on = read_choice(precision, tolerance, calibration, shapes, inputs, model)
     if precision != "fp32" and not profile:
         raise InputError(f"precision={precision!r} chooses by measuring: it needs profile=True (drop --no-profile)")
@@ -372,6 +379,13 @@ def _with_costs(stages: Sequence[Stage], placement: Placement) -> list[Stage]:
     costs = placement.stage_costs([(stage.label, stage.nodes) for stage in stages])
     return [replace(stage, alternatives=cost.alternatives, cost_ms=cost.alternatives.get(stage.label),
                     boundary_ms=cost.boundary_ms) for stage, cost in zip(stages, costs)]
+
+
+def _unless_abandoned(stop: Callable[[], bool], progress: Callable[[str], None], step: str) -> None:
+    """`progress(step)`, unless `stop()` says the search was abandoned: then `UhopError`."""
+    if stop():
+        raise UhopError("the search was abandoned (its session closed, or the program is ending)")
+    progress(step)
 
 
 def first_then_rest(a: Analysis, label: str, threads: int | None,

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType, SimpleNamespace
+from typing import Any
 
 _lock = threading.Lock()
 _bound: SimpleNamespace | None = None
@@ -49,6 +50,32 @@ def _bind() -> SimpleNamespace:
     if hasattr(onnxruntime, "preload_dlls"):
         names["preload_dlls"] = onnxruntime.preload_dlls
     return SimpleNamespace(__version__=onnxruntime.__version__, **names)
+
+
+# ONNX Runtime's log severity for the sessions uhop-onnx creates: 3 (errors are raised, not logged).
+_log_severity = 3
+
+
+def set_log_severity(level: int) -> None:
+    """ONNX Runtime's own logging, process-wide, for its default logger and every session uhop-onnx creates
+    from now on: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal."""
+    global _log_severity
+    _log_severity = int(level)
+    load().set_default_logger_severity(_log_severity)
+
+
+def log_severity() -> int:
+    return _log_severity
+
+
+def reference_session(model: str | bytes) -> Any:
+    """ONNX Runtime's own CPU session of a model (its path or serialized bytes), logging at uhop-onnx's
+    severity (its optimizer's warnings are not the program's business): the reference others are checked
+    against."""
+    ort = load()
+    options = ort.SessionOptions()
+    options.log_severity_level = _log_severity
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
 def bind_if_loaded() -> None:

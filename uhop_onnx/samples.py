@@ -114,7 +114,7 @@ def reference_outputs(model: str | os.PathLike | bytes, feeds: dict[str, np.ndar
 def reference_runs(model: str | os.PathLike | bytes, samples: Sequence[dict[str, np.ndarray]]
                    ) -> list[dict[str, np.ndarray]]:
     """`reference_outputs` of each of `samples`, from one ONNX Runtime session."""
-    session = ortlib.load().InferenceSession(model if isinstance(model, bytes) else str(model), providers=["CPUExecutionProvider"])
+    session = ortlib.reference_session(model if isinstance(model, bytes) else str(model))
     names = [o.name for o in session.get_outputs()]
     outputs = []
     for feeds in samples:

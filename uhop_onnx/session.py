@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import TensorSig
-from .errors import FreeDimensionError, InputError, UhopError
+from .errors import FreeDimensionError, InputError
 from .executor import Executor, Timing
 from .files import atomic_file
 from .graph import TensorInfo
@@ -390,13 +390,9 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
             a = analyze(source, specs, assign, threads, resolved=chosen)
 
         def search(sample: Mapping[str, np.ndarray]) -> Plan:
-            def progress(step: str) -> None:
-                if stopped():
-                    raise UhopError("stopped: the session closed or the program is ending")
-
             with quietly():  # a budget= given to the session is the search's
                 return optimize(source, providers=specs, assign=assign, threads=threads, strict=strict,
-                                policy=policy, inputs=dict(sample), progress=progress,
+                                policy=policy, inputs=dict(sample), stop=stopped,
                                 **{"budget": min(30.0, budget_s), **optimize_options})
 
         recipes = {p.label: (lambda sample, label=p.label: first_then_rest(a, label, threads)) for p in a.providers}
@@ -472,7 +468,7 @@ def _read_session_options(so: Any) -> dict[str, Any]:
         raise InputError(f"sess_options must be an onnxruntime.SessionOptions (or a list of providers), "
                          f"got {type(so).__name__}")
     if getattr(so, "log_severity_level", -1) in range(5):  # -1: not set
-        from .providers.ort import set_log_severity
+        from .ortlib import set_log_severity
 
         set_log_severity(so.log_severity_level)
     adapt = _config_entry(so, "uhop.adapt")

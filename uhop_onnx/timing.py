@@ -38,18 +38,25 @@ def round_median(call: Callable[[], object], calls: int, clock: Clock = time.per
 
 @dataclass(frozen=True)
 class Deadline:
-    """A moment on the monotonic clock (`time.monotonic()` seconds) by which work should be done."""
+    """A moment on the monotonic clock (`time.monotonic()` seconds) by which work should be done; with `stop`,
+    the work is abandoned once `stop()` says so (a session closed): the deadline has then passed, and what
+    runs against it (measuring workers) is stopped."""
 
     at: float
+    stop: Callable[[], bool] | None = None
 
     @classmethod
-    def after(cls, seconds: float) -> Deadline:
-        return cls(time.monotonic() + seconds)
+    def after(cls, seconds: float, stop: Callable[[], bool] | None = None) -> Deadline:
+        return cls(time.monotonic() + seconds, stop)
 
     def left(self) -> float:
         """Seconds left (negative once past)."""
         return self.at - time.monotonic()
 
     @property
+    def abandoned(self) -> bool:
+        return self.stop is not None and self.stop()
+
+    @property
     def passed(self) -> bool:
-        return self.left() <= 0
+        return self.left() <= 0 or self.abandoned

@@ -246,7 +246,7 @@ def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], 
     Runtime's failure on the inputs."""
     feeds = check_feeds(model, seed, inputs)
     try:
-        session = ortlib.load().InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        session = ortlib.reference_session(model.SerializeToString())
         expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
     except Exception as error:  # noqa: BLE001 - without a reference there is no check, and no stage
         raise CheckError(f"litert: cannot check stage {model.graph.name!r}: ONNX Runtime failed on random "

@@ -215,7 +215,7 @@ def fp16_tolerance(model: onnx.ModelProto) -> dict[str, float]:
 
     graph = Graph.from_model(model)
     feeds = sample_feeds([graph.signature(name) for name in model_inputs(model)])
-    session = ortlib.load().InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ortlib.reference_session(model.SerializeToString())
     largest = max((float(np.max(np.abs(y), initial=0.0)) for y in session.run(None, feeds)
                    if np.issubdtype(np.asarray(y).dtype, np.floating)), default=0.0)
     return {"rtol": FP16_TOLERANCE["rtol"], "atol": FP16_TOLERANCE["atol"] * max(1.0, largest)}
