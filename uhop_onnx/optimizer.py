@@ -203,8 +203,8 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     it, each node goes to the first provider that supports it. `budget` bounds the whole call, in seconds:
     it returns by then (plus the measurement under way) with the best plan found so far, `progress` told
     each step and each new best plan (as `partitioner.search.BEST` + its name and figure). Once `stop()` is
-    true the search is abandoned: the measurements under way stop (their workers killed), and the search
-    ends at its next step with what `progress` raises then, or the best plan so far.
+    true the search is abandoned: the measurements under way stop (their workers killed), and it raises
+    `UhopError` at its next step.
     Whole plans are timed each in its own process, as they will run; a given `profiler` times everything
     in this process instead (with a fake clock, tests get exact figures). A measured plan is kept in the
     cache, keyed by the model's bytes, the providers present (and their versions), the arguments and this
