@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 import uhop_onnx
-from uhop_onnx.adapt import EXPLORE_AFTER, FIRST_ROUNDS, MIN_PAIRS, ROUND, Decisions, Serving
+from uhop_onnx.adapt import EXPLORE_AFTER, FIRST_ROUNDS, MIN_PAIRS, ROUND, Decisions, Serving, round_calls
 from uhop_onnx.cache import cache_dir
 from uhop_onnx.cli import app
 from uhop_onnx.models import BUILDERS
@@ -26,6 +26,12 @@ from uhop_onnx.session import adaptive, decisions_for
 from .conftest import assert_matches, random_feeds, reference
 
 ENCODER = str(Path(__file__).parents[1] / "models" / "example_encoder.onnx")  # free batch and sequence axes
+
+
+@pytest.fixture(autouse=True)
+def _rounds_of_round_calls(monkeypatch):
+    """Rounds of `ROUND` calls whatever a call takes: these tests count calls (`round_calls` is tested apart)."""
+    monkeypatch.setattr("uhop_onnx.adapt.ROUND_S", 0.0)
 
 
 def _wait(condition, seconds: float = 120.0) -> None:
@@ -150,6 +156,28 @@ def test_a_much_slower_candidate_is_dropped_after_its_first_calls(tmp_path):
     assert bucket["candidates"][0]["state"].startswith("dropped"), bucket
     assert bucket["candidates"][0]["calls"] == FIRST_ROUNDS * ROUND  # stopped after its first rounds, not a full trial
     assert bucket["serving"] == "ort-cpu" and "kept ort-cpu" in bucket["decision"]
+    serving.close()
+
+
+def test_a_round_lasts_round_s_at_each_arms_own_pace(tmp_path, monkeypatch):
+    """A fast plan's rounds are many calls (the other arm's runtime threads may spin for tens of ms after its
+    last call); a much slower candidate's are few, so that dropping it still costs the caller only its first
+    rounds, about `FIRST_ROUNDS` x `ROUND_S`."""
+    monkeypatch.setattr("uhop_onnx.adapt.ROUND_S", 0.2)
+    assert round_calls(1e-4) == 2000 and round_calls(1.0) == ROUND
+    model = BUILDERS["cnn"]()
+    feeds = random_feeds(model)
+    serving = _serving(model, 0.0, 0.1, tmp_path)
+    _call(serving, feeds, EXPLORE_AFTER)
+    _wait(lambda: _trying_or_done(serving))
+    started = time.monotonic()
+    while not _settled(serving):
+        assert time.monotonic() - started < 60, serving.adaptation
+        serving.run(None, feeds)
+    bucket = next(iter(serving.adaptation.values()))
+    assert bucket["candidates"][0]["state"].startswith("dropped"), bucket
+    assert bucket["candidates"][0]["calls"] == FIRST_ROUNDS * ROUND, bucket  # 4 calls of 0.1 s: its 0.2 s
+    assert bucket["calls"] > EXPLORE_AFTER + FIRST_ROUNDS * (ROUND + 2 * ROUND)  # the serving arm's rounds: more
     serving.close()
 
 

@@ -40,8 +40,11 @@ log = logging.getLogger(__name__)
 
 EXPLORE_AFTER = 3  # calls at a bucket before its candidates are prepared, once they took EXPLORE_AFTER_S too
 EXPLORE_AFTER_S = 2.0  # seconds of calls at a bucket before it is worth exploring (short programs never pay)
-ROUND = 4  # calls an arm serves in a row; the median of all but the first is the round's figure, since the
-# first shares the cores with the other arm's runtime threads, still spinning after its last call
+# A round: the calls an arm serves in a row, at least ROUND of them and ROUND_S seconds' worth (at the serving
+# plan's pace); its figure is the median of its second half. The first calls share the cores with the other
+# arm's runtime threads, still spinning after its last call: ONNX Runtime's spin for about 40 ms (measured on
+# a 2-core AMD EPYC: 39 ms of CPU in the 100 ms after a call), where a MobileNetV3 call takes 0.4 ms.
+ROUND, ROUND_S = 4, 0.2
 FIRST_ROUNDS = 2  # a candidate's rounds before the 1.5x rule judges it
 DROP_RATIO = 1.5  # a candidate this much slower than the serving plan stops at once
 MIN_PAIRS, MAX_PAIRS = 8, 30  # paired rounds before a verdict; after the last, "within noise"
@@ -80,6 +83,8 @@ class Trial:
     state: str = "compiling"
     pairs: list[tuple[float, float]] = field(default_factory=list)  # (its round's ms, the serving plan's)
     round_ms: list[float] = field(default_factory=list)  # its calls of the round under way
+    round: int = ROUND  # calls per round at its pace (`round_calls`: its warm-up's, then its last round's)
+    calls: int = 0  # its calls in its rounds
     error: str = ""
 
     def ratio_interval(self) -> tuple[float, float, float]:
@@ -90,8 +95,8 @@ class Trial:
         return float(np.median(ratios)), ratios[k], ratios[n - 1 - k]
 
     def to_json(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {"label": self.label, "state": self.state, "calls": ROUND * len(self.pairs),
-                                 "ms": None, "interval": None}
+        entry: dict[str, Any] = {"label": self.label, "state": self.state, "calls": self.calls, "ms": None,
+                                 "interval": None}
         if self.pairs:
             median, low, high = self.ratio_interval()
             entry["ms"] = round(float(np.median([mine for mine, _ in self.pairs])), 4)
@@ -109,6 +114,8 @@ class Bucket:
     current: Arm
     calls: int = 0
     turn: int = 0
+    round: int = ROUND  # the serving arm's calls per round at its pace (`round_calls`: its calls' so far, then
+    # its last round's)
     last_ms: float = 0.0  # the median of the serving arm's latest round, paired with the candidates' next
     round_ms: list[float] = field(default_factory=list)  # the serving arm's calls of the round under way
     trials: dict[str, Trial] = field(default_factory=dict)
@@ -131,9 +138,10 @@ class Bucket:
         plan = self.current.plan
         self.current.plan = replace(plan, adaptation={**(plan.adaptation or {}), self.key: self.to_json()})
 
-    def arms(self) -> list[Arm]:
-        """The serving arm, then each candidate on trial, in turn order."""
-        return [self.current, *(t.arm for t in self.trials.values() if t.state == "trying" and t.arm)]
+    def rounds(self) -> list[tuple[Arm, int]]:
+        """The serving arm, then each candidate on trial, in turn order, with its calls per round."""
+        return [(self.current, self.round),
+                *((t.arm, t.round) for t in self.trials.values() if t.state == "trying" and t.arm)]
 
 
 class Serving:
@@ -141,8 +149,8 @@ class Serving:
     thread, with `stopped`: label -> a function building a candidate plan from a bucket's sample feeds), a
     bucket called `EXPLORE_AFTER` times and for `explore_after_s` seconds in all has its candidates compiled
     one at a time on a background thread (at nice 10, within `budget_s` seconds of its CPU time), each checked
-    against the serving plan on the sample and then interleaved with it on real calls, `ROUND` calls each in
-    turn, with no compile beside them. A candidate more than 1.5x slower after its first rounds stops at
+    against the serving plan on the sample and then interleaved with it on real calls, a round each in
+    turn (`ROUND`), with no compile beside them. A candidate more than 1.5x slower after its first rounds stops at
     once; one faster beyond noise (the upper end of the interval of its paired time ratios below 1) replaces
     the serving plan of that bucket, atomically: each call runs wholly on one plan. `decisions` keeps each
     decision made once every candidate was tried (and each replacement); `decided` (bucket -> (label, plan,
@@ -314,9 +322,13 @@ class Serving:
 
     def _turn(self, bucket: Bucket) -> Arm:
         """The arm for this call: the candidates on trial take turns with the serving arm (under the lock)."""
-        arms = bucket.arms()
-        arm = arms[bucket.turn // ROUND % len(arms)]
-        bucket.turn = (bucket.turn + 1) % (ROUND * len(arms))
+        rounds = bucket.rounds()
+        turn = bucket.turn % sum(calls for _, calls in rounds)
+        bucket.turn = turn + 1
+        for arm, calls in rounds:  # the arm whose round this call falls in
+            if turn < calls:
+                break
+            turn -= calls
         return arm
 
     def _record(self, bucket: Bucket, arm: Arm, ms: float, feeds: Mapping[str, Any]) -> None:
@@ -330,8 +342,10 @@ class Serving:
                 self._timed(bucket, arm, ms)
             elif bucket.trials:  # the serving plan's rounds, which the candidates' pair with
                 bucket.round_ms.append(ms)
-                if len(bucket.round_ms) == ROUND:
-                    bucket.last_ms, bucket.round_ms = statistics.median(bucket.round_ms[1:]), []
+                if len(bucket.round_ms) == bucket.round:  # the candidate's round next; this arm's next at its pace
+                    bucket.last_ms = _figure(bucket.round_ms)
+                    bucket.round = round_calls(bucket.last_ms / 1e3)
+                    bucket.round_ms, bucket.turn = [], bucket.round
             bucket.busy_s += ms / 1e3
             due = not bucket.explored and bucket.calls >= EXPLORE_AFTER and bucket.busy_s >= self._explore_after_s
             explore = due and not self._closed and self._spent < self._budget_s
@@ -351,9 +365,11 @@ class Serving:
         trial = next((t for t in bucket.trials.values() if t.arm is arm and t.state == "trying"), None)
         if trial is not None and bucket.last_ms > 0:
             trial.round_ms.append(ms)
-            if len(trial.round_ms) == ROUND:
-                trial.pairs.append((statistics.median(trial.round_ms[1:]), bucket.last_ms))
-                trial.round_ms = []
+            trial.calls += 1
+            if len(trial.round_ms) == trial.round:  # the serving arm's round next; this arm's next at its pace
+                trial.pairs.append((_figure(trial.round_ms), bucket.last_ms))
+                trial.round = round_calls(trial.pairs[-1][0] / 1e3)
+                trial.round_ms, bucket.turn = [], 0
                 self._judge(bucket, trial)
 
     def _judge(self, bucket: Bucket, trial: Trial) -> None:
@@ -384,9 +400,9 @@ class Serving:
         are measured against it (under the lock)."""
         median, low, high = trial.ratio_interval()
         old = bucket.current
-        bucket.current, bucket.turn, bucket.round_ms = trial.arm, 0, []
+        bucket.current, bucket.round, bucket.turn, bucket.round_ms = trial.arm, trial.round, 0, []
         said = (f"{trial.label} replaced {old.label}: {median:.3f}x its time (95% interval {low:.3f}-{high:.3f}) "
-                f"over {len(trial.pairs)} interleaved rounds of {ROUND} calls")
+                f"over {len(trial.pairs)} interleaved rounds ({trial.calls} of its calls)")
         bucket.replaced.append(said)
         log.info("%s at %s: %s", trial.arm.plan.model_name, bucket.key, said)
         self._retire(old)
@@ -502,6 +518,7 @@ class Serving:
                     if arm is not None and trial.state == "compiling":
                         trial.arm, trial.state = arm, "trying"
                         bucket.turn, bucket.round_ms = 0, []  # rounds start together: the serving arm's first
+                        bucket.round = round_calls(bucket.busy_s / max(bucket.calls, 1))
                 self._await(trial)
             with self._lock:
                 bucket.sample, bucket.preparing, bucket.untried = None, False, untried
@@ -540,8 +557,12 @@ class Serving:
                     arm.executor.close()
                     raise UhopError("stopped: the session closed")
         want = bucket.current.executor.run(None, bucket.sample)
+        paces = []
         for _ in range(WARM_UP):
+            start = time.perf_counter()
             got = arm.executor.run(None, bucket.sample)
+            paces.append(time.perf_counter() - start)
+        trial.round = round_calls(min(paces))
         for name, a, b in zip(arm.executor.outputs, got, want):
             verdict = compare(a, b, self._tolerance)
             if not verdict["ok"]:
@@ -586,6 +607,16 @@ def _copied(value: Any) -> Any:
     if callable(getattr(value, "numpy", None)):
         return np.array(value.numpy(), copy=True)
     return None if value is None else np.array(value, copy=True)
+
+
+def round_calls(call_s: float) -> int:
+    """Calls per round at a serving pace of `call_s` seconds a call: `ROUND`, or `ROUND_S` seconds' worth."""
+    return max(ROUND, math.ceil(ROUND_S / max(call_s, 1e-6)))
+
+
+def _figure(round_ms: list[float]) -> float:
+    """A round's figure: the median of its second half (see `ROUND`)."""
+    return statistics.median(round_ms[len(round_ms) // 2:])
 
 
 def _pow2(n: int) -> int:
