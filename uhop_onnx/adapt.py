@@ -40,8 +40,8 @@ log = logging.getLogger(__name__)
 
 EXPLORE_AFTER = 3  # calls at a bucket before its candidates are prepared, once they took EXPLORE_AFTER_S too
 EXPLORE_AFTER_S = 2.0  # seconds of calls at a bucket before it is worth exploring (short programs never pay)
-# A round: the calls an arm serves in a row, at least ROUND of them and ROUND_S seconds' worth (at the serving
-# plan's pace); its figure is the median of its second half. The first calls share the cores with the other
+# A round: the calls an arm serves in a row, at least ROUND of them and ROUND_S seconds' worth (at its own pace,
+# `round_calls`); its figure is the median of its second half. The first calls share the cores with the other
 # arm's runtime threads, still spinning after its last call: ONNX Runtime's spin for about 40 ms (measured on
 # a 2-core AMD EPYC: 39 ms of CPU in the 100 ms after a call), where a MobileNetV3 call takes 0.4 ms.
 ROUND, ROUND_S = 4, 0.2
@@ -149,8 +149,8 @@ class Serving:
     thread, with `stopped`: label -> a function building a candidate plan from a bucket's sample feeds), a
     bucket called `EXPLORE_AFTER` times and for `explore_after_s` seconds in all has its candidates compiled
     one at a time on a background thread (at nice 10, within `budget_s` seconds of its CPU time), each checked
-    against the serving plan on the sample and then interleaved with it on real calls, a round each in
-    turn (`ROUND`), with no compile beside them. A candidate more than 1.5x slower after its first rounds stops at
+    against the serving plan on the sample and then interleaved with it on real calls, a round each in turn
+    (`ROUND`), with no compile beside them. A candidate more than 1.5x slower after its first rounds stops at
     once; one faster beyond noise (the upper end of the interval of its paired time ratios below 1) replaces
     the serving plan of that bucket, atomically: each call runs wholly on one plan. `decisions` keeps each
     decision made once every candidate was tried (and each replacement); `decided` (bucket -> (label, plan,
