@@ -65,6 +65,7 @@ def set_log_severity(level: int) -> None:
 
 
 def log_severity() -> int:
+    """The severity `set_log_severity` set (3 unless set)."""
     return _log_severity
 
 
