@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -505,8 +504,9 @@ def test_a_decision_settled_as_the_program_ends_is_not_an_error(tmp_path):
 
 def test_a_model_of_a_size_nothing_was_kept_for_starts_before_its_digest_and_keeps_its_decision(tmp_path,
                                                                                                   monkeypatch):
-    """On a cold cache the starter compiles while the model is hashed; the digest then names the starter's
-    plan and keys the decision, which the next session (same size: it waits for the digest) starts on."""
+    """On a cold cache the starter compiles and serves before the model is hashed (on the background thread,
+    once the session explores); the digest then names the starter's plan and keys the decision, which the next
+    session (same size: it waits for the digest) starts on."""
     from uhop_onnx.cache import model_digest
 
     monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path / "cache"))
@@ -515,12 +515,15 @@ def test_a_model_of_a_size_nothing_was_kept_for_starts_before_its_digest_and_kee
     path = tmp_path / "cnn.onnx"
     onnx.save(model, path)
     feeds = random_feeds(model)
-    session = uhop_onnx.InferenceSession(str(path), adapt_budget=0.0)
-    assert isinstance(session._serving.decisions, Future)  # keyed once the digest is computed
+    session = uhop_onnx.InferenceSession(str(path), adapt_budget=0.01)
+    assert callable(session._serving.decisions) and not session.plan.model_hash  # keyed once it explores
     assert_matches(session.run(None, feeds), reference(model, feeds))
-    _wait(lambda: session.plan.model_hash)
+    deadline = time.monotonic() + 120
+    while not session.plan.model_hash:  # it explores after EXPLORE_AFTER_S of calls
+        assert time.monotonic() < deadline, "the session never explored"
+        session.run(None, feeds)
     assert session.plan.model_hash == model_digest(str(path))
-    folder = session._serving.decisions.result().folder
+    folder = session._serving.decisions.folder
     assert folder.name.startswith(f"{path.stat().st_size}-")
     bucket = next(iter(session.adaptation))
     session.close()

@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -153,7 +153,9 @@ class Serving:
     (`ROUND`), with no compile beside them. A candidate more than 1.5x slower after its first rounds stops at
     once; one faster beyond noise (the upper end of the interval of its paired time ratios below 1) replaces
     the serving plan of that bucket, atomically: each call runs wholly on one plan. `decisions` keeps each
-    decision made once every candidate was tried (and each replacement); `decided` (bucket -> (label, plan,
+    decision made once every candidate was tried (and each replacement); given as a function making them
+    (keyed by the model's digest, which it computes), it is called on the background thread when it starts,
+    and their digest then names the starter's plan where it was left blank. `decided` (bucket -> (label, plan,
     calls), read from them; plan None: the starter was kept) are earlier processes' decisions: a bucket kept
     on the starter is served by it as decided, and a bucket kept on another plan starts on that plan,
     re-checked against the `recheck` candidate alone (ONNX Runtime by default). `unplaced`, given when
@@ -166,7 +168,7 @@ class Serving:
                  candidates: Callable[[Callable[[], bool]], Mapping[str, Recipe]] | None = None, *,
                  budget_s: float = 60.0, explore_after_s: float = EXPLORE_AFTER_S,
                  tolerance: Mapping[str, float] = FP32_CHECK,
-                 decisions: Decisions | Future[Decisions] | None = None,
+                 decisions: Decisions | Callable[[], Decisions] | None = None,
                  decided: Mapping[str, tuple[str, Plan | None, int]] | None = None,
                  recheck: str | None = None, unplaced: Callable[[], tuple[str, Plan]] | None = None,
                  per_bucket: Collection[str] = ()):
@@ -190,14 +192,18 @@ class Serving:
         self._worker: threading.Thread | None = None
         # Decisions are written one after another, in the order made (a bucket's later one must win)
         self._keeper = ThreadPoolExecutor(1, thread_name_prefix="uhop-adapt-keep")
-        if isinstance(decisions, Future):  # keyed by the model's digest, still being computed
-            decisions.add_done_callback(self._keyed)
+        self._keying = threading.Lock()
 
-    def _keyed(self, decisions: Future[Decisions]) -> None:
-        """The model's digest, once computed, named by the starter's plan where it was left blank."""
-        if decisions.exception() is None and not self.starter.plan.model_hash:
-            with self._lock:
-                self.starter.plan = replace(self.starter.plan, model_hash=decisions.result().digest)
+    def _keyed(self) -> Decisions:
+        """`decisions`, made here the first time when given as a function (on a background thread: it hashes
+        the model), their digest then naming the starter's plan where it was left blank."""
+        with self._keying:
+            if callable(self.decisions):
+                self.decisions = self.decisions()
+                with self._lock:
+                    if not self.starter.plan.model_hash:
+                        self.starter.plan = replace(self.starter.plan, model_hash=self.decisions.digest)
+            return self.decisions
 
     # what the session reads
 
@@ -436,7 +442,7 @@ class Serving:
     def _kept(self, *decision: Any) -> None:
         """`Decisions.keep(*decision)`, on the keeper's thread, once the model's digest keys them."""
         try:
-            decisions = self.decisions.result() if isinstance(self.decisions, Future) else self.decisions
+            decisions = self._keyed()
         except Exception as error:  # noqa: BLE001 - the digest failed: the decision is only not kept
             log.warning("could not keep the decision for %s: %s", decision[0], first_line(error))
             return
@@ -484,6 +490,11 @@ class Serving:
         # the budget counts this thread's CPU time: on a loaded machine a thread at nice 10 waits long for little
         # work, and wall time would spend the budget on the waiting
         begun = time.thread_time()
+        if self.decisions is not None:
+            try:
+                self._keyed()
+            except Exception as error:  # noqa: BLE001 - said when a decision is to be kept
+                log.debug("the model's digest failed: %s", first_line(error))
         while (bucket := self._next_job()) is not None:
             if self._recipes is None:
                 try:

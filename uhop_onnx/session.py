@@ -343,20 +343,21 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
     `ort-cpu`, the model as given, unsimplified)."""
     first = resolve(["ort-cpu"] if specs is None else specs, threads, strict, policy="literal")[0]
     plain = first.id == LAST_RESORT and not assign  # ONNX Runtime runs every node: nothing to place
-    # nothing was kept for a model of this size, so no digest can find a decision: the model is hashed later
+    # nothing was kept for a model of this size, so no digest can find a decision: the model is hashed when the
+    # session starts exploring, on its background thread (a thread started here would cost a small model's
+    # start more than its load)
     late = plain and not _kept_for_size(model_size(source))
-    # reading and hashing a large file leave the GIL: done beside the load (a thread costs more on a small one,
-    # unless nothing waits for it)
-    beside = ThreadPoolExecutor(1, thread_name_prefix="uhop-digest") if late or _large(source) else None
+    key = (source, specs, threads, policy, assign)
+    # reading and hashing a large file leave the GIL: done beside the load
+    beside = ThreadPoolExecutor(1, thread_name_prefix="uhop-digest") if not late and _large(source) else None
     try:
-        digest = beside.submit(model_digest, source) if beside and not late else None
+        digest = beside.submit(model_digest, source) if beside else None
         # ONNX Runtime checks the model; uhop's own checks run before any other provider
         loaded, data = load_as_read(source) if plain else (None, None)
-        key = (source, specs, threads, policy, assign)
-        decisions = beside.submit(decisions_for, *key) if late else decisions_for(*key, digest and digest.result())
+        decisions = functools.partial(decisions_for, *key) if late else decisions_for(*key, digest and digest.result())
     finally:
         if beside:
-            beside.shutdown(wait=not late)
+            beside.shutdown()
 
     def unplaced() -> tuple[str, Plan]:
         """The plan a session starts on when nothing was decided, and its label (its model digest left blank
