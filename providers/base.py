@@ -74,16 +74,20 @@ class Absent(Exception):
 
 def installed(package: str, distribution: str, *patterns: str) -> str | None:
     """The version of `distribution` where the package `package` is on the path, found without importing it,
-    with a file matching each glob of `patterns` in its folder; None otherwise."""
-    from importlib.metadata import PackageNotFoundError, version
+    with a file matching each glob of `patterns` in its folder; None otherwise. The version is read from the
+    metadata beside the package found (another copy's, left earlier on the path, would name another version),
+    else from the first on the path (an editable install keeps its metadata apart)."""
+    from importlib.metadata import PackageNotFoundError, distributions, version
     from importlib.util import find_spec
 
     spec = find_spec(package)
     folders = [Path(f) for f in (spec.submodule_search_locations or [])] if spec is not None else []
-    if not any(all(next(f.glob(p), None) for p in patterns) for f in folders):
+    found = [f for f in folders if all(next(f.glob(p), None) for p in patterns)]
+    if not found:
         return None
+    beside = next(distributions(name=distribution, path=[str(found[0].parent)]), None)
     try:
-        return version(distribution)
+        return beside.version if beside is not None else version(distribution)
     except PackageNotFoundError:
         return None
 

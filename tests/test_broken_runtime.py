@@ -157,3 +157,24 @@ def test_a_bundle_for_a_target_whose_runtime_cannot_write_here_says_why(monkeypa
     with pytest.raises(uhop_onnx.ProviderError, match="openvino: OpenVINO cannot read an ONNX model here.*invalid ELF"):
         uhop_onnx.export_bundle(mlp(), "intel-npu", tmp_path / "b")
     assert not (tmp_path / "b").exists()
+
+
+def test_a_runtimes_version_is_read_beside_the_package_found_not_from_a_stale_copy_earlier_on_the_path(
+        tmp_path, monkeypatch):
+    """Metadata left earlier on the path by an old install (no package beside it) names another version than
+    the package that is found and run."""
+    from uhop_onnx.providers.base import installed
+
+    stale, real = tmp_path / "stale", tmp_path / "real"
+    for folder, version, package in ((stale, "1.0", False), (real, "2.0", True)):
+        meta = folder / f"uhoprt-{version}.dist-info"
+        meta.mkdir(parents=True)
+        (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: uhoprt\nVersion: {version}\n")
+        if package:
+            (folder / "uhoprt").mkdir()
+            (folder / "uhoprt" / "__init__.py").write_text("")
+            (folder / "uhoprt" / "libuhoprt_plugin.so").touch()
+    monkeypatch.syspath_prepend(str(real))
+    monkeypatch.syspath_prepend(str(stale))  # searched first
+    assert installed("uhoprt", "uhoprt", "*plugin*") == "2.0"
+    assert installed("uhoprt", "uhoprt", "*missing*") is None
