@@ -265,7 +265,7 @@ class Serving:
         return results, arm.plan
 
     def _bucket(self, feeds: Mapping[str, Any]) -> Bucket:
-        seen = (tuple(feeds), tuple(v.shape if type(v) is np.ndarray else _dims(v) for v in feeds.values()))
+        seen = (tuple(feeds), tuple([v.shape if type(v) is np.ndarray else _dims(v) for v in feeds.values()]))
         bucket = self._by_shapes.get(seen)
         if bucket is not None:
             return bucket

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .plan import Stage
 
 log = logging.getLogger(__name__)
+_ARRAYS = frozenset({np.ndarray})  # feeds a whole stage takes as they are (`map(type, ...)`: each call pays for this test)
 
 Timing = tuple[int, float, float]  # stage index, start and end (`time.perf_counter()` seconds)
 Check = Callable[[int, dict[str, Any]], dict[str, Any]]  # (stage index, its results) -> them, once checked
@@ -70,7 +71,7 @@ class Executor:
         """The model's outputs in `output_names` order (all outputs when None): host arrays, or with
         `host=False` left where their stage put them. `timings` receives each stage's run time."""
         wanted = self._check_outputs(output_names)
-        if self._whole and timings is None and all(isinstance(v, np.ndarray) for v in input_feed.values()):
+        if self._whole and timings is None and _ARRAYS.issuperset(map(type, input_feed.values())):
             runner = self.runners[0]
             try:
                 if self._native is not None and host:
