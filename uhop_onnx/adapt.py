@@ -146,7 +146,8 @@ class Bucket:
 
 class Serving:
     """Runs calls on the plan serving each shape bucket. Given `candidates` (called once, on the background
-    thread, with `stopped`: label -> a function building a candidate plan from a bucket's sample feeds), a
+    thread, with `stopped` and the first explored bucket's sample feeds: label -> a function building a
+    candidate plan from a bucket's sample feeds), a
     bucket called `EXPLORE_AFTER` times and for `explore_after_s` seconds in all has its candidates compiled
     one at a time on a background thread (at nice 10, within `budget_s` seconds of its CPU time), each checked
     against the serving plan on the sample and then interleaved with it on real calls, a round each in turn
@@ -165,7 +166,7 @@ class Serving:
     bucket. `run` is thread safe."""
 
     def __init__(self, starter: Plan, compile: Callable[[Plan], Executor], label: str,
-                 candidates: Callable[[Callable[[], bool]], Mapping[str, Recipe]] | None = None, *,
+                 candidates: Callable[[Callable[[], bool], Mapping[str, np.ndarray]], Mapping[str, Recipe]] | None = None, *,
                  budget_s: float = 60.0, explore_after_s: float = EXPLORE_AFTER_S,
                  tolerance: Mapping[str, float] = FP32_CHECK,
                  decisions: Decisions | Callable[[], Decisions] | None = None,
@@ -498,7 +499,7 @@ class Serving:
         while (bucket := self._next_job()) is not None:
             if self._recipes is None:
                 try:
-                    self._recipes = dict(self._candidates(self.stopped))
+                    self._recipes = dict(self._candidates(self.stopped, bucket.sample))
                 except Exception as error:  # noqa: BLE001 - without candidates the session keeps its plan
                     log.warning("no candidate plans can be prepared (%s); the session keeps its plan",
                                 first_line(error))

@@ -381,14 +381,17 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
     else:
         label, starter = unplaced()
 
-    def candidates(stopped: Callable[[], bool]) -> dict[str, Callable[[Mapping[str, np.ndarray]], Plan]]:
+    def candidates(stopped: Callable[[], bool],
+                   sample: Mapping[str, np.ndarray]) -> dict[str, Callable[[Mapping[str, np.ndarray]], Plan]]:
         from .optimizer import analyze, first_then_rest, optimize
         from .partitioner.capabilities import capabilities
 
         with quietly():  # what reading the providers warns of was said at the start
             # probed here, off the caller's thread: one listed from its files alone may fail to import
             chosen = [p for p in resolve(specs, threads, strict, policy=policy) if p.present]
-            a = analyze(source, specs, assign, threads, resolved=chosen)
+            # asked at the program's own inputs: a fixed-shape runtime (LiteRT) can then take what free
+            # dimensions keep from it (a BERT's Shape arithmetic), as the search's does
+            a = analyze(source, specs, assign, threads, resolved=chosen, inputs=dict(sample))
 
         def search(sample: Mapping[str, np.ndarray]) -> Plan:
             with quietly():  # a budget= given to the session is the search's
