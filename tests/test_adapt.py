@@ -563,7 +563,7 @@ def test_float16_nodes_go_to_openvino_only_in_a_candidate_checked_on_the_program
 def test_candidates_are_made_at_the_programs_inputs_where_a_fixed_shape_runtime_takes_shape_arithmetic():
     """The shipped encoder computes its shapes from free dimensions (Shape, Gather, Concat, as exporters write
     it): LiteRT, which converts at fixed shapes, takes it whole only when asked at the program's inputs (asked
-    without them, it took 4 pieces of 11 stages, the rest left to ONNX Runtime)."""
+    without them, it took 5 of 11 stages, the rest left to ONNX Runtime)."""
     feeds = {"input_ids": np.random.default_rng(0).integers(0, 64, (1, 12), dtype=np.int64)}
     session = adaptive(ENCODER, ["litert", "ort-cpu"], None, "device", compile_plan, budget_s=60.0, assign=None,
                        strict=False)

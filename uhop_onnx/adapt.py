@@ -55,6 +55,8 @@ UNNAMED_S = 60.0  # a kept plan no decision names any more is removed after this
 FP32_CHECK = {"rtol": 2e-4, "atol": 2e-5}  # two fp32 plans, each within rtol 1e-4, atol 1e-5 of ONNX Runtime
 
 Recipe = Callable[[Mapping[str, np.ndarray]], Plan]  # a bucket's sample feeds -> a candidate plan
+# (stopped, the first explored bucket's sample feeds) -> label -> recipe
+Candidates = Callable[[Callable[[], bool], Mapping[str, np.ndarray]], Mapping[str, Recipe]]
 
 
 class Arm:
@@ -145,28 +147,26 @@ class Bucket:
 
 
 class Serving:
-    """Runs calls on the plan serving each shape bucket. Given `candidates` (called once, on the background
-    thread, with `stopped` and the first explored bucket's sample feeds: label -> a function building a
-    candidate plan from a bucket's sample feeds), a
-    bucket called `EXPLORE_AFTER` times and for `explore_after_s` seconds in all has its candidates compiled
-    one at a time on a background thread (at nice 10, within `budget_s` seconds of its CPU time), each checked
-    against the serving plan on the sample and then interleaved with it on real calls, a round each in turn
-    (`ROUND`), with no compile beside them. A candidate more than 1.5x slower after its first rounds stops at
-    once; one faster beyond noise (the upper end of the interval of its paired time ratios below 1) replaces
-    the serving plan of that bucket, atomically: each call runs wholly on one plan. `decisions` keeps each
-    decision made once every candidate was tried (and each replacement); given as a function making them
-    (keyed by the model's digest, which it computes), it is called on the background thread when it starts,
-    and their digest then names the starter's plan where it was left blank. `decided` (bucket -> (label, plan,
-    calls), read from them; plan None: the starter was kept) are earlier processes' decisions: a bucket kept
-    on the starter is served by it as decided, and a bucket kept on another plan starts on that plan,
-    re-checked against the `recheck` candidate alone (ONNX Runtime by default). `unplaced`, given when
-    `starter` is itself a kept plan, builds (label, plan) of the one a session starts on when nothing was
-    decided, for the buckets kept on that one. The candidates labelled in `per_bucket` make their plan from
-    each bucket's sample (a search measures at it); the others' plans are made once and shared by every
-    bucket. `run` is thread safe."""
+    """Runs calls on the plan serving each shape bucket. Given `candidates` (called once, on the background thread, with
+    `stopped` and the first explored bucket's sample feeds: label -> a function building a candidate plan from a
+    bucket's sample feeds), a bucket called `EXPLORE_AFTER` times and for `explore_after_s` seconds in all has its
+    candidates compiled one at a time on a background thread (at nice 10, within `budget_s` seconds of its CPU time),
+    each checked against the serving plan on the sample and then interleaved with it on real calls, a round each in turn
+    (`ROUND`), with no compile beside them. A candidate more than 1.5x slower after its first rounds stops at once; one
+    faster beyond noise (the upper end of the interval of its paired time ratios below 1) replaces the serving plan of
+    that bucket, atomically: each call runs wholly on one plan. `decisions` keeps each decision made once every
+    candidate was tried (and each replacement); given as a function making them (keyed by the model's digest, which it
+    computes), it is called on the background thread when it starts, and their digest then names the starter's plan
+    where it was left blank. `decided` (bucket -> (label, plan, calls), read from them; plan None: the starter was kept)
+    are earlier processes' decisions: a bucket kept on the starter is served by it as decided, and a bucket kept on
+    another plan starts on that plan, re-checked against the `recheck` candidate alone (ONNX Runtime by default).
+    `unplaced`, given when `starter` is itself a kept plan, builds (label, plan) of the one a session starts on when
+    nothing was decided, for the buckets kept on that one. The candidates labelled in `per_bucket` make their plan from
+    each bucket's sample (a search measures at it); the others' plans are made once and shared by every bucket. `run` is
+    thread safe."""
 
     def __init__(self, starter: Plan, compile: Callable[[Plan], Executor], label: str,
-                 candidates: Callable[[Callable[[], bool], Mapping[str, np.ndarray]], Mapping[str, Recipe]] | None = None, *,
+                 candidates: Candidates | None = None, *,
                  budget_s: float = 60.0, explore_after_s: float = EXPLORE_AFTER_S,
                  tolerance: Mapping[str, float] = FP32_CHECK,
                  decisions: Decisions | Callable[[], Decisions] | None = None,
