@@ -168,7 +168,7 @@ def tested(path: Path, spec: LibrarySpec) -> Library:
 def _self_test(path: Path, spec: LibrarySpec) -> None:
     """Load and verify `path` in a child process; `VerificationError` when it fails, crashes or hangs."""
     try:
-        done = subprocess.run([sys.executable, "-m", __name__, str(path)], input=pickle.dumps(spec),
+        done = subprocess.run([sys.executable, "-P", "-m", __name__, str(path)], input=pickle.dumps(spec),
                               capture_output=True, timeout=CHILD_SECONDS, check=False)
     except subprocess.TimeoutExpired:
         raise VerificationError(f"{path.name}: the self-test did not finish in {CHILD_SECONDS} s") from None

@@ -63,3 +63,12 @@ def assert_matches(actual: list[np.ndarray], expected: list[np.ndarray]) -> None
 @pytest.fixture(params=sorted(BUILDERS), scope="session")
 def reference_model(request) -> tuple[str, onnx.ModelProto]:
     return request.param, BUILDERS[request.param]()
+
+
+@pytest.fixture
+def tests_in_workers(monkeypatch, pytestconfig):
+    """For tests that send their own functions or providers to measuring workers, which run `python -P` (the
+    working directory is not on their path): the `tests` package is found on PYTHONPATH, as a program's own
+    module would be."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(pytestconfig.rootpath),
+                                                                    os.environ.get("PYTHONPATH")])))

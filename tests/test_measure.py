@@ -91,3 +91,17 @@ def test_workers_start_one_by_one_when_asked(tmp_path, monkeypatch, one_by_one):
         assert events == [("start", "a"), ("ready", ""), ("start", "b"), ("ready", "")]
     else:
         assert events[:2] == [("start", "a"), ("start", "b")]
+
+
+def test_workers_import_the_installed_package_not_a_uhop_onnx_folder_in_the_working_directory(tmp_path,
+                                                                                            monkeypatch):
+    """Run from a source checkout after a plain `pip install .`, `python -m` put the checkout's `uhop_onnx/`
+    (whose providers live elsewhere in the source) before the installed package: every worker failed with
+    "No module named 'uhop_onnx.providers'"."""
+    model = mlp()
+    uhop_onnx.optimize(model, providers=["ort-cpu"], profile=False).save(tmp_path / "plan", report=False)
+    (tmp_path / "checkout" / "uhop_onnx").mkdir(parents=True)
+    (tmp_path / "checkout" / "uhop_onnx" / "__init__.py").write_text("raise ImportError('the checkout, shadowing')\n")
+    monkeypatch.chdir(tmp_path / "checkout")
+    figures = time_candidates([Candidate("plan", str(tmp_path / "plan"))], None, random_feeds(model), 1, 2, 2)
+    assert figures["plan"]["error"] is None and np.isfinite(figures["plan"]["ms"]), figures["plan"]

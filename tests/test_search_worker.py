@@ -25,6 +25,8 @@ from uhop_onnx.timing import Deadline
 
 from .conftest import random_feeds
 
+pytestmark = pytest.mark.usefixtures("tests_in_workers")
+
 # Lines a native library could write to the worker's stdout, each a reply word of the protocol.
 CHATTER = b'at "x"\nrounds\nfigures {"x": {"ms": 0.001, "spread": 0, "rounds": 9, "error": null}}\ndone\nfailed "no"\n'
 

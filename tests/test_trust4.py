@@ -25,6 +25,8 @@ from uhop_onnx.providers.ort import OrtCpu
 from uhop_onnx.samples import check_runs_fit
 from uhop_onnx.timing import Deadline
 
+pytestmark = pytest.mark.usefixtures("tests_in_workers")
+
 
 class Crashing(OrtCpu):
     """ONNX Runtime's CPU, except that compiling a model whose graph is named as `crashes` says kills the

@@ -106,7 +106,7 @@ def _optimize_in_process(model: str, providers, threads, budget, cache: Path, ou
     env = {**os.environ, "UHOP_CACHE_DIR": str(cache)}
     request = json.dumps({"model": model, "providers": providers, "threads": threads, "budget": budget, "out": str(out),
                           "inputs": str(feeds), **reduced})
-    result = subprocess.run([sys.executable, "-m", "uhop_onnx.bench", "optimize", request], env=env,
+    result = subprocess.run([sys.executable, "-P", "-m", "uhop_onnx.bench", "optimize", request], env=env,
                             capture_output=True, text=True, timeout=3600)
     lines = result.stdout.strip().splitlines()
     if result.returncode != 0 or not lines:

@@ -149,8 +149,8 @@ def measure(threads: tuple[int, ...] = (1, 2), rounds: int = 3, libraries: tuple
             order = libraries if r % 2 == 0 else tuple(reversed(libraries))
             for lib in order:
                 progress(f"round {r + 1}/{rounds}, {lib} on {t} thread(s)")
-                done = subprocess.run([sys.executable, "-m", __name__, lib, str(t)], capture_output=True, text=True,
-                                      env=_child_env(t), check=True)
+                done = subprocess.run([sys.executable, "-P", "-m", __name__, lib, str(t)], capture_output=True,
+                                      text=True, env=_child_env(t), check=True)
                 for case, seconds in json.loads(done.stdout.strip().splitlines()[-1]).items():
                     best[t][lib][case] = min(seconds, best[t][lib].get(case, float("inf")))
     flops = {name: _flops(op, dims) for name, (op, dims) in cases().items()}

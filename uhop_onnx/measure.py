@@ -331,12 +331,13 @@ class Unsendable(TypeError):
 
 
 def _spawn(arguments: list[str], log: Any) -> tuple[subprocess.Popen, Any]:
-    """A worker, `python -m uhop_onnx.measure ARGUMENTS... FD`: its requests on its stdin, its replies on a pipe
-    of their own (FD), so that nothing a runtime prints can pass for one; its stdout is dropped, its stderr
-    written to `log`. The process, and the pipe's end to read its replies from (text)."""
+    """A worker, `python -P -m uhop_onnx.measure ARGUMENTS... FD` (`-P`: a `uhop_onnx` folder in the working
+    directory, a source checkout's, is not imported instead of the installed package): its requests on its
+    stdin, its replies on a pipe of their own (FD), so that nothing a runtime prints can pass for one; its stdout
+    is dropped, its stderr written to `log`. The process, and the pipe's end to read its replies from (text)."""
     reading, writing = os.pipe()
     try:
-        worker = subprocess.Popen([sys.executable, "-m", "uhop_onnx.measure", *arguments, str(writing)],
+        worker = subprocess.Popen([sys.executable, "-P", "-m", "uhop_onnx.measure", *arguments, str(writing)],
                                   stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, text=True,
                                   pass_fds=(writing,))
     except BaseException:

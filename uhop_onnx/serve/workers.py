@@ -64,7 +64,7 @@ class Workers:
 class _Worker:
     def __init__(self):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # what this process imports
-        self.process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+        self.process = subprocess.Popen([sys.executable, "-P", "-m", __name__], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, env=env)
 
     def call(self, function: Callable[..., Any], args: tuple) -> tuple[bool, Any]:
