@@ -6,6 +6,7 @@ import resource
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -167,3 +168,20 @@ def test_arrays_copied_out_of_an_io_binding_own_their_memory(provider):
         del binding  # its OrtValues go; the copies stay
     assert all(array.flags.owndata or array.base is not None for array in kept)
     assert_matches(kept, expected)
+
+
+def test_a_script_run_in_the_source_checkout_finds_the_subpackages_kept_beside_uhop_onnx():
+    """After a plain `pip install .`, a script run in the checkout's root (`python -`, `python -c`, a notebook)
+    imports the checkout's `uhop_onnx/`, ahead of the installed copy; its providers/ and partitioner/ lie beside
+    it, so a session failed with "No module named 'uhop_onnx.providers'". Here the editable install's finder,
+    which maps them, is taken away as a plain install has none."""
+    root = Path(uhop_onnx.__file__).resolve().parents[1]
+    script = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)]\n"
+              "import numpy as np, uhop_onnx\n"
+              "assert uhop_onnx.__file__.startswith(sys.argv[1]), uhop_onnx.__file__\n"
+              "from uhop_onnx.models import mlp\n"
+              "session = uhop_onnx.InferenceSession(mlp().SerializeToString(), adapt=False)\n"
+              "print(session.run(None, {'input': np.ones((4, 64), np.float32)})[0].shape)\n")
+    done = subprocess.run([sys.executable, "-", str(root)], input=script, cwd=root, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

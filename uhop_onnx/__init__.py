@@ -4,7 +4,16 @@ Attributes are imported on first use, so that `uhop_onnx.bundle` on a board need
 runtimes a bundle names.
 """
 
+import os
 from importlib import import_module
+
+# Run from a source checkout (the working folder on `sys.path` ahead of an installed copy), this package's
+# subpackages kept beside it (providers/, partitioner/, ...) are found there, as an install maps them.
+_SOURCE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if not os.path.isdir(os.path.join(__path__[0], "providers")) \
+        and os.path.isfile(os.path.join(_SOURCE, "pyproject.toml")) \
+        and os.path.isfile(os.path.join(_SOURCE, "providers", "__init__.py")):
+    __path__.append(_SOURCE)
 
 from . import ortlib
 from .errors import (
