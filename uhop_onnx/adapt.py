@@ -47,6 +47,9 @@ EXPLORE_AFTER_S = 2.0  # seconds of calls at a bucket before it is worth explori
 ROUND, ROUND_S = 4, 0.2
 FIRST_ROUNDS = 2  # a candidate's rounds before the 1.5x rule judges it
 DROP_RATIO = 1.5  # a candidate this much slower than the serving plan stops at once
+# A candidate dropped on its first rounds at less than this ratio may have met a burst of noise (seen here: LiteRT
+# dropped at 1.66x on a MobileNetV3 it runs in 0.6x ONNX Runtime's time): the next process tries it once more.
+RETRY_BELOW = 3.0
 MIN_PAIRS, MAX_PAIRS = 8, 30  # paired rounds before a verdict; after the last, "within noise"
 WARM_UP = 3  # runs of a compiled candidate on the bucket's sample before it serves
 TRIAL_S = 60.0  # how long the background waits for a trial to end before preparing the next candidate
@@ -127,7 +130,8 @@ class Bucket:
     explored: bool = False  # its candidates were asked for
     preparing: bool = False  # its candidates are being compiled, one by one
     settled: bool = False  # decided, and nothing on trial any more
-    only: str | None = None  # the one candidate tried: a decision kept earlier is re-checked against it
+    only: frozenset[str] | None = None  # the candidates tried: those a decision kept earlier is re-checked with
+    retrying: bool = False  # it tries the candidates an earlier process dropped on their first rounds, once more
     untried: list[str] | None = None  # once explored, the candidates left untried (none: a decision to keep)
     sample: dict[str, np.ndarray] | None = None
 
@@ -161,9 +165,11 @@ class Serving:
     are earlier processes' decisions: a bucket kept on the starter is served by it as decided, and a bucket kept on
     another plan starts on that plan, re-checked against the `recheck` candidate alone (ONNX Runtime by default).
     `unplaced`, given when `starter` is itself a kept plan, builds (label, plan) of the one a session starts on when
-    nothing was decided, for the buckets kept on that one. The candidates labelled in `per_bucket` make their plan from
-    each bucket's sample (a search measures at it); the others' plans are made once and shared by every bucket. `run` is
-    thread safe."""
+    nothing was decided, for the buckets kept on that one. `retry` (bucket -> labels) names the candidates an earlier
+    process dropped on their first rounds at under `RETRY_BELOW` times the serving plan's time (noise can do that): the
+    bucket, served as decided, tries those once more, and its decision is then kept without them. The candidates
+    labelled in `per_bucket` make their plan from each bucket's sample (a search measures at it); the others' plans are
+    made once and shared by every bucket. `run` is thread safe."""
 
     def __init__(self, starter: Plan, compile: Callable[[Plan], Executor], label: str,
                  candidates: Candidates | None = None, *,
@@ -172,7 +178,7 @@ class Serving:
                  decisions: Decisions | Callable[[], Decisions] | None = None,
                  decided: Mapping[str, tuple[str, Plan | None, int]] | None = None,
                  recheck: str | None = None, unplaced: Callable[[], tuple[str, Plan]] | None = None,
-                 per_bucket: Collection[str] = ()):
+                 per_bucket: Collection[str] = (), retry: Mapping[str, Collection[str]] | None = None):
         self._compile, self._candidates, self._per_bucket = compile, candidates, frozenset(per_bucket)
         self._recipes: Mapping[str, Recipe] | None = None  # the candidates, once the background work asked
         self._budget_s, self._tolerance, self.decisions = budget_s, dict(tolerance), decisions
@@ -183,6 +189,7 @@ class Serving:
         self._arms: list[Arm] = [self.starter]  # every plan compiled, not retired; shared where buckets try one plan
         self._decided = dict(decided or {})  # bucket -> (label, plan, calls) decided by an earlier process
         self._recheck, self._unplaced = recheck, unplaced
+        self._retry = dict(retry or {})  # bucket -> the candidates its decision left to try once more
         self._buckets: dict[str, Bucket] = {}
         self._exact: set[tuple] = set()
         self._by_shapes: dict[tuple, Bucket] = {}  # exact shapes -> their bucket
@@ -290,6 +297,7 @@ class Serving:
         if key not in self._decided:
             return Bucket(key, self.starter)
         label, plan, calls = self._decided.pop(key)
+        retry = frozenset(self._retry.get(key, ()))
         if plan is None and self._unplaced is not None:  # the session started on another bucket's kept plan
             label, plan = self._built(key, self._unplaced)
             if plan is None:
@@ -298,9 +306,11 @@ class Serving:
         if arm is None:  # it no longer compiles: decided again
             return Bucket(key, self.starter)
         if plan is None or label == self._recheck:  # nothing was faster than what it would be re-checked against
+            if retry:
+                return Bucket(key, arm, only=retry, retrying=True)
             return Bucket(key, arm, decision=f"kept {label}, as decided earlier (at {calls} calls)", explored=True,
                           settled=True)
-        return Bucket(key, arm, only=self._recheck)
+        return Bucket(key, arm, only=retry | {self._recheck} if self._recheck else None, retrying=bool(retry))
 
     def _built(self, key: str, build: Callable[[], tuple[str, Plan]]) -> tuple[str, Plan | None]:
         """(label, plan) that `build` makes; ("", None) when it fails, so that the bucket is decided again."""
@@ -426,7 +436,7 @@ class Serving:
                if bucket.untried else "no candidate was faster beyond noise")
         bucket.decision = bucket.decision or "; then ".join(bucket.replaced) or f"kept {bucket.current.label}: {why}"
         bucket.decided()
-        if bucket.replaced or (bucket.untried == [] and bucket.only is None):
+        if bucket.replaced or (bucket.untried == [] and (bucket.only is None or bucket.retrying)):
             self._keep(bucket)  # with the decision recorded in its plan
 
     def _keep(self, bucket: Bucket) -> None:
@@ -434,9 +444,12 @@ class Serving:
         nothing was decided, which it builds itself), written off the caller's thread (under the lock)."""
         if self.decisions is not None and not self._closed:
             starter = bucket.current is self.starter and self._unplaced is None
+            retry = [] if bucket.retrying else [
+                t.label for t in bucket.trials.values()
+                if t.state.startswith("dropped") and len(t.pairs) < MIN_PAIRS and t.ratio_interval()[0] < RETRY_BELOW]
             try:
                 self._keeper.submit(self._kept, bucket.key, bucket.current.label,
-                                    None if starter else bucket.current.plan, bucket.calls)
+                                    None if starter else bucket.current.plan, bucket.calls, retry)
             except RuntimeError:  # the interpreter is shutting down (a background settle after the program ended)
                 log.debug("%s: the program ended before its decision could be kept", bucket.key)
 
@@ -507,7 +520,7 @@ class Serving:
                 self._spent = time.thread_time() - begun
             untried = []
             for label, recipe in self._recipes.items():
-                if label == bucket.current.label or label in bucket.trials or bucket.only not in (None, label):
+                if label == bucket.current.label or label in bucket.trials or label not in (bucket.only or {label}):
                     continue
                 if self.stopped():
                     break
@@ -685,8 +698,13 @@ class Decisions:
                 kept[bucket] = (entry["label"], plan, entry["calls"])
         return kept
 
-    def keep(self, bucket: str, label: str, plan: Plan | None, calls: int) -> None:
-        """Keep `plan` (None: the starter) as the bucket's decision, in place of the one kept before."""
+    def retries(self) -> dict[str, list[str]]:
+        """Bucket -> the candidates its decision left to try once more (dropped on their first rounds)."""
+        return {bucket: entry["retry"] for bucket, entry in self.table.read().items() if entry.get("retry")}
+
+    def keep(self, bucket: str, label: str, plan: Plan | None, calls: int, retry: Sequence[str] = ()) -> None:
+        """Keep `plan` (None: the starter) as the bucket's decision, in place of the one kept before; `retry`:
+        the candidates the next process tries once more."""
         name = "" if plan is None else f"{hashlib.sha256(bucket.encode()).hexdigest()[:12]}-{uuid.uuid4().hex[:8]}"
         try:
             if plan is not None:
@@ -695,7 +713,8 @@ class Decisions:
             log.warning("could not keep the decision for %s in %s: %s", bucket, self.folder, first_line(error))
             return
         replaced = self.table.get(bucket)
-        self.table.update({bucket: {"label": label, "plan": name, "calls": calls}})
+        entry = {"label": label, "plan": name, "calls": calls, **({"retry": list(retry)} if retry else {})}
+        self.table.update({bucket: entry})
         if replaced and replaced["plan"]:  # unnamed from now: a reader may be loading it (see `_prune`)
             with contextlib.suppress(OSError):
                 os.utime(self.folder / replaced["plan"])
@@ -716,5 +735,6 @@ class Decisions:
 
 def _decision(entry: Any) -> None:
     if not (isinstance(entry, dict) and isinstance(entry.get("label"), str) and isinstance(entry.get("calls"), int)
-            and isinstance(entry.get("plan"), str) and "/" not in entry["plan"] and not entry["plan"].startswith(".")):
-        raise TypeError(f"{entry!r} is not {{label, plan, calls}}")
+            and isinstance(entry.get("plan"), str) and "/" not in entry["plan"] and not entry["plan"].startswith(".")
+            and isinstance(retry := entry.get("retry", []), list) and all(isinstance(x, str) for x in retry)):
+        raise TypeError(f"{entry!r} is not {{label, plan, calls[, retry]}}")

@@ -416,6 +416,7 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
         return {**recipes, "search": search, **slow}
 
     return Serving(starter, compile, label, candidates, budget_s=budget_s, decisions=decisions, decided=decided,
+                   retry={} if late else decisions.retries(),
                    recheck=LAST_RESORT, unplaced=unplaced if kept else None, per_bucket={"search"})
 
 
