@@ -98,8 +98,8 @@ def test_a_faster_candidate_replaces_the_serving_plan_and_is_kept(tmp_path):
     assert low <= high < 1.0
     # kept when found faster, and again with its decision once every candidate was tried
     _wait(lambda: (kept := decisions.read().get(bucket["bucket"])) and kept[1].adaptation)
-    label, plan, calls = decisions.read()[bucket["bucket"]]
-    assert label == "openvino" and plan.get_providers() == ["openvino"] and calls >= MIN_PAIRS * ROUND
+    label, plan, calls, retry = decisions.read()[bucket["bucket"]]
+    assert label == "openvino" and plan.get_providers() == ["openvino"] and calls >= MIN_PAIRS * ROUND and not retry
     assert serving.run(None, feeds)[1].get_providers() == ["openvino"]
     # the kept plan says how it was chosen, and explain shows it
     assert plan.adaptation[bucket["bucket"]]["decision"] == bucket["decision"]
@@ -210,7 +210,7 @@ def test_a_kept_starter_is_served_as_decided_and_a_kept_plan_is_rechecked_agains
     offered = {"litert": lambda sample: pytest.fail("only ONNX Runtime re-checks a kept plan"),
                "ort-cpu": lambda sample: starter}
     third = Serving(starter, compile_plan, "ort-cpu", lambda stopped, sample: offered, explore_after_s=0.0,
-                    decided={key: ("openvino", kept, 10)}, recheck="ort-cpu")
+                    decided={key: ("openvino", kept, 10, ())}, recheck="ort-cpu")
     _call(third, feeds, EXPLORE_AFTER)
     _wait(lambda: _trying_or_done(third) or _step(third, feeds))
     bucket = third.adaptation[key]
@@ -220,7 +220,7 @@ def test_a_kept_starter_is_served_as_decided_and_a_kept_plan_is_rechecked_agains
 
     # as a session builds it: started on the kept plan itself, which is re-checked, not explored again
     fourth = Serving(kept, compile_plan, "openvino", lambda stopped, sample: offered, explore_after_s=0.0,
-                     decided={key: ("openvino", kept, 10)}, recheck="ort-cpu",
+                     decided={key: ("openvino", kept, 10, ())}, recheck="ort-cpu",
                      unplaced=lambda: ("ort-cpu", starter))
     _call(fourth, feeds, EXPLORE_AFTER)
     _wait(lambda: _trying_or_done(fourth) or _step(fourth, feeds))
@@ -246,26 +246,25 @@ def test_a_candidate_dropped_on_its_first_rounds_at_a_ratio_noise_can_reach_is_t
     bucket = _decide(first, feeds)
     first.close()
     assert bucket["candidates"][0]["state"].startswith("dropped"), bucket
-    _wait(lambda: decisions.retries())
-    assert decisions.retries() == {bucket["bucket"]: ["openvino"]} and decisions.read()[bucket["bucket"]][1] is None
+    _wait(lambda: decisions.read())
+    label, plan, _, retry = decisions.read()[bucket["bucket"]]
+    assert (label, plan, retry) == ("ort-cpu", None, ("openvino",))
 
-    again = _serving(model, 0.01, 0.02, tmp_path, decisions=decisions, decided=decisions.read(),
-                     retry=decisions.retries())
+    again = _serving(model, 0.01, 0.02, tmp_path, decisions=decisions, decided=decisions.read())
     bucket = _decide(again, feeds)  # dropped again: kept so, not to be tried any more
     again.close()
     assert [c["label"] for c in bucket["candidates"]] == ["openvino"], bucket
-    _wait(lambda: not decisions.retries())
+    _wait(lambda: not decisions.read()[bucket["bucket"]][3])
     assert decisions.read()[bucket["bucket"]][:2] == ("ort-cpu", None)
 
     decisions.keep(bucket["bucket"], "ort-cpu", None, 10, ["openvino"])
-    third = _serving(model, 0.01, 0.0, tmp_path, decisions=decisions, decided=decisions.read(),
-                     retry=decisions.retries())
+    third = _serving(model, 0.01, 0.0, tmp_path, decisions=decisions, decided=decisions.read())
     bucket = _decide(third, feeds)  # faster this time: it serves, and is kept
     assert bucket["serving"] == "openvino" and "replaced ort-cpu" in bucket["decision"], bucket
     assert_matches(third.run(None, feeds)[0], reference(model, feeds))
     third.close()
     _wait(lambda: decisions.read()[bucket["bucket"]][0] == "openvino")
-    assert not decisions.retries()
+    assert not decisions.read()[bucket["bucket"]][3]
 
 
 def test_a_bucket_kept_on_the_starter_is_served_so_when_the_session_started_on_another_buckets_plan():
@@ -275,7 +274,7 @@ def test_a_bucket_kept_on_the_starter_is_served_so_when_the_session_started_on_a
         raise AssertionError("a bucket kept on the starter explores nothing")
 
     serving = Serving(kept, compile_plan, "openvino", untouched, decided={
-        "input_ids: 1x8": ("openvino", kept, 10), "input_ids: 1x16": ("ort-cpu", None, 5)},
+        "input_ids: 1x8": ("openvino", kept, 10, ()), "input_ids: 1x16": ("ort-cpu", None, 5, ())},
         recheck="ort-cpu", unplaced=lambda: ("ort-cpu", optimize(ENCODER, providers=["ort-cpu"], profile=False)))
     feeds = {"input_ids": np.arange(16, dtype=np.int64)[None] % 100}
     outputs, plan = serving.run(None, feeds)

@@ -60,6 +60,9 @@ FP32_CHECK = {"rtol": 2e-4, "atol": 2e-5}  # two fp32 plans, each within rtol 1e
 Recipe = Callable[[Mapping[str, np.ndarray]], Plan]  # a bucket's sample feeds -> a candidate plan
 # (stopped, the first explored bucket's sample feeds) -> label -> recipe
 Candidates = Callable[[Callable[[], bool], Mapping[str, np.ndarray]], Mapping[str, Recipe]]
+# An earlier process's decision for a bucket: (label, plan or None for the starter, calls seen when it was decided,
+# the candidates to try once more)
+Decided = tuple[str, Plan | None, int, tuple[str, ...]]
 
 
 class Arm:
@@ -161,14 +164,14 @@ class Serving:
     that bucket, atomically: each call runs wholly on one plan. `decisions` keeps each decision made once every
     candidate was tried (and each replacement); given as a function making them (keyed by the model's digest, which it
     computes), it is called on the background thread when it starts, and their digest then names the starter's plan
-    where it was left blank. `decided` (bucket -> (label, plan, calls), read from them; plan None: the starter was kept)
-    are earlier processes' decisions: a bucket kept on the starter is served by it as decided, and a bucket kept on
-    another plan starts on that plan, re-checked against the `recheck` candidate alone (ONNX Runtime by default).
-    `unplaced`, given when `starter` is itself a kept plan, builds (label, plan) of the one a session starts on when
-    nothing was decided, for the buckets kept on that one. `retry` (bucket -> labels) names the candidates an earlier
-    process dropped on their first rounds at under `RETRY_BELOW` times the serving plan's time (noise can do that): the
-    bucket, served as decided, tries those once more, and its decision is then kept without them. The candidates
-    labelled in `per_bucket` make their plan from each bucket's sample (a search measures at it); the others' plans are
+    where it was left blank. `decided` (bucket -> `Decided`, read from them; plan None: the starter was kept) are
+    earlier processes' decisions: a bucket kept on the starter is served by it as decided, and a bucket kept on another
+    plan starts on that plan, re-checked against the `recheck` candidate alone (ONNX Runtime by default). Its retry
+    labels name the candidates an earlier process dropped on their first rounds at under `RETRY_BELOW` times the
+    serving plan's time (noise can do that): the bucket, served as decided, tries those once more, and its decision is
+    then kept without them. `unplaced`, given when `starter` is itself a kept plan, builds (label, plan) of the one a
+    session starts on when nothing was decided, for the buckets kept on that one. The candidates labelled in
+    `per_bucket` make their plan from each bucket's sample (a search measures at it); the others' plans are
     made once and shared by every bucket. `run` is thread safe."""
 
     def __init__(self, starter: Plan, compile: Callable[[Plan], Executor], label: str,
@@ -176,9 +179,9 @@ class Serving:
                  budget_s: float = 60.0, explore_after_s: float = EXPLORE_AFTER_S,
                  tolerance: Mapping[str, float] = FP32_CHECK,
                  decisions: Decisions | Callable[[], Decisions] | None = None,
-                 decided: Mapping[str, tuple[str, Plan | None, int]] | None = None,
+                 decided: Mapping[str, Decided] | None = None,
                  recheck: str | None = None, unplaced: Callable[[], tuple[str, Plan]] | None = None,
-                 per_bucket: Collection[str] = (), retry: Mapping[str, Collection[str]] | None = None):
+                 per_bucket: Collection[str] = ()):
         self._compile, self._candidates, self._per_bucket = compile, candidates, frozenset(per_bucket)
         self._recipes: Mapping[str, Recipe] | None = None  # the candidates, once the background work asked
         self._budget_s, self._tolerance, self.decisions = budget_s, dict(tolerance), decisions
@@ -187,9 +190,8 @@ class Serving:
         self._fallback = False
         self.starter = self._arm(label, starter)
         self._arms: list[Arm] = [self.starter]  # every plan compiled, not retired; shared where buckets try one plan
-        self._decided = dict(decided or {})  # bucket -> (label, plan, calls) decided by an earlier process
+        self._decided = dict(decided or {})  # bucket -> what an earlier process decided
         self._recheck, self._unplaced = recheck, unplaced
-        self._retry = dict(retry or {})  # bucket -> the candidates its decision left to try once more
         self._buckets: dict[str, Bucket] = {}
         self._exact: set[tuple] = set()
         self._by_shapes: dict[tuple, Bucket] = {}  # exact shapes -> their bucket
@@ -296,8 +298,8 @@ class Serving:
         starter, to be explored (under the lock)."""
         if key not in self._decided:
             return Bucket(key, self.starter)
-        label, plan, calls = self._decided.pop(key)
-        retry = frozenset(self._retry.get(key, ()))
+        label, plan, calls, retry = self._decided.pop(key)
+        retry = frozenset(retry)
         if plan is None and self._unplaced is not None:  # the session started on another bucket's kept plan
             label, plan = self._built(key, self._unplaced)
             if plan is None:
@@ -680,12 +682,12 @@ class Decisions:
         self.folder, self.digest = folder, digest  # the model's `cache.model_digest`
         self.table = JsonTable(folder / "decisions.json", check=_decision)
 
-    def read(self) -> dict[str, tuple[str, Plan | None, int]]:
-        """Bucket -> (label, plan or None for the starter, calls seen when it was decided), most called first."""
+    def read(self) -> dict[str, Decided]:
+        """Bucket -> its `Decided`, most called first."""
         kept = {}
         for bucket, entry in sorted(self.table.read().items(), key=lambda item: -item[1]["calls"]):
             if not entry["plan"]:
-                kept[bucket] = (entry["label"], None, entry["calls"])
+                kept[bucket] = (entry["label"], None, entry["calls"], tuple(entry.get("retry", ())))
                 continue
             try:
                 plan = Plan.load(self.folder / entry["plan"])
@@ -695,12 +697,8 @@ class Decisions:
                 log.warning("the plan decided earlier for %s is dropped and decided again: %s", bucket,
                             first_line(error))
             else:
-                kept[bucket] = (entry["label"], plan, entry["calls"])
+                kept[bucket] = (entry["label"], plan, entry["calls"], tuple(entry.get("retry", ())))
         return kept
-
-    def retries(self) -> dict[str, list[str]]:
-        """Bucket -> the candidates its decision left to try once more (dropped on their first rounds)."""
-        return {bucket: entry["retry"] for bucket, entry in self.table.read().items() if entry.get("retry")}
 
     def keep(self, bucket: str, label: str, plan: Plan | None, calls: int, retry: Sequence[str] = ()) -> None:
         """Keep `plan` (None: the starter) as the bucket's decision, in place of the one kept before; `retry`:

@@ -374,7 +374,7 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
         return max(nodes, key=nodes.get), placed
 
     decided = {} if late else decisions.read()
-    label, starter, _ = next(iter(decided.values()), ("", None, 0))  # the most called bucket's plan
+    label, starter, *_ = next(iter(decided.values()), ("", None))  # the most called bucket's plan
     kept = starter is not None
     if kept:  # the model as read is not held for the session's life: read again if `unplaced` is called
         loaded = data = None
@@ -416,7 +416,6 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
         return {**recipes, "search": search, **slow}
 
     return Serving(starter, compile, label, candidates, budget_s=budget_s, decisions=decisions, decided=decided,
-                   retry={} if late else decisions.retries(),
                    recheck=LAST_RESORT, unplaced=unplaced if kept else None, per_bucket={"search"})
 
 
