@@ -103,11 +103,19 @@ class OpenVinoRunner(Runner):
     meanwhile) before it raises; calls under way finish on the old one."""
 
     def __init__(self, compiled, dtypes: Mapping[str, np.dtype], device: str, config: Mapping[str, Any]):
+        import openvino as ov
+
         self.device, self.config = device, dict(config)
         self.current = self._serving(compiled)
         # OpenVINO's binding fills a table on the process's first `Type.to_dtype()` (which `infer` calls); two
         # threads making that first call at once deadlock (one holds the GIL, the other the table's guard).
         compiled.outputs[0].get_element_type().to_dtype()
+        # Per input name: its index, and the type code of the arrays it takes as they are (None: every value goes
+        # through OpenVINO's own conversion).
+        self._tensor = ov.Tensor
+        self.inputs = {name: (i, None if port.get_element_type() in (ov.Type.string, ov.Type.bf16, ov.Type.dynamic)
+                              else port.get_element_type().to_dtype().char)
+                       for i, port in enumerate(compiled.inputs) for name in port.get_names()}
         # By position among the model's outputs (a renewed copy keeps their order); `port.get_index()` is the
         # port's index on its own node, 0 for every Result.
         self.outputs = [(i, _onnx_name(port, dtypes)) for i, port in enumerate(compiled.outputs)]
@@ -121,18 +129,40 @@ class OpenVinoRunner(Runner):
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         # Inputs are read in place (inference is synchronous); outputs come as copies the caller may keep.
         current = self.current
+        requests = current[1]
+        request = requests.take()  # given back only when the call succeeds
         try:
-            with current[1].borrow() as request:
+            shared = self._shared(feeds)
+            if shared is None:
                 results = request.infer({name: _plain(value) for name, value in feeds.items()}, share_inputs=True)
+            else:
+                for index, tensor in shared:
+                    request.set_input_tensor(index, tensor)
+                results = request.infer()
         except Exception:
             self._renew(current)
             raise
+        requests.give(request)
+        values = results.to_tuple()
         out = {}
         for port, name in self.outputs:
-            value = np.asarray(results[port])
             dtype = self.dtypes.get(name)
-            out[name] = value.astype(dtype, copy=False) if dtype is not None else value
+            out[name] = values[port].astype(dtype, copy=False) if dtype is not None else values[port]
         return out
+
+    def _shared(self, feeds: Mapping[str, Any]) -> list[tuple[int, Any]] | None:
+        """(input index, a `Tensor` over the array's memory) per feed; None when one needs OpenVINO's own
+        conversion (another type, a scalar, a view that is not contiguous or not writeable). The call's
+        dearest part on a small model is `infer`'s conversion of what it is given: arrays of the right type
+        skip it."""
+        shared = []
+        for name, value in feeds.items():
+            index, char = self.inputs.get(name, (0, None))
+            if (type(value) is not np.ndarray or value.dtype.char != char or not value.ndim
+                    or not (value.flags.c_contiguous and value.flags.writeable)):
+                return None
+            shared.append((index, self._tensor(value, shared_memory=True)))
+        return shared
 
     def _renew(self, failed: tuple[Any, Pool]) -> None:
         """Serve from a fresh copy of the compiled model that `failed` holds; the first call to fail on it

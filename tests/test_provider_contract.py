@@ -145,6 +145,36 @@ def test_free_batch_runs_at_each_shape(known):
             _assert_close(provider, model, {k: runner.to_host(v) for k, v in runner.run(feeds).items()}, feeds)
 
 
+def _offset(batch: int = 4) -> onnx.ModelProto:
+    """`dense`, its output plus Cast(k) for an int64 input k [batch, 8]."""
+    model = dense(batch)
+    model.graph.node[-1].output[0] = "d"
+    model.graph.node.extend([helper.make_node("Cast", ["k"], ["kf"], to=TensorProto.FLOAT, name="cast"),
+                             helper.make_node("Add", ["d", "kf"], ["y"], name="offset")])
+    model.graph.input.append(helper.make_tensor_value_info("k", TensorProto.INT64, [batch, 8]))
+    return model
+
+
+@pytest.mark.parametrize("known", KNOWN, ids=_known_id)
+def test_arrays_as_numpy_hands_them_run_as_plain_ones(known):
+    """Arrays a runtime cannot read in place (read-only, strided, int64 typed `longlong` as ONNX Runtime's
+    outputs are) give what plain arrays give."""
+    provider = _present(*known)
+    model = _offset() if all(v.ok for v in provider.query(_offset()).values()) else dense()
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 32)).astype(np.float32)
+    k = rng.integers(-3, 3, (4, 8))
+    read_only = x[:, :16].copy()
+    read_only.setflags(write=False)
+    fed = [{"x": np.ascontiguousarray(x[:, ::2]), "k": k}, {"x": x[:, ::2], "k": k.astype(np.longlong)},
+           {"x": read_only, "k": k[::-1].copy()[::-1]}]
+    with provider.compile(model, exclusive=False) as runner:
+        for feeds in fed:
+            feeds = {name: value for name, value in feeds.items() if name in {i.name for i in model.graph.input}}
+            plain = {name: np.array(value) for name, value in feeds.items()}
+            _assert_close(provider, model, {k: runner.to_host(v) for k, v in runner.run(feeds).items()}, plain)
+
+
 @pytest.mark.parametrize("known", KNOWN, ids=_known_id)
 def test_exports_and_loads_its_format(known, tmp_path):
     provider = _present(*known)
