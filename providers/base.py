@@ -206,9 +206,14 @@ class PerShapeRunner(Runner):
         return bool(free_inputs(model) or shape_values(model))
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        shapes = {name: tuple(np.shape(feeds[name])) for name in self.inputs}
-        values = {name: np.asarray(feeds[name], dtype) for name, dtype in self.values.items()}
-        key = (*shapes.values(), *((v.shape, v.tobytes()) for v in values.values()))
+        shapes = [tuple(np.shape(feeds[name])) for name in self.inputs]
+        values = {name: np.asarray(feeds[name], dtype) for name, dtype in self.values.items()} if self.values else {}
+        key = (*shapes, *((v.shape, v.tobytes()) for v in values.values()))
+        runner = self.runners.get(key)  # a key built and kept: found without the lock
+        return (self._built(key, dict(zip(self.inputs, shapes)), values) if runner is None else runner).run(feeds)
+
+    def _built(self, key: tuple, shapes: dict[str, tuple], values: dict[str, np.ndarray]) -> Runner:
+        """The runner for `key`, built here unless another call built it meanwhile."""
         with self._lock:
             runner = self.runners.get(key)
             if key in self.refused:  # built once and refused by its check: not converted again
@@ -230,7 +235,7 @@ class PerShapeRunner(Runner):
                 while len(self.runners) >= self.keep:
                     self.runners.pop(next(iter(self.runners)))
                 self.runners[key] = runner
-        return runner.run(feeds)
+        return runner
 
 
 # Where a provider's stages compute: this host's (or board's) CPU cores, a GPU, an NPU, or the device an external

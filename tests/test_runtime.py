@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import onnx
 
 import uhop_onnx
@@ -73,3 +74,28 @@ def test_verify_puts_the_reference_in_place_of_a_stage_that_does_not_match(tmp_p
     assert not report["ok"] and report["stages"][0]["ok"] is False
     assert not any(c["ok"] for c in report["stages"][0]["outputs"].values())
     assert all(s["ok"] for s in report["stages"][1:]) and all(o["ok"] for o in report["outputs"].values())
+
+
+def test_a_stage_whose_runtime_returns_another_shape_or_drops_an_output_fails_naming_it():
+    """Each stage's results are held to the shapes its model declares (a free batch free, the rest fixed):
+    a runtime that answers otherwise fails its stage (a `StageError` saying what was wrong), whatever the
+    feeds that passed the executor's own checks."""
+    model = mlp()
+    assign = {node.name: "openvino" if k else "ort-cpu" for k, node in enumerate(model.graph.node)}
+    plan = uhop_onnx.optimize(model, ["ort-cpu", "openvino"], assign=assign, profile=False)
+    assert len(plan.stages) > 1
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    with compile_plan(plan) as executor:
+        assert_matches(executor.run(None, {"input": x}), reference(model, {"input": x}))
+        first, name = executor.runners[0], plan.stages[0].outputs[0]
+        answers = {"shape": lambda feeds: {name: first.run(feeds)[name][:, :-1]},
+                   "missing": lambda feeds: {}}
+        for what, answer in answers.items():
+            executor.runners[0] = type("Misbehaving", (), {"run": staticmethod(answer), "device": "cpu"})()
+            with pytest.raises(uhop_onnx.StageError, match="has shape" if what == "shape" else "missing"):
+                executor.run(None, {"input": x})
+        executor.runners[0] = first
+        with pytest.raises(uhop_onnx.InputError, match="dimension 1 must be 64"):
+            executor.run(None, {"input": x[:, :32].copy()})
+        with pytest.raises(uhop_onnx.InputError, match="float64"):
+            executor.run(None, {"input": x.astype(np.float64)})

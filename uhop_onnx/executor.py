@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -49,15 +50,23 @@ class Executor:
         self.inputs, self.outputs, self.constants = list(inputs), list(outputs), dict(constants)
         self.on_failure, self.fallback = on_failure, fallback
         self._signatures = {s.name: s for s in self.inputs}
+        # Per plain tensor input: (dtype, rank, fixed dimensions' getter and sizes), what an array that needs no
+        # conversion and is right is recognised by at once (any other value goes through `_checked_feed`).
+        self._tensor_inputs = {s.name: (s.dtype, len(s.shape), *_fixed(s.shape)) for s in self.inputs
+                               if s.type.startswith("tensor(") and s.shape is not None
+                               and s.dtype not in (None, np.object_)}
         self._last_use = {name: k for k, stage in enumerate(self.stages) for name in stage.inputs}
+        # Per stage, the values no later stage reads and no caller can ask for: dropped once it has run.
+        self._freed = [[name for name in dict.fromkeys(stage.inputs) if self._last_use[name] == k
+                        and name not in self.outputs] for k, stage in enumerate(self.stages)]
         produced = {name for stage in self.stages for name in stage.outputs}
         # Initializers declared as graph inputs: a feed overrides them, as in ONNX Runtime.
         self.overridable = set(self._last_use) - produced - set(self._signatures)
         self._all_stages = stages_for(self.stages, self.outputs)
-        # Per stage, each declared output's name, dimensions and fixed ones (axis, size): what `checked` holds
-        # its results to (nothing where the stage recorded none).
-        self._declared = [[(name, dims, [(axis, d) for axis, d in enumerate(dims or ()) if d is not None])
-                           for name, dims in stage.declared or ()] for stage in self.stages]
+        # Per stage, each declared output's name, dimensions, rank and fixed dimensions' getter and sizes: what
+        # `checked` holds its results to (nothing where the stage recorded none).
+        self._declared = [[(name, dims, len(dims or ()), *_fixed(dims or ())) for name, dims in stage.declared or ()]
+                          for stage in self.stages]
         # One stage that takes every input and computes every output: fed arrays, the runtime checks them
         # itself, so they are checked here only when a call fails, to say what was wrong (and to fall back).
         self._whole = (len(self.stages) == 1 and list(self.stages[0].outputs) == self.outputs and not self.constants
@@ -83,25 +92,23 @@ class Executor:
             return [hand_over(results[name], runner, None) if host else results[name] for name in wanted]
         values: dict[str, Any] = {**self._check_feeds(input_feed), **self.constants}
         origin: dict[str, Runner] = {}
+        # A host array goes to any stage as it is (`hand_over` would give it back): only other values are handed.
         for k in self._all_stages if output_names is None else stages_for(self.stages, wanted):
             stage, runner = self.stages[k], self.runners[k]
-            feeds = {name: hand_over(values[name], origin.get(name), runner) for name in stage.inputs if name in values}
+            feeds = {name: value if type(value := values[name]) is np.ndarray
+                     else hand_over(value, origin.get(name), runner) for name in stage.inputs if name in values}
             start = time.perf_counter() if timings is not None else 0.0
-            results = self._run_stage(k, feeds)
+            try:
+                results = self.checked(k, runner.run(feeds))
+            except Exception as error:  # noqa: BLE001 - a runtime may fail in any way; say which stage
+                results = self._failed(k, error, feeds)
             if timings is not None:
                 timings.append((k, start, time.perf_counter()))
             values.update(results)
-            origin.update(dict.fromkeys(results, self.runners[k]))
-            for name in stage.inputs:
-                if self._last_use.get(name) == k and name not in wanted:
-                    values.pop(name, None)
+            origin.update(dict.fromkeys(results, runner))
+            for name in self._freed[k]:
+                values.pop(name, None)
         return [hand_over(values[name], origin.get(name), None) if host else values[name] for name in wanted]
-
-    def _run_stage(self, k: int, feeds: dict[str, Any]) -> dict[str, Any]:
-        try:
-            return self.checked(k, self.runners[k].run(feeds))
-        except Exception as error:  # noqa: BLE001 - a runtime may fail in any way; say which stage
-            return self._failed(k, error, feeds)
 
     def _failed(self, k: int, error: Exception, feeds: dict[str, Any]) -> dict[str, Any]:
         """Stage `k` failed on `feeds`: re-run elsewhere while `fallback` is on, or whatever it is when the
@@ -128,12 +135,12 @@ class Executor:
 
     def checked(self, k: int, results: dict[str, Any]) -> dict[str, Any]:
         """A runner's results, refused when an output is missing or its shape contradicts the declared one."""
-        for name, dims, fixed in self._declared[k]:
+        for name, dims, rank, fixed, sizes in self._declared[k]:
             if name not in results:
                 raise ProviderError(f"output {name!r} is missing from the provider's results")
             shape = getattr(results[name], "shape", None)
             if dims is not None and shape is not None and (
-                    len(shape) != len(dims) or any(shape[axis] != d for axis, d in fixed)):
+                    len(shape) != rank or (fixed is not None and fixed(shape) != sizes)):
                 expected = ["?" if d is None else d for d in dims]
                 raise ProviderError(f"output {name!r} has shape {list(shape)}, expected {expected}")
         return results
@@ -158,7 +165,20 @@ class Executor:
         missing = [n for n in self._signatures if n not in feeds]
         if missing:
             raise InputError(f"missing input(s) {', '.join(map(repr, missing))}; {_describe(self.inputs)}")
-        return {name: _checked_feed(self._signatures.get(name), name, value) for name, value in feeds.items()}
+        plain = self._tensor_inputs
+        return {name: value if (type(value) is np.ndarray and (known := plain.get(name)) is not None
+                                and value.dtype == known[0] and value.ndim == known[1]
+                                and (known[2] is None or known[2](value.shape) == known[3]))
+                else _checked_feed(self._signatures.get(name), name, value) for name, value in feeds.items()}
+
+
+def _fixed(dims: Sequence[Any]) -> tuple[Callable[[Sequence[int]], Any] | None, Any]:
+    """A getter of a shape's fixed (integer) dimensions, and their sizes in `dims`; (None, None) when none is."""
+    axes = [axis for axis, d in enumerate(dims) if isinstance(d, int)]
+    if not axes:
+        return None, None
+    getter = itemgetter(*axes)
+    return getter, getter(dims)
 
 
 def stages_for(stages: Sequence[Any], wanted: Sequence[str]) -> list[int]:
