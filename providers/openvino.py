@@ -130,8 +130,8 @@ class OpenVinoRunner(Runner):
         # Inputs are read in place (inference is synchronous); outputs come as copies the caller may keep.
         current = self.current
         requests = current[1]
-        request = requests.take()  # given back only when the call succeeds
         try:
+            request = requests.take()  # given back only when the call succeeds
             shared = self._shared(feeds)
             if shared is None:
                 results = request.infer({name: _plain(value) for name, value in feeds.items()}, share_inputs=True)
@@ -152,14 +152,14 @@ class OpenVinoRunner(Runner):
 
     def _shared(self, feeds: Mapping[str, Any]) -> list[tuple[int, Any]] | None:
         """(input index, a `Tensor` over the array's memory) per feed; None when one needs OpenVINO's own
-        conversion (another type, a scalar, a view that is not contiguous or not writeable). The call's
+        conversion (another type or byte order, a scalar, a view that is not contiguous or not writeable). The call's
         dearest part on a small model is `infer`'s conversion of what it is given: arrays of the right type
         skip it."""
         shared = []
         for name, value in feeds.items():
             index, char = self.inputs.get(name, (0, None))
-            if (type(value) is not np.ndarray or value.dtype.char != char or not value.ndim
-                    or not (value.flags.c_contiguous and value.flags.writeable)):
+            if (type(value) is not np.ndarray or value.dtype.char != char or not value.dtype.isnative
+                    or not value.ndim or not (value.flags.c_contiguous and value.flags.writeable)):
                 return None
             shared.append((index, self._tensor(value, shared_memory=True)))
         return shared

@@ -99,3 +99,17 @@ def test_a_stage_whose_runtime_returns_another_shape_or_drops_an_output_fails_na
             executor.run(None, {"input": x[:, :32].copy()})
         with pytest.raises(uhop_onnx.InputError, match="float64"):
             executor.run(None, {"input": x.astype(np.float64)})
+
+
+def test_a_big_endian_feed_gives_what_its_values_give_on_one_stage_and_on_many():
+    """ONNX Runtime reads a big-endian array's bytes as native ones; the session hands the runtimes the values."""
+    model = mlp()
+    x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+    want = reference(model, {"input": x})
+    assign = {node.name: "openvino" if k else "ort-cpu" for k, node in enumerate(model.graph.node)}
+    many = uhop_onnx.optimize(model, ["ort-cpu", "openvino"], assign=assign, profile=False)
+    one = uhop_onnx.InferenceSession(model, providers=["ort-cpu"], adapt=False)
+    assert_matches(one.run(None, {"input": x.astype(">f4")}), want)
+    one.close()
+    with compile_plan(many) as split:
+        assert_matches(split.run(None, {"input": x.astype(">f4")}), want)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from .plan import Stage
 
 log = logging.getLogger(__name__)
-_ARRAYS = frozenset({np.ndarray})  # feeds a whole stage takes as they are (`map(type, ...)`: each call pays for this test)
 
 Timing = tuple[int, float, float]  # stage index, start and end (`time.perf_counter()` seconds)
 Check = Callable[[int, dict[str, Any]], dict[str, Any]]  # (stage index, its results) -> them, once checked
@@ -54,7 +53,7 @@ class Executor:
         # conversion and is right is recognised by at once (any other value goes through `_checked_feed`).
         self._tensor_inputs = {s.name: (s.dtype, len(s.shape), *_fixed(s.shape)) for s in self.inputs
                                if s.type.startswith("tensor(") and s.shape is not None
-                               and s.dtype not in (None, np.object_)}
+                               and s.dtype is not None and s.dtype.kind != "O"}
         self._last_use = {name: k for k, stage in enumerate(self.stages) for name in stage.inputs}
         # Per stage, the values no later stage reads and no caller can ask for: dropped once it has run.
         self._freed = [[name for name in dict.fromkeys(stage.inputs) if self._last_use[name] == k
@@ -80,7 +79,7 @@ class Executor:
         """The model's outputs in `output_names` order (all outputs when None): host arrays, or with
         `host=False` left where their stage put them. `timings` receives each stage's run time."""
         wanted = self._check_outputs(output_names)
-        if self._whole and timings is None and _ARRAYS.issuperset(map(type, input_feed.values())):
+        if self._whole and timings is None and _native_arrays(input_feed.values()):
             runner = self.runners[0]
             try:
                 if self._native is not None and host:
@@ -172,6 +171,15 @@ class Executor:
                 else _checked_feed(self._signatures.get(name), name, value) for name, value in feeds.items()}
 
 
+def _native_arrays(values: Iterable[Any]) -> bool:
+    """Whether every value is an array in this machine's byte order: what a whole stage's runtime reads as it is
+    (ONNX Runtime reads a big-endian array's bytes as native ones); any other goes through `_checked_feed`."""
+    for value in values:
+        if type(value) is not np.ndarray or not value.dtype.isnative:
+            return False
+    return True
+
+
 def _fixed(dims: Sequence[Any]) -> tuple[Callable[[Sequence[int]], Any] | None, Any]:
     """A getter of a shape's fixed (integer) dimensions, and their sizes in `dims`; (None, None) when none is."""
     axes = [axis for axis, d in enumerate(dims) if isinstance(d, int)]
@@ -212,7 +220,8 @@ def _checked_feed(sig: TensorSig | None, name: str, value: Any) -> Any:
 
 def _as_array(sig: TensorSig | None, name: str, value: Any) -> np.ndarray:
     if isinstance(value, (np.ndarray, np.generic)):
-        return np.asarray(value)
+        value = np.asarray(value)
+        return value if value.dtype.isnative else value.astype(value.dtype.newbyteorder("="))
     if type(value).__name__ == "OrtValue" and callable(getattr(value, "numpy", None)):
         return value.numpy()
     if isinstance(value, (list, int, float, bool)):
