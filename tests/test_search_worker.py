@@ -115,8 +115,10 @@ def test_whole_plans_stop_being_timed_when_the_search_is_abandoned(tmp_path):
 
 
 def test_an_abandoned_optimize_stops_at_its_next_step():
+    """Abandoned before it begins, it raises, even where the cache holds its plan."""
+    uhop_onnx.optimize(mlp(), providers=["ort-cpu"], budget=5)
     with pytest.raises(uhop_onnx.UhopError, match="the search was abandoned"):
-        uhop_onnx.optimize(mlp(), providers=["ort-cpu"], stop=lambda: True)
+        uhop_onnx.optimize(mlp(), providers=["ort-cpu"], budget=5, stop=lambda: True)
 
 
 def test_a_gate_that_hangs_rejects_its_candidate_and_is_never_chosen(caplog):

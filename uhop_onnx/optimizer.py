@@ -225,7 +225,8 @@ def optimize(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Pro
     the first calibration sample.
     """
     deadline = Deadline.after(budget, stop)
-    if stop is not None:
+    if stop is not None:  # abandoned already: not even a plan from the cache
+        _abandoned_if(stop)
         progress = partial(_unless_abandoned, stop, progress)
     tolerance, samples, measure_on = read_choice(precision, tolerance, calibration, shapes, inputs, model)
     if precision != "fp32" and not profile:
@@ -383,9 +384,13 @@ def _with_costs(stages: Sequence[Stage], placement: Placement) -> list[Stage]:
 
 def _unless_abandoned(stop: Callable[[], bool], progress: Callable[[str], None], step: str) -> None:
     """`progress(step)`, unless `stop()` says the search was abandoned: then `UhopError`."""
+    _abandoned_if(stop)
+    progress(step)
+
+
+def _abandoned_if(stop: Callable[[], bool]) -> None:
     if stop():
         raise UhopError("the search was abandoned (its session closed, or the program is ending)")
-    progress(step)
 
 
 def first_then_rest(a: Analysis, label: str, threads: int | None,
