@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 import uhop_onnx  # noqa: E402
 from benchmarks import corpus_models as corpus  # noqa: E402
+from uhop_onnx.runtime import compile_plan  # noqa: E402
 
 
 def timed(candidates: dict[str, Callable[[], object]], blocks: int, calls: int) -> dict[str, float]:
@@ -105,19 +106,19 @@ def many_stages(name: str, blocks: int, calls: int) -> None:
         print(f"{name}: skipped (its package is not installed)")
         return
     session = uhop_onnx.InferenceSession(str(path), providers=["litert", "ort-cpu"], adapt=False)
-    executor = session._executor
-    stages, runners = executor.stages, executor.runners
-    values = {**feeds, **executor.constants}
-    received = []  # each stage's inputs, as the session hands them over
-    for stage, runner in zip(stages, runners, strict=True):
-        received.append({n: np.asarray(values[n]) for n in stage.inputs if n in values})
-        values.update({n: runner.to_host(v) for n, v in runner.run(received[-1]).items()})
+    with compile_plan(session.plan) as executor:  # the same stages, compiled apart, run one by one
+        stages, runners = executor.stages, executor.runners
+        values = {**feeds, **executor.constants}
+        received = []  # each stage's inputs, as the session hands them over
+        for stage, runner in zip(stages, runners, strict=True):
+            received.append({n: np.asarray(values[n]) for n in stage.inputs if n in values})
+            values.update({n: runner.to_host(v) for n, v in runner.run(received[-1]).items()})
 
-    def stages_only():
-        for runner, fed in zip(runners, received, strict=True):
-            runner.run(fed)
+        def stages_only():
+            for runner, fed in zip(runners, received, strict=True):
+                runner.run(fed)
 
-    figures = timed({"stages": stages_only, "session": lambda: session.run(None, feeds)}, blocks, calls)
+        figures = timed({"stages": stages_only, "session": lambda: session.run(None, feeds)}, blocks, calls)
     extra = figures["session"] - figures["stages"]
     print(f"{name} on {len(stages)} stages (litert first, ort-cpu for the rest; us a call): stages "
           f"{figures['stages']:.1f}, session {figures['session']:.1f}, difference {extra:+.1f} "

@@ -207,7 +207,7 @@ class PerShapeRunner(Runner):
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         shapes = [tuple(np.shape(feeds[name])) for name in self.inputs]
-        values = {name: np.asarray(feeds[name], dtype) for name, dtype in self.values.items()} if self.values else {}
+        values = {name: np.asarray(feeds[name], dtype) for name, dtype in self.values.items()}
         key = (*shapes, *((v.shape, v.tobytes()) for v in values.values()))
         runner = self.runners.get(key)  # a key built and kept: found without the lock
         return (self._built(key, dict(zip(self.inputs, shapes)), values) if runner is None else runner).run(feeds)

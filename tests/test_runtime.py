@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 import onnx
+import pytest
 
 import uhop_onnx
 from uhop_onnx.models import mlp
@@ -58,7 +58,7 @@ def test_verify_puts_the_reference_in_place_of_a_stage_that_does_not_match(tmp_p
     from uhop_onnx.bundle.manifest import hash_files
 
     model = mlp()
-    assign = {node.name: "openvino" if k else "ort-cpu" for k, node in enumerate(model.graph.node)}
+    assign = _first_on_ort(model)
     bundle = uhop_onnx.export_bundle(model, "x86-64", tmp_path / "b", providers=["openvino", "ort-cpu"],
                                      assign=assign)
     manifest = json.loads((bundle / "manifest.json").read_text())
@@ -81,7 +81,7 @@ def test_a_stage_whose_runtime_returns_another_shape_or_drops_an_output_fails_na
     a runtime that answers otherwise fails its stage (a `StageError` saying what was wrong), whatever the
     feeds that passed the executor's own checks."""
     model = mlp()
-    assign = {node.name: "openvino" if k else "ort-cpu" for k, node in enumerate(model.graph.node)}
+    assign = _first_on_ort(model)
     plan = uhop_onnx.optimize(model, ["ort-cpu", "openvino"], assign=assign, profile=False)
     assert len(plan.stages) > 1
     x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
@@ -106,10 +106,15 @@ def test_a_big_endian_feed_gives_what_its_values_give_on_one_stage_and_on_many()
     model = mlp()
     x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
     want = reference(model, {"input": x})
-    assign = {node.name: "openvino" if k else "ort-cpu" for k, node in enumerate(model.graph.node)}
+    assign = _first_on_ort(model)
     many = uhop_onnx.optimize(model, ["ort-cpu", "openvino"], assign=assign, profile=False)
     one = uhop_onnx.InferenceSession(model, providers=["ort-cpu"], adapt=False)
     assert_matches(one.run(None, {"input": x.astype(">f4")}), want)
     one.close()
     with compile_plan(many) as split:
         assert_matches(split.run(None, {"input": x.astype(">f4")}), want)
+
+
+def _first_on_ort(model: onnx.ModelProto) -> dict[str, str]:
+    """The first node on ONNX Runtime, the rest on OpenVINO: a plan of two stages."""
+    return {node.name: "openvino" if k else "ort-cpu" for k, node in enumerate(model.graph.node)}

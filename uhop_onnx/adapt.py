@@ -686,8 +686,9 @@ class Decisions:
         """Bucket -> its `Decided`, most called first."""
         kept = {}
         for bucket, entry in sorted(self.table.read().items(), key=lambda item: -item[1]["calls"]):
+            retry = tuple(entry.get("retry", ()))
             if not entry["plan"]:
-                kept[bucket] = (entry["label"], None, entry["calls"], tuple(entry.get("retry", ())))
+                kept[bucket] = (entry["label"], None, entry["calls"], retry)
                 continue
             try:
                 plan = Plan.load(self.folder / entry["plan"])
@@ -697,7 +698,7 @@ class Decisions:
                 log.warning("the plan decided earlier for %s is dropped and decided again: %s", bucket,
                             first_line(error))
             else:
-                kept[bucket] = (entry["label"], plan, entry["calls"], tuple(entry.get("retry", ())))
+                kept[bucket] = (entry["label"], plan, entry["calls"], retry)
         return kept
 
     def keep(self, bucket: str, label: str, plan: Plan | None, calls: int, retry: Sequence[str] = ()) -> None:

@@ -49,8 +49,8 @@ class Executor:
         self.inputs, self.outputs, self.constants = list(inputs), list(outputs), dict(constants)
         self.on_failure, self.fallback = on_failure, fallback
         self._signatures = {s.name: s for s in self.inputs}
-        # Per plain tensor input: (dtype, rank, fixed dimensions' getter and sizes), what an array that needs no
-        # conversion and is right is recognised by at once (any other value goes through `_checked_feed`).
+        # Per plain tensor input: (dtype, rank, fixed dimensions' getter and sizes), what `_as_declared` takes an
+        # array as it is by (any other value goes through `_checked_feed`).
         self._tensor_inputs = {s.name: (s.dtype, len(s.shape), *_fixed(s.shape)) for s in self.inputs
                                if s.type.startswith("tensor(") and s.shape is not None
                                and s.dtype is not None and s.dtype.kind != "O"}
@@ -138,8 +138,7 @@ class Executor:
             if name not in results:
                 raise ProviderError(f"output {name!r} is missing from the provider's results")
             shape = getattr(results[name], "shape", None)
-            if dims is not None and shape is not None and (
-                    len(shape) != rank or (fixed is not None and fixed(shape) != sizes)):
+            if dims is not None and shape is not None and not _fits(shape, rank, fixed, sizes):
                 expected = ["?" if d is None else d for d in dims]
                 raise ProviderError(f"output {name!r} has shape {list(shape)}, expected {expected}")
         return results
@@ -164,11 +163,14 @@ class Executor:
         missing = [n for n in self._signatures if n not in feeds]
         if missing:
             raise InputError(f"missing input(s) {', '.join(map(repr, missing))}; {_describe(self.inputs)}")
-        plain = self._tensor_inputs
-        return {name: value if (type(value) is np.ndarray and (known := plain.get(name)) is not None
-                                and value.dtype == known[0] and value.ndim == known[1]
-                                and (known[2] is None or known[2](value.shape) == known[3]))
+        return {name: value if self._as_declared(name, value)
                 else _checked_feed(self._signatures.get(name), name, value) for name, value in feeds.items()}
+
+    def _as_declared(self, name: str, value: Any) -> bool:
+        """Whether `value` is an array of the plain tensor input `name`'s dtype and shape: taken as it is."""
+        known = self._tensor_inputs.get(name)
+        return (known is not None and type(value) is np.ndarray and value.dtype == known[0]
+                and _fits(value.shape, *known[1:]))
 
 
 def _native_arrays(values: Iterable[Any]) -> bool:
@@ -178,6 +180,11 @@ def _native_arrays(values: Iterable[Any]) -> bool:
         if type(value) is not np.ndarray or not value.dtype.isnative:
             return False
     return True
+
+
+def _fits(shape: Sequence[int], rank: int, fixed: Callable[[Sequence[int]], Any] | None, sizes: Any) -> bool:
+    """Whether `shape` has `rank` dimensions, and the `sizes` where `fixed` (of `_fixed`) gets any."""
+    return len(shape) == rank and (fixed is None or fixed(shape) == sizes)
 
 
 def _fixed(dims: Sequence[Any]) -> tuple[Callable[[Sequence[int]], Any] | None, Any]:
