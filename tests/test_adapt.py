@@ -3,6 +3,9 @@ only for one faster beyond noise, keeps the decision for the next process, and s
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,6 +22,7 @@ from uhop_onnx.cache import cache_dir
 from uhop_onnx.cli import app
 from uhop_onnx.models import BUILDERS
 from uhop_onnx.optimizer import optimize
+from uhop_onnx.providers import create
 from uhop_onnx.runtime import compile_plan
 from uhop_onnx.session import adaptive, decisions_for
 
@@ -107,6 +111,101 @@ def test_a_faster_candidate_replaces_the_serving_plan_and_is_kept(tmp_path):
     assert shown.exit_code == 0, shown.output
     assert f"adapted at {bucket['bucket']}" in shown.output and "openvino: faster" in shown.output, shown.output
     serving.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="niceness is POSIX's")
+@pytest.mark.parametrize("renew_fails", [False, True])
+def test_a_promoted_plan_is_compiled_again_at_the_callers_priority(renew_fails):
+    """A runtime's threads take the niceness of the thread that starts them: a candidate compiled in the
+    background at nice 10 that wins is compiled again at the caller's priority, and that copy serves (when that
+    fails, the first serves on); the threads every model shares are started at the caller's priority first."""
+    model = BUILDERS["cnn"]()
+    feeds = random_feeds(model)
+    starter = optimize(model, providers=["ort-cpu"], profile=False)
+    candidate = optimize(model, providers=["litert"], profile=False)
+    niceness = {}  # executor -> the niceness of the thread that compiled it
+    asked, primed = [], []  # when the candidates were asked for; (the niceness of `prime`'s thread, when)
+
+    def prime():
+        primed.append((os.getpriority(os.PRIO_PROCESS, 0), len(asked)))
+
+    def candidates(stopped, sample):
+        asked.append(True)
+        return {"litert": lambda sample: candidate}
+
+    def compile(plan):
+        if plan is not starter and renew_fails and len(niceness) == 2:
+            raise RuntimeError("no memory left")
+        executor = _Slowed(compile_plan(plan), 0.03 if plan is starter else 0.0)
+        niceness[executor] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        return executor
+
+    serving = Serving(starter, compile, "ort-cpu", candidates, explore_after_s=0.0, prime=prime)
+    caller = os.getpriority(os.PRIO_PROCESS, 0)
+    _wait(lambda: (_settled(serving) and serving.plan.get_providers() == ["litert"]
+                   and (renew_fails or niceness.get(serving.executor) == caller)) or _step(serving, feeds))
+    assert sorted(niceness.values()) == sorted([caller, min(caller + 10, 19)] + ([] if renew_fails else [caller]))
+    assert niceness[serving.executor] == (min(caller + 10, 19) if renew_fails else caller)
+    assert primed == [(caller, 0)]  # at the caller's priority, before any candidate
+    for _ in range(3):
+        assert_matches(serving.run(None, feeds)[0], reference(model, feeds))
+    serving.close()
+
+
+# In its own process (TBB's workers live as long as it does): compiles a MatMul on OpenVINO's CPU on a thread at
+# nice 10, as the background thread compiles a candidate, after `prime` on the main thread or not, then runs it
+# there and prints the CPU ticks that threads above nice 0 spent on those calls.
+NICED_TICKS = """
+import os, sys, threading
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+from uhop_onnx.providers import create
+w = numpy_helper.from_array(np.random.default_rng(0).random((512, 512), dtype=np.float32), "w")
+graph = helper.make_graph([helper.make_node("MatMul", ["a", "w"], ["y"])], "mm",
+                          [helper.make_tensor_value_info("a", TensorProto.FLOAT, [512, 512])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [512, 512])], [w])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+if sys.argv[1] == "primed":
+    create("openvino", 2).prime()
+made = {}
+def compile():  # as the background thread compiles a candidate
+    os.setpriority(os.PRIO_PROCESS, 0, 10)
+    made["runner"] = create("openvino", 2).compile(model)
+thread = threading.Thread(target=compile)
+thread.start()
+thread.join()
+def cpu():
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:  # a thread may end meanwhile
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[tid] = (int(fields[16]), int(fields[11]) + int(fields[12]))
+    return out
+before = cpu()
+a = np.ones((512, 512), np.float32)
+for _ in range(200):
+    made["runner"].run({"a": a})
+after = cpu()
+print(sum(t - before.get(tid, (0, 0))[1] for tid, (nice, t) in after.items() if nice > 0))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir() or (os.cpu_count() or 1) < 2,
+                    reason="reads each thread's niceness and CPU time in Linux's /proc; TBB starts workers on 2+ cores")
+@pytest.mark.skipif(not create("openvino").present, reason="openvino is not installed")
+def test_openvinos_shared_threads_primed_first_serve_at_the_callers_priority():
+    def niced_ticks(mode: str) -> int:
+        done = subprocess.run([sys.executable, "-c", NICED_TICKS, mode], capture_output=True, text=True,
+                              timeout=300, cwd=Path(__file__).parents[1])
+        assert done.returncode == 0, done.stderr[-3000:]
+        return int(done.stdout.split()[-1])
+
+    assert niced_ticks("plain") > 0  # unprimed, TBB's workers start from the compiling thread, at nice 10
+    assert niced_ticks("primed") == 0
 
 
 def test_a_faster_candidate_serves_at_once_while_later_ones_are_still_prepared(tmp_path):

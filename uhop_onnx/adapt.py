@@ -72,6 +72,7 @@ class Arm:
         self.label, self.plan, self.executor = label, plan, executor
         self.running = 0
         self.retired = False
+        self.niced = False  # compiled on the background thread: its runtime's threads run at nice 10
 
     def release(self) -> None:
         """Close the executor if the arm is retired and idle (called under the serving lock)."""
@@ -161,7 +162,10 @@ class Serving:
     each checked against the serving plan on the sample and then interleaved with it on real calls, a round each in turn
     (`ROUND`), with no compile beside them. A candidate more than 1.5x slower after its first rounds stops at once; one
     faster beyond noise (the upper end of the interval of its paired time ratios below 1) replaces the serving plan of
-    that bucket, atomically: each call runs wholly on one plan. `decisions` keeps each decision made once every
+    that bucket, atomically: each call runs wholly on one plan. A runtime's threads take the niceness of the thread
+    that starts them, so a thread of the callers' priority, started before the background one lowers its own, starts
+    those the runtimes share between models (`prime`, before any candidate is asked for) and compiles a candidate
+    that won again, that copy serving in its place. `decisions` keeps each decision made once every
     candidate was tried (and each replacement); given as a function making them (keyed by the model's digest, which it
     computes), it is called on the background thread when it starts, and their digest then names the starter's plan
     where it was left blank. `decided` (bucket -> `Decided`, read from them; plan None: the starter was kept) are
@@ -181,8 +185,9 @@ class Serving:
                  decisions: Decisions | Callable[[], Decisions] | None = None,
                  decided: Mapping[str, Decided] | None = None,
                  recheck: str | None = None, unplaced: Callable[[], tuple[str, Plan]] | None = None,
-                 per_bucket: Collection[str] = ()):
+                 per_bucket: Collection[str] = (), prime: Callable[[], object] | None = None):
         self._compile, self._candidates, self._per_bucket = compile, candidates, frozenset(per_bucket)
+        self._prime = prime
         self._recipes: Mapping[str, Recipe] | None = None  # the candidates, once the background work asked
         self._budget_s, self._tolerance, self.decisions = budget_s, dict(tolerance), decisions
         self._explore_after_s = explore_after_s
@@ -197,9 +202,12 @@ class Serving:
         self._by_shapes: dict[tuple, Bucket] = {}  # exact shapes -> their bucket
         self._last = self.starter
         self._jobs: queue.Queue[Bucket | None] = queue.Queue()
-        self._spent = 0.0
+        self._spent = 0.0  # CPU seconds of background work: the background thread's and `_renewing_s`
+        self._renewing_s = 0.0
         self._closed = False
         self._worker: threading.Thread | None = None
+        self._niced = False  # the background thread runs at nice 10
+        self._callers: ThreadPoolExecutor | None = None  # a thread of the callers' priority (see the class)
         # Decisions are written one after another, in the order made (a bucket's later one must win)
         self._keeper = ThreadPoolExecutor(1, thread_name_prefix="uhop-adapt-keep")
         self._keying = threading.Lock()
@@ -425,6 +433,39 @@ class Serving:
         bucket.replaced.append(said)
         log.info("%s at %s: %s", trial.arm.plan.model_name, bucket.key, said)
         self._retire(old)
+        if trial.arm.niced and bucket.sample is not None and not self._closed:
+            try:
+                self._callers.submit(self._renewed, trial.arm, bucket.sample)
+            except RuntimeError:  # the interpreter is shutting down
+                log.debug("%s: the program ended before %s could be compiled again", bucket.key, trial.label)
+
+    def _renewed(self, arm: Arm, sample: dict[str, np.ndarray]) -> None:
+        """Compile `arm`'s plan again on this thread, of the callers' priority (Linux lets no unprivileged process
+        give it back to the threads its runtime started at nice 10), warm it up on `sample`, and serve it wherever
+        `arm` serves. Should that fail, `arm` serves on."""
+        begun, new, warm = time.thread_time(), None, False
+        try:
+            if not self.stopped():
+                new = self._arm(arm.label, arm.plan)
+                for _ in range(WARM_UP):
+                    new.executor.run(None, sample)
+                warm = True
+        except Exception as error:  # noqa: BLE001 - the plan compiled in the background serves on
+            log.info("%s could not be compiled again at the callers' priority (%s); it serves at nice 10",
+                     arm.label, first_line(error))
+        with self._lock:
+            self._renewing_s += time.thread_time() - begun
+            serving = [b for b in self._buckets.values() if b.current is arm]
+            going = new  # a copy that failed, or came too late (the session closed, another plan replaced it)
+            if warm and serving and not self._closed:
+                new.plan = arm.plan  # with the decision recorded meanwhile
+                for bucket in serving:
+                    bucket.current = new
+                self._arms.append(new)
+                going = arm
+                log.debug("%s serves at the callers' priority", new.label)
+            if going is not None:
+                self._retire(going)
 
     def _settle(self, bucket: Bucket) -> None:
         """When no candidate is compiling or on trial, the bucket has its decision (under the lock)."""
@@ -499,10 +540,19 @@ class Serving:
         return None
 
     def _work(self) -> None:
+        # the callers' thread starts now, from this one, still of the priority of the caller that started it
+        self._callers = ThreadPoolExecutor(1, thread_name_prefix="uhop-adapt-callers")
+        self._callers.submit(int).result()
         try:  # a background thread of its own priority (Linux: niceness is per thread)
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+            self._niced = True
         except (AttributeError, OSError):
             pass
+        if self._prime is not None and self._niced:
+            try:
+                self._callers.submit(self._prime).result()
+            except Exception as error:  # noqa: BLE001 - a runtime that fails here says why when it compiles
+                log.debug("the runtimes' shared threads could not be started: %s", first_line(error))
         # the budget counts this thread's CPU time: on a loaded machine a thread at nice 10 waits long for little
         # work, and wall time would spend the budget on the waiting
         begun = time.thread_time()
@@ -519,7 +569,7 @@ class Serving:
                     log.warning("no candidate plans can be prepared (%s); the session keeps its plan",
                                 first_line(error))
                     self._recipes = {}
-                self._spent = time.thread_time() - begun
+                self._spent = time.thread_time() - begun + self._renewing_s
             untried = []
             for label, recipe in self._recipes.items():
                 if label == bucket.current.label or label in bucket.trials or label not in (bucket.only or {label}):
@@ -540,7 +590,7 @@ class Serving:
                         if trial.arm is not None:  # its plan goes, unless another bucket serves or tries it
                             self._retire(trial.arm)
                     arm = None
-                self._spent = time.thread_time() - begun
+                self._spent = time.thread_time() - begun + self._renewing_s
                 with self._lock:
                     if arm is not None and trial.state == "compiling":
                         trial.arm, trial.state = arm, "trying"
@@ -575,6 +625,7 @@ class Serving:
                 trial.arm = arm
             if arm is None:
                 arm = self._arm(trial.label, plan)
+                arm.niced = self._niced
                 with self._lock:
                     closed = self._closed
                     if not closed:
@@ -609,6 +660,8 @@ class Serving:
             arms, self._arms = self._arms, []
         self._jobs.put(None)
         self._keeper.shutdown(wait=False)  # the decisions made are still written
+        if self._callers is not None:
+            self._callers.shutdown(wait=False, cancel_futures=True)
         for arm in arms:
             if arm.executor is not None:
                 arm.executor.close()

@@ -416,7 +416,8 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
         return {**recipes, "search": search, **slow}
 
     return Serving(starter, compile, label, candidates, budget_s=budget_s, decisions=decisions, decided=decided,
-                   recheck=LAST_RESORT, unplaced=unplaced if kept else None, per_bucket={"search"})
+                   recheck=LAST_RESORT, unplaced=unplaced if kept else None, per_bucket={"search"},
+                   prime=lambda: [p.prime() for p in resolve(specs, threads, strict, policy=policy)])
 
 
 def model_size(source: Any) -> int | None:
