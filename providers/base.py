@@ -538,9 +538,10 @@ class Provider(ABC):
         raise NotImplementedError(f"{type(self).__name__} defines neither build nor compile")
 
     def prime(self) -> None:
-        """Start, on the calling thread, the worker threads this runtime shares between every model in the
-        process, so that they take this thread's priority, not that of the thread that compiles next. Most
-        runtimes start threads per model, and do nothing here."""
+        """Start, from the calling thread, the worker threads this runtime shares between every model in the
+        process, so that they take this thread's priority, not that of the thread that compiles next (the calling
+        thread should outlive them: see `uhop_onnx.priority`). Most runtimes start threads per model, and do
+        nothing here."""
 
 
 def label(ident: str, options: Mapping[str, Any], precision: str) -> str:

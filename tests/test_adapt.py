@@ -113,48 +113,45 @@ def test_a_faster_candidate_replaces_the_serving_plan_and_is_kept(tmp_path):
     serving.close()
 
 
-@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="niceness is POSIX's")
+@pytest.mark.skipif(not hasattr(os, "getpriority") or os.getpriority(os.PRIO_PROCESS, 0) >= 10,
+                    reason="niceness is POSIX's; a caller at nice 10 or above has its background at its own")
 @pytest.mark.parametrize("renew_fails", [False, True])
 def test_a_promoted_plan_is_compiled_again_at_the_callers_priority(renew_fails):
     """A runtime's threads take the niceness of the thread that starts them: a candidate compiled in the
-    background at nice 10 that wins is compiled again at the caller's priority, and that copy serves (when that
-    fails, the first serves on); the threads every model shares are started at the caller's priority first."""
+    background at nice 10 that wins is compiled again at the caller's priority, and that copy serves; when that
+    fails, the first serves on."""
     model = BUILDERS["cnn"]()
     feeds = random_feeds(model)
     starter = optimize(model, providers=["ort-cpu"], profile=False)
     candidate = optimize(model, providers=["litert"], profile=False)
-    niceness = {}  # executor -> the niceness of the thread that compiled it
-    asked, primed = [], []  # when the candidates were asked for; (the niceness of `prime`'s thread, when)
-
-    def prime():
-        primed.append((os.getpriority(os.PRIO_PROCESS, 0), len(asked)))
-
-    def candidates(stopped, sample):
-        asked.append(True)
-        return {"litert": lambda sample: candidate}
+    compiled = []  # the candidate's executors, with the niceness of the thread that compiled each (None: failed)
 
     def compile(plan):
-        if plan is not starter and renew_fails and len(niceness) == 2:
+        if plan is starter:
+            return _Slowed(compile_plan(plan), 0.03)
+        niceness = os.getpriority(os.PRIO_PROCESS, 0)
+        if renew_fails and compiled:
+            compiled.append((None, niceness))
             raise RuntimeError("no memory left")
-        executor = _Slowed(compile_plan(plan), 0.03 if plan is starter else 0.0)
-        niceness[executor] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-        return executor
+        compiled.append((compile_plan(plan), niceness))
+        return compiled[-1][0]
 
-    serving = Serving(starter, compile, "ort-cpu", candidates, explore_after_s=0.0, prime=prime)
+    serving = Serving(starter, compile, "ort-cpu", lambda stopped, sample: {"litert": lambda sample: candidate},
+                      explore_after_s=0.0)
     caller = os.getpriority(os.PRIO_PROCESS, 0)
-    _wait(lambda: (_settled(serving) and serving.plan.get_providers() == ["litert"]
-                   and (renew_fails or niceness.get(serving.executor) == caller)) or _step(serving, feeds))
-    assert sorted(niceness.values()) == sorted([caller, min(caller + 10, 19)] + ([] if renew_fails else [caller]))
-    assert niceness[serving.executor] == (min(caller + 10, 19) if renew_fails else caller)
-    assert primed == [(caller, 0)]  # at the caller's priority, before any candidate
+    _wait(lambda: (_settled(serving) and len(compiled) == 2) or _step(serving, feeds))
+    assert [niceness for _, niceness in compiled] == [10, caller]
     for _ in range(3):
-        assert_matches(serving.run(None, feeds)[0], reference(model, feeds))
+        outputs, plan = serving.run(None, feeds)
+        assert_matches(outputs, reference(model, feeds))
+    assert plan.get_providers() == ["litert"]
+    assert serving.executor is compiled[0 if renew_fails else 1][0]
     serving.close()
 
 
 # In its own process (TBB's workers live as long as it does): compiles a MatMul on OpenVINO's CPU on a thread at
-# nice 10, as the background thread compiles a candidate, after `prime` on the main thread or not, then runs it
-# there and prints the CPU ticks that threads above nice 0 spent on those calls.
+# nice 10, as the background thread compiles a candidate, after `prime` on the thread of the callers' priority or
+# not, runs it on the main thread, and prints the CPU ticks that threads above nice 0 spent meanwhile.
 NICED_TICKS = """
 import os, sys, threading
 from pathlib import Path
@@ -167,8 +164,11 @@ graph = helper.make_graph([helper.make_node("MatMul", ["a", "w"], ["y"])], "mm",
                           [helper.make_tensor_value_info("a", TensorProto.FLOAT, [512, 512])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [512, 512])], [w])
 model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-if sys.argv[1] == "primed":
-    create("openvino", 2).prime()
+if sys.argv[1] == "primed":  # as an adapting session does: on the thread of the callers' priority
+    from uhop_onnx import priority
+
+    priority.start()
+    priority.call(create("openvino", 2).prime)
 made = {}
 def compile():  # as the background thread compiles a candidate
     os.setpriority(os.PRIO_PROCESS, 0, 10)
@@ -176,25 +176,24 @@ def compile():  # as the background thread compiles a candidate
 thread = threading.Thread(target=compile)
 thread.start()
 thread.join()
-def cpu():
-    out = {}
+def niced_ticks():  # CPU ticks of the threads above nice 0
+    ticks = 0
     for tid in os.listdir("/proc/self/task"):
         try:  # a thread may end meanwhile
             fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        out[tid] = (int(fields[16]), int(fields[11]) + int(fields[12]))
-    return out
-before = cpu()
+        ticks += (int(fields[11]) + int(fields[12])) if int(fields[16]) > 0 else 0
+    return ticks
+before = niced_ticks()
 a = np.ones((512, 512), np.float32)
-for _ in range(200):
+for _ in range(300):
     made["runner"].run({"a": a})
-after = cpu()
-print(sum(t - before.get(tid, (0, 0))[1] for tid, (nice, t) in after.items() if nice > 0))
+print(niced_ticks() - before)
 """
 
 
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir() or (os.cpu_count() or 1) < 2,
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir() or len(os.sched_getaffinity(0)) < 2,
                     reason="reads each thread's niceness and CPU time in Linux's /proc; TBB starts workers on 2+ cores")
 @pytest.mark.skipif(not create("openvino").present, reason="openvino is not installed")
 def test_openvinos_shared_threads_primed_first_serve_at_the_callers_priority():
@@ -204,7 +203,8 @@ def test_openvinos_shared_threads_primed_first_serve_at_the_callers_priority():
         assert done.returncode == 0, done.stderr[-3000:]
         return int(done.stdout.split()[-1])
 
-    assert niced_ticks("plain") > 0  # unprimed, TBB's workers start from the compiling thread, at nice 10
+    if niced_ticks("plain") == 0:  # unprimed, TBB's workers start from the compiling thread, at nice 10
+        pytest.skip("the machine is too busy for a worker at nice 10 to run: nothing to tell apart")
     assert niced_ticks("primed") == 0
 
 

@@ -33,6 +33,7 @@ from .errors import UhopError, first_line
 from .executor import Executor, Timing
 from .graph import declared_outputs, io_signatures
 from .metadata import ModelMetadata
+from . import priority
 from .plan import Plan, Stage
 from .providers import Provider
 
@@ -162,10 +163,9 @@ class Serving:
     each checked against the serving plan on the sample and then interleaved with it on real calls, a round each in turn
     (`ROUND`), with no compile beside them. A candidate more than 1.5x slower after its first rounds stops at once; one
     faster beyond noise (the upper end of the interval of its paired time ratios below 1) replaces the serving plan of
-    that bucket, atomically: each call runs wholly on one plan. A runtime's threads take the niceness of the thread
-    that starts them, so a thread of the callers' priority, started before the background one lowers its own, starts
-    those the runtimes share between models (`prime`, before any candidate is asked for) and compiles a candidate
-    that won again, that copy serving in its place. `decisions` keeps each decision made once every
+    that bucket, atomically: each call runs wholly on one plan. A candidate that won is then compiled again on the
+    thread of the callers' priority (`priority`: its runtime's threads took the background's nice 10), and that
+    copy serves in its place. `decisions` keeps each decision made once every
     candidate was tried (and each replacement); given as a function making them (keyed by the model's digest, which it
     computes), it is called on the background thread when it starts, and their digest then names the starter's plan
     where it was left blank. `decided` (bucket -> `Decided`, read from them; plan None: the starter was kept) are
@@ -185,9 +185,8 @@ class Serving:
                  decisions: Decisions | Callable[[], Decisions] | None = None,
                  decided: Mapping[str, Decided] | None = None,
                  recheck: str | None = None, unplaced: Callable[[], tuple[str, Plan]] | None = None,
-                 per_bucket: Collection[str] = (), prime: Callable[[], object] | None = None):
+                 per_bucket: Collection[str] = ()):
         self._compile, self._candidates, self._per_bucket = compile, candidates, frozenset(per_bucket)
-        self._prime = prime
         self._recipes: Mapping[str, Recipe] | None = None  # the candidates, once the background work asked
         self._budget_s, self._tolerance, self.decisions = budget_s, dict(tolerance), decisions
         self._explore_after_s = explore_after_s
@@ -203,11 +202,10 @@ class Serving:
         self._last = self.starter
         self._jobs: queue.Queue[Bucket | None] = queue.Queue()
         self._spent = 0.0  # CPU seconds of background work: the background thread's and `_renewing_s`
-        self._renewing_s = 0.0
+        self._renewing_s = 0.0  # what compiling the winners again took, on the thread of the callers' priority
         self._closed = False
         self._worker: threading.Thread | None = None
         self._niced = False  # the background thread runs at nice 10
-        self._callers: ThreadPoolExecutor | None = None  # a thread of the callers' priority (see the class)
         # Decisions are written one after another, in the order made (a bucket's later one must win)
         self._keeper = ThreadPoolExecutor(1, thread_name_prefix="uhop-adapt-keep")
         self._keying = threading.Lock()
@@ -262,11 +260,17 @@ class Serving:
         if self._candidates is None:  # one plan: nothing to choose or time
             return self.starter.executor.run(output_names, feeds, host=host, timings=timings), self.starter.plan
         bucket = self._bucket(feeds)
-        if bucket.settled:  # decided, nothing on trial: its plan serves, untimed (a serving arm is never closed)
+        if bucket.settled:  # decided, nothing on trial: its plan serves, untimed
             with self._lock:
                 bucket.calls += 1
                 arm = self._last = bucket.current
-            return arm.executor.run(output_names, feeds, host=host, timings=timings), arm.plan
+                arm.running += 1  # a copy compiled again may replace it meanwhile (`_renewed`)
+            try:
+                return arm.executor.run(output_names, feeds, host=host, timings=timings), arm.plan
+            finally:
+                with self._lock:
+                    arm.running -= 1
+                    arm.release()
         with self._lock:
             arm = self._turn(bucket) if bucket.trials else bucket.current
             arm.running += 1
@@ -433,28 +437,24 @@ class Serving:
         bucket.replaced.append(said)
         log.info("%s at %s: %s", trial.arm.plan.model_name, bucket.key, said)
         self._retire(old)
-        if trial.arm.niced and bucket.sample is not None and not self._closed:
-            try:
-                self._callers.submit(self._renewed, trial.arm, bucket.sample)
-            except RuntimeError:  # the interpreter is shutting down
-                log.debug("%s: the program ended before %s could be compiled again", bucket.key, trial.label)
 
-    def _renewed(self, arm: Arm, sample: dict[str, np.ndarray]) -> None:
-        """Compile `arm`'s plan again on this thread, of the callers' priority (Linux lets no unprivileged process
-        give it back to the threads its runtime started at nice 10), warm it up on `sample`, and serve it wherever
-        `arm` serves. Should that fail, `arm` serves on."""
+    def _renewed(self, arm: Arm, sample: dict[str, np.ndarray]) -> float:
+        """Compile `arm`'s plan again on this thread, of the callers' priority (`priority.call`), warm it up on
+        `sample`, and serve it wherever `arm` serves (should that fail, `arm` serves on); the CPU seconds it
+        took."""
+        with self._lock:
+            if self._closed or not any(b.current is arm for b in self._buckets.values()):
+                return 0.0
         begun, new, warm = time.thread_time(), None, False
         try:
-            if not self.stopped():
-                new = self._arm(arm.label, arm.plan)
-                for _ in range(WARM_UP):
-                    new.executor.run(None, sample)
-                warm = True
+            new = self._arm(arm.label, arm.plan)
+            for _ in range(WARM_UP):
+                new.executor.run(None, sample)
+            warm = True
         except Exception as error:  # noqa: BLE001 - the plan compiled in the background serves on
-            log.info("%s could not be compiled again at the callers' priority (%s); it serves at nice 10",
-                     arm.label, first_line(error))
+            log.info("%s could not be compiled again at the callers' priority (%s); the copy compiled in the "
+                     "background serves on", arm.label, first_line(error))
         with self._lock:
-            self._renewing_s += time.thread_time() - begun
             serving = [b for b in self._buckets.values() if b.current is arm]
             going = new  # a copy that failed, or came too late (the session closed, another plan replaced it)
             if warm and serving and not self._closed:
@@ -466,6 +466,7 @@ class Serving:
                 log.debug("%s serves at the callers' priority", new.label)
             if going is not None:
                 self._retire(going)
+        return time.thread_time() - begun
 
     def _settle(self, bucket: Bucket) -> None:
         """When no candidate is compiling or on trial, the bucket has its decision (under the lock)."""
@@ -528,6 +529,7 @@ class Serving:
         # It stops at its next step once the main thread has finished (see `stopped`).
         with self._lock:
             if self._worker is None and not self._closed:
+                priority.start()
                 self._worker = threading.Thread(target=self._work, name="uhop-adapt")
                 self._worker.start()
 
@@ -540,19 +542,12 @@ class Serving:
         return None
 
     def _work(self) -> None:
-        # the callers' thread starts now, from this one, still of the priority of the caller that started it
-        self._callers = ThreadPoolExecutor(1, thread_name_prefix="uhop-adapt-callers")
-        self._callers.submit(int).result()
-        try:  # a background thread of its own priority (Linux: niceness is per thread)
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-            self._niced = True
+        try:  # a background thread of its own priority (Linux: niceness is per thread), unless lower already
+            if os.getpriority(os.PRIO_PROCESS, 0) < 10:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+                self._niced = True
         except (AttributeError, OSError):
             pass
-        if self._prime is not None and self._niced:
-            try:
-                self._callers.submit(self._prime).result()
-            except Exception as error:  # noqa: BLE001 - a runtime that fails here says why when it compiles
-                log.debug("the runtimes' shared threads could not be started: %s", first_line(error))
         # the budget counts this thread's CPU time: on a loaded machine a thread at nice 10 waits long for little
         # work, and wall time would spend the budget on the waiting
         begun = time.thread_time()
@@ -597,6 +592,12 @@ class Serving:
                         bucket.turn, bucket.round_ms = 0, []  # rounds start together: the serving arm's first
                         bucket.round = round_calls(bucket.busy_s / max(bucket.calls, 1))
                 self._await(trial)
+                if trial.state == "faster" and trial.arm.niced and not self.stopped():
+                    try:  # beside no trial's calls: the next candidate is prepared after it
+                        self._renewing_s += priority.call(self._renewed, trial.arm, bucket.sample)
+                    except UhopError as error:
+                        log.debug("%s was not compiled again: %s", trial.label, first_line(error))
+                    self._spent = time.thread_time() - begun + self._renewing_s
             with self._lock:
                 bucket.sample, bucket.preparing, bucket.untried = None, False, untried
                 self._settle(bucket)
@@ -634,7 +635,15 @@ class Serving:
                 if closed:  # the session closed while it compiled
                     arm.executor.close()
                     raise UhopError("stopped: the session closed")
-        want = bucket.current.executor.run(None, bucket.sample)
+        with self._lock:  # a trial that outlived `TRIAL_S` may replace it meanwhile
+            serving = bucket.current
+            serving.running += 1
+        try:
+            want = serving.executor.run(None, bucket.sample)
+        finally:
+            with self._lock:
+                serving.running -= 1
+                serving.release()
         paces = []
         for _ in range(WARM_UP):
             start = time.perf_counter()
@@ -660,8 +669,6 @@ class Serving:
             arms, self._arms = self._arms, []
         self._jobs.put(None)
         self._keeper.shutdown(wait=False)  # the decisions made are still written
-        if self._callers is not None:
-            self._callers.shutdown(wait=False, cancel_futures=True)
         for arm in arms:
             if arm.executor is not None:
                 arm.executor.close()

@@ -21,12 +21,13 @@ from typing import Any
 import numpy as np
 
 from .dtypes import TensorSig
-from .errors import FreeDimensionError, InputError
+from .errors import FreeDimensionError, InputError, first_line
 from .executor import Executor, Timing
 from .files import atomic_file
 from .graph import TensorInfo
 from .metadata import ModelMetadata
 from .plan import PLAN_FILE, Plan
+from . import priority
 from .adapt import Decisions, Serving, whole_model
 from .cache import LARGE, cache_dir, device_fingerprint, model_digest
 from .loader import load_as_read, model_name
@@ -389,6 +390,10 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
         with quietly():  # what reading the providers warns of was said at the start
             # probed here, off the caller's thread: one listed from its files alone may fail to import
             chosen = [p for p in resolve(specs, threads, strict, policy=policy) if p.present]
+            try:  # before a query or a compile starts them here, at nice 10
+                priority.call(lambda: [p.prime() for p in chosen])
+            except Exception as error:  # noqa: BLE001 - a runtime that cannot start them says so as it compiles
+                log.debug("the runtimes' shared threads were not started first: %s", first_line(error))
             # asked at the program's own inputs: a fixed-shape runtime (LiteRT) can then take what free
             # dimensions keep from it (a BERT's Shape arithmetic), as the search's does
             a = analyze(source, specs, assign, threads, resolved=chosen, inputs=dict(sample))
@@ -416,8 +421,7 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
         return {**recipes, "search": search, **slow}
 
     return Serving(starter, compile, label, candidates, budget_s=budget_s, decisions=decisions, decided=decided,
-                   recheck=LAST_RESORT, unplaced=unplaced if kept else None, per_bucket={"search"},
-                   prime=lambda: [p.prime() for p in resolve(specs, threads, strict, policy=policy)])
+                   recheck=LAST_RESORT, unplaced=unplaced if kept else None, per_bucket={"search"})
 
 
 def model_size(source: Any) -> int | None:
