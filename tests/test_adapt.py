@@ -176,20 +176,20 @@ def compile():  # as the background thread compiles a candidate
 thread = threading.Thread(target=compile)
 thread.start()
 thread.join()
-def niced_ticks():  # CPU ticks of the threads above nice 0
-    ticks = 0
+def ticks():  # thread -> (its niceness, its CPU ticks)
+    seen = {}
     for tid in os.listdir("/proc/self/task"):
         try:  # a thread may end meanwhile
             fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        ticks += (int(fields[11]) + int(fields[12])) if int(fields[16]) > 0 else 0
-    return ticks
-before = niced_ticks()
+        seen[tid] = (int(fields[16]), int(fields[11]) + int(fields[12]))
+    return seen
+before = ticks()
 a = np.ones((512, 512), np.float32)
 for _ in range(300):
     made["runner"].run({"a": a})
-print(niced_ticks() - before)
+print(sum(t - before.get(tid, (0, 0))[1] for tid, (nice, t) in ticks().items() if nice > 0))
 """
 
 

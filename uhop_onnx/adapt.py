@@ -56,6 +56,7 @@ WARM_UP = 3  # runs of a compiled candidate on the bucket's sample before it ser
 TRIAL_S = 60.0  # how long the background waits for a trial to end before preparing the next candidate
 EXACT_BUCKETS = 8  # distinct shape sets kept exact; beyond, free axes are rounded up to powers of two
 UNNAMED_S = 60.0  # a kept plan no decision names any more is removed after this long (a reader may be loading it)
+BACKGROUND_NICE = 10  # the background thread's niceness
 FP32_CHECK = {"rtol": 2e-4, "atol": 2e-5}  # two fp32 plans, each within rtol 1e-4, atol 1e-5 of ONNX Runtime
 
 Recipe = Callable[[Mapping[str, np.ndarray]], Plan]  # a bucket's sample feeds -> a candidate plan
@@ -164,8 +165,8 @@ class Serving:
     (`ROUND`), with no compile beside them. A candidate more than 1.5x slower after its first rounds stops at once; one
     faster beyond noise (the upper end of the interval of its paired time ratios below 1) replaces the serving plan of
     that bucket, atomically: each call runs wholly on one plan. A candidate that won is then compiled again on the
-    thread of the callers' priority (`priority`: its runtime's threads took the background's nice 10), and that
-    copy serves in its place. `decisions` keeps each decision made once every
+    thread of the callers' priority (`priority`: its runtime's threads took the background's nice 10), between
+    trials, and that copy serves in its place. `decisions` keeps each decision made once every
     candidate was tried (and each replacement); given as a function making them (keyed by the model's digest, which it
     computes), it is called on the background thread when it starts, and their digest then names the starter's plan
     where it was left blank. `decided` (bucket -> `Decided`, read from them; plan None: the starter was kept) are
@@ -205,7 +206,8 @@ class Serving:
         self._renewing_s = 0.0  # what compiling the winners again took, on the thread of the callers' priority
         self._closed = False
         self._worker: threading.Thread | None = None
-        self._niced = False  # the background thread runs at nice 10
+        self._niced = False  # the background thread runs at `BACKGROUND_NICE`
+        self._promoted: list[tuple[Arm, dict[str, np.ndarray] | None]] = []  # to compile again (`_renew_promoted`)
         # Decisions are written one after another, in the order made (a bucket's later one must win)
         self._keeper = ThreadPoolExecutor(1, thread_name_prefix="uhop-adapt-keep")
         self._keying = threading.Lock()
@@ -264,7 +266,10 @@ class Serving:
             with self._lock:
                 bucket.calls += 1
                 arm = self._last = bucket.current
-                arm.running += 1  # a copy compiled again may replace it meanwhile (`_renewed`)
+                counted = arm.niced  # a copy compiled again may replace it meanwhile (`_renewed`); no other
+                arm.running += counted
+            if not counted:
+                return arm.executor.run(output_names, feeds, host=host, timings=timings), arm.plan
             try:
                 return arm.executor.run(output_names, feeds, host=host, timings=timings), arm.plan
             finally:
@@ -437,18 +442,34 @@ class Serving:
         bucket.replaced.append(said)
         log.info("%s at %s: %s", trial.arm.plan.model_name, bucket.key, said)
         self._retire(old)
+        if trial.arm.niced and priority.below(BACKGROUND_NICE):
+            self._promoted.append((trial.arm, bucket.sample))
 
-    def _renewed(self, arm: Arm, sample: dict[str, np.ndarray]) -> float:
-        """Compile `arm`'s plan again on this thread, of the callers' priority (`priority.call`), warm it up on
-        `sample`, and serve it wherever `arm` serves (should that fail, `arm` serves on); the CPU seconds it
-        took."""
+    def _renew_promoted(self) -> None:
+        """Compile again each plan promoted since, on the thread of the callers' priority (`_renewed`)."""
+        while not self.stopped():
+            with self._lock:
+                if not self._promoted:
+                    return
+                arm, sample = self._promoted.pop(0)
+            try:
+                spent = priority.call(self._renewed, arm, sample)
+            except Exception as error:  # noqa: BLE001 - the copy compiled in the background serves on
+                log.debug("%s was not compiled again: %s", arm.label, first_line(error))
+                continue
+            self._renewing_s += spent
+            self._spent += spent
+
+    def _renewed(self, arm: Arm, sample: dict[str, np.ndarray] | None) -> float:
+        """Compile `arm`'s plan again on this thread, warm it up on `sample` (when given), and serve it wherever
+        `arm` serves (should that fail, `arm` serves on); the CPU seconds it took."""
         with self._lock:
-            if self._closed or not any(b.current is arm for b in self._buckets.values()):
+            if self.stopped() or not any(b.current is arm for b in self._buckets.values()):
                 return 0.0
         begun, new, warm = time.thread_time(), None, False
         try:
             new = self._arm(arm.label, arm.plan)
-            for _ in range(WARM_UP):
+            for _ in range(WARM_UP if sample is not None else 0):
                 new.executor.run(None, sample)
             warm = True
         except Exception as error:  # noqa: BLE001 - the plan compiled in the background serves on
@@ -459,8 +480,9 @@ class Serving:
             going = new  # a copy that failed, or came too late (the session closed, another plan replaced it)
             if warm and serving and not self._closed:
                 new.plan = arm.plan  # with the decision recorded meanwhile
+                new.executor.fallback = self._fallback
                 for bucket in serving:
-                    bucket.current = new
+                    bucket.current, bucket.turn, bucket.round_ms = new, 0, []
                 self._arms.append(new)
                 going = arm
                 log.debug("%s serves at the callers' priority", new.label)
@@ -538,13 +560,13 @@ class Serving:
             try:
                 return self._jobs.get(timeout=0.2)
             except queue.Empty:
-                continue
+                self._renew_promoted()  # a verdict that came after `TRIAL_S`
         return None
 
     def _work(self) -> None:
         try:  # a background thread of its own priority (Linux: niceness is per thread), unless lower already
-            if os.getpriority(os.PRIO_PROCESS, 0) < 10:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+            if os.getpriority(os.PRIO_PROCESS, 0) < BACKGROUND_NICE:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
                 self._niced = True
         except (AttributeError, OSError):
             pass
@@ -592,12 +614,7 @@ class Serving:
                         bucket.turn, bucket.round_ms = 0, []  # rounds start together: the serving arm's first
                         bucket.round = round_calls(bucket.busy_s / max(bucket.calls, 1))
                 self._await(trial)
-                if trial.state == "faster" and trial.arm.niced and not self.stopped():
-                    try:  # beside no trial's calls: the next candidate is prepared after it
-                        self._renewing_s += priority.call(self._renewed, trial.arm, bucket.sample)
-                    except UhopError as error:
-                        log.debug("%s was not compiled again: %s", trial.label, first_line(error))
-                    self._spent = time.thread_time() - begun + self._renewing_s
+                self._renew_promoted()  # beside no trial's calls: the next candidate is prepared after it
             with self._lock:
                 bucket.sample, bucket.preparing, bucket.untried = None, False, untried
                 self._settle(bucket)

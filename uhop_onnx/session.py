@@ -28,7 +28,7 @@ from .graph import TensorInfo
 from .metadata import ModelMetadata
 from .plan import PLAN_FILE, Plan
 from . import priority
-from .adapt import Decisions, Serving, whole_model
+from .adapt import BACKGROUND_NICE, Decisions, Serving, whole_model
 from .cache import LARGE, cache_dir, device_fingerprint, model_digest
 from .loader import load_as_read, model_name
 from .providers import LAST_RESORT, quietly, resolve
@@ -390,8 +390,9 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
         with quietly():  # what reading the providers warns of was said at the start
             # probed here, off the caller's thread: one listed from its files alone may fail to import
             chosen = [p for p in resolve(specs, threads, strict, policy=policy) if p.present]
-            try:  # before a query or a compile starts them here, at nice 10
-                priority.call(lambda: [p.prime() for p in chosen])
+            try:  # before a query or a compile starts them here, at the background's niceness
+                if priority.below(BACKGROUND_NICE):
+                    priority.call(lambda: [p.prime() for p in chosen])
             except Exception as error:  # noqa: BLE001 - a runtime that cannot start them says so as it compiles
                 log.debug("the runtimes' shared threads were not started first: %s", first_line(error))
             # asked at the program's own inputs: a fixed-shape runtime (LiteRT) can then take what free
