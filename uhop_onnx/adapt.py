@@ -268,14 +268,11 @@ class Serving:
                 arm = self._last = bucket.current
                 counted = arm.niced  # a copy compiled again may replace it meanwhile (`_renewed`); no other
                 arm.running += counted
-            if not counted:
-                return arm.executor.run(output_names, feeds, host=host, timings=timings), arm.plan
             try:
                 return arm.executor.run(output_names, feeds, host=host, timings=timings), arm.plan
             finally:
-                with self._lock:
-                    arm.running -= 1
-                    arm.release()
+                if counted:
+                    self._ended(arm)
         with self._lock:
             arm = self._turn(bucket) if bucket.trials else bucket.current
             arm.running += 1
@@ -284,12 +281,16 @@ class Serving:
         try:
             results = arm.executor.run(output_names, feeds, host=host, timings=timings)
         except BaseException:
-            with self._lock:
-                arm.running -= 1
-                arm.release()
+            self._ended(arm)
             raise
         self._record(bucket, arm, (time.perf_counter() - start) * 1e3, feeds)
         return results, arm.plan
+
+    def _ended(self, arm: Arm) -> None:
+        """A run on `arm` (counted in its `running`) is over: it is closed if it was retired meanwhile."""
+        with self._lock:
+            arm.running -= 1
+            arm.release()
 
     def _bucket(self, feeds: Mapping[str, Any]) -> Bucket:
         seen = (tuple(feeds), tuple([v.shape if type(v) is np.ndarray else _dims(v) for v in feeds.values()]))
@@ -658,9 +659,7 @@ class Serving:
         try:
             want = serving.executor.run(None, bucket.sample)
         finally:
-            with self._lock:
-                serving.running -= 1
-                serving.release()
+            self._ended(serving)
         paces = []
         for _ in range(WARM_UP):
             start = time.perf_counter()
