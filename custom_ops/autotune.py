@@ -9,7 +9,6 @@ the CPU model and flags, the core count and the library build, so a new machine 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 from dataclasses import replace
@@ -18,12 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from uhop_onnx.cache import JsonTable, cache_dir, device_fingerprint
+from uhop_onnx.errors import logger
 from uhop_onnx.timing import calls_per_round, round_median
 
 from .library import Library
 from .spec import ALGORITHMS, OpSpec, Schedule, check_schedule, default_schedule
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 def fingerprint(lib: Library) -> str:

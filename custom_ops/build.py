@@ -9,7 +9,6 @@ cached file that no longer matches it is rebuilt.
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import shutil
 import subprocess
@@ -18,11 +17,11 @@ from functools import cache
 from pathlib import Path
 
 from uhop_onnx.cache import cache_dir
-from uhop_onnx.errors import UhopError
+from uhop_onnx.errors import UhopError, logger
 
 from .spec import TARGETS, host_target
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 BASE_FLAGS = ("-O3", "-std=c11", "-fno-math-errno", "-pthread", "-D_POSIX_C_SOURCE=200809L", "-D_ISOC11_SOURCE")
 

@@ -10,7 +10,6 @@ only one that passed there is loaded into the caller.
 from __future__ import annotations
 
 import hashlib
-import logging
 import pickle
 import signal
 import subprocess
@@ -23,13 +22,13 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from uhop_onnx.cache import JsonTable, cache_dir
-from uhop_onnx.errors import UhopError
+from uhop_onnx.errors import UhopError, logger
 
 from . import build, codegen
 from .library import Library
 from .spec import ALGORITHMS, Epilogue, LibrarySpec, Schedule, host_target
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 RTOL, ATOL = 1e-4, 1e-4
 RELU6 = Epilogue(lo=0.0, hi=6.0)

@@ -3,19 +3,18 @@ check its compile makes; and what an unlisted last resort may take."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Collection, Mapping
 
 import onnx
 
-from uhop_onnx.errors import CheckError, first_line
+from uhop_onnx.errors import CheckError, first_line, logger
 from uhop_onnx.graph import Graph
 from uhop_onnx.providers import Provider, Support
 from uhop_onnx.providers.capability import CapabilityTable, check
 
 from .extract import extract
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 def capabilities(model: onnx.ModelProto, graph: Graph, provider: Provider, query: bool = True,

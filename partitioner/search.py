@@ -42,7 +42,6 @@ are always timed in the run that compares them, never read from the cache.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
@@ -54,7 +53,7 @@ import numpy as np
 import onnx
 
 from uhop_onnx.cache import JsonTable
-from uhop_onnx.errors import MeasurementError, ProviderError, StageError, first_line
+from uhop_onnx.errors import MeasurementError, ProviderError, StageError, first_line, logger
 from uhop_onnx.executor import Executor, hand_over
 from uhop_onnx.inputs import feeds_digest
 from uhop_onnx.loader import saved, sha256
@@ -71,7 +70,7 @@ from .path import cheapest_path
 from .first_supported import first_supported
 from .placer import Analysis, Block, Candidate, Choice, Effort, Failure, Placement
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 NOISY = 0.25  # a cached figure whose spread is above this is measured again
 CHUNK = 8  # blocks measured together between two looks at the deadline

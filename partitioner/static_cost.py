@@ -3,7 +3,6 @@ the shapes the plan is built for; and, under it, why a node is off the board's p
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -11,14 +10,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from uhop_onnx.dtypes import numpy_dtype
-from uhop_onnx.errors import first_line
+from uhop_onnx.errors import first_line, logger
 from uhop_onnx.graph import Graph, Node
 from uhop_onnx.inputs import at_shapes, free_inputs, measured_shapes
 from uhop_onnx.samples import shapes_text
 
 from .placer import Analysis
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 if TYPE_CHECKING:
     from .static_placer import CostModel

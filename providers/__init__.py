@@ -13,7 +13,7 @@ from .kernels import KernelsProvider
 from .litert import LiteRt
 from .openvino import OpenVino
 from .ort import OrtCpu, OrtCuda, OrtQnn, OrtRocm, OrtTensorRT
-from .ort_names import ORT_NAMES, from_ort, quietly, warn
+from .ort_names import ORT_NAMES, from_ort, warn
 from .rknn import Rknn
 
 # Accelerators first; ort-cpu, the last resort, last.
@@ -49,7 +49,6 @@ __all__ = [
     "get_available_providers",
     "listed",
     "parse_spec",
-    "quietly",
     "resolve",
     "from_ort",
 ]

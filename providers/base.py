@@ -9,7 +9,6 @@ runtime, so a bundle can run them on a board that has nothing else.
 from __future__ import annotations
 
 import copy
-import logging
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -22,13 +21,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
-from uhop_onnx.errors import BundleError, CheckError, InputError, ProviderError, first_line
+from uhop_onnx.errors import BundleError, CheckError, InputError, ProviderError, first_line, logger
 from uhop_onnx.host import bounded_threads
 from uhop_onnx.inputs import free_inputs, shape_values
 
 from .capability import CapabilityTable, Support
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 if TYPE_CHECKING:
     import onnx

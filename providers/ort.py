@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import time
 from collections.abc import Iterable, Mapping
@@ -24,7 +23,7 @@ import numpy as np
 
 from uhop_onnx import ortlib
 from uhop_onnx.cache import JsonTable, cache_dir
-from uhop_onnx.errors import ProviderError, first_line
+from uhop_onnx.errors import ProviderError, first_line, logger
 from uhop_onnx.files import atomic_file
 
 from .base import FP32, Absent, Artifact, ArtifactFormat, Lowering, Provider, Runner, probe_model, quantized
@@ -34,7 +33,7 @@ from .quantize import offers, to_fp16
 if TYPE_CHECKING:
     import onnx
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 ORT_TABLE = CapabilityTable(
     provider="onnxruntime",

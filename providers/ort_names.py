@@ -11,14 +11,12 @@ options and refuses none, so every option given to it is ignored.
 from __future__ import annotations
 
 import os
-import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from uhop_onnx.errors import InputError, outside
+from uhop_onnx.errors import InputError, outside, quiet
 
 
 def _device_id(value: Any) -> int:
@@ -136,22 +134,8 @@ def from_ort(name: str, options: Mapping[str, Any]) -> tuple[str, dict[str, Any]
     return entry.ident, converted
 
 
-_QUIET = threading.local()
-
-
-@contextmanager
-def quietly() -> Iterator[None]:
-    """Within it, on this thread only, reading providers warns of nothing (a session reading its providers
-    again in the background, after it warned once)."""
-    _QUIET.on = True
-    try:
-        yield
-    finally:
-        _QUIET.on = False
-
-
 def warn(message: str) -> None:
     """A `UserWarning` about the providers asked for, pointed at the user's line, unless this thread is
-    `quietly` reading them."""
-    if not getattr(_QUIET, "on", False):
+    `quietly` doing a session's background work (which reads them again, after they were warned of once)."""
+    if not quiet():
         warnings.warn(message, UserWarning, stacklevel=outside())

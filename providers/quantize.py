@@ -19,7 +19,7 @@ import numpy as np
 
 from uhop_onnx import ortlib
 from uhop_onnx.cache import cache_dir
-from uhop_onnx.errors import first_line, missing_module
+from uhop_onnx.errors import first_line, logger, missing_module
 from uhop_onnx.files import atomic_file, temporary_folder
 from uhop_onnx.host import cpu_features, host_arch
 from uhop_onnx.inputs import feeds_digest
@@ -28,7 +28,7 @@ from uhop_onnx.inputs import feeds_digest
 if TYPE_CHECKING:
     import onnx
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 EXTRA = "pip install 'uhop-onnx[quantize]'"
 

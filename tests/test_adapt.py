@@ -423,6 +423,58 @@ def test_the_budget_counts_work_not_waiting():
     serving.close()
 
 
+# In its own process (its stderr as a program's, logging configured as the argument says): a session whose
+# candidate is a search with no budget, which warns of what it could not measure, on the background thread.
+QUIET_BACKGROUND = """
+import logging, sys, time
+
+from tests.conftest import random_feeds
+from uhop_onnx.adapt import Serving
+from uhop_onnx.errors import logger
+from uhop_onnx.models import BUILDERS
+from uhop_onnx.optimizer import optimize
+from uhop_onnx.runtime import compile_plan
+
+if sys.argv[1] != "none":
+    logging.basicConfig(level=getattr(logging, sys.argv[1]), format="%(levelname)s %(threadName)s: %(message)s")
+model = BUILDERS["cnn"]()
+feeds = random_feeds(model)
+starter = optimize(model, providers=["ort-cpu"], profile=False)
+logger("uhop_onnx.optimizer").warning("said on the caller's thread")
+
+def candidates(stopped, sample):
+    return {"search": lambda sample: optimize(model, providers=["ort-cpu", "openvino"], inputs=dict(sample),
+                                              budget=0.0)}
+
+serving = Serving(starter, compile_plan, "ort-cpu", candidates, explore_after_s=0.0)
+deadline = time.monotonic() + 120
+tried = []
+while not tried and time.monotonic() < deadline:
+    serving.run(None, feeds)
+    time.sleep(0.01)  # the background, at nice 10, gets the CPU
+    tried = [c for b in serving.adaptation.values() for c in b["candidates"] if c["state"] != "compiling"]
+print(tried)
+serving.close()
+"""
+
+
+@pytest.mark.parametrize("configured", ["none", "WARNING", "INFO"])
+def test_the_background_warns_at_info_off_a_programs_stderr(configured, tmp_path):
+    """What the background warns of (a search whose budget ran out) is said at INFO: on stderr only where the
+    program asked for INFO; the same warning on the caller's thread stays a warning."""
+    done = subprocess.run([sys.executable, "-c", QUIET_BACKGROUND, configured], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).parents[1],
+                          env={**os.environ, "UHOP_CACHE_DIR": str(tmp_path)})  # a search cached would not warn
+    assert done.returncode == 0 and "'search'" in done.stdout, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if "budget" in line or "caller's thread" in line]
+    assert "said on the caller's thread" in said[0] and (configured == "none" or said[0].startswith("WARNING"))
+    background = said[1:]
+    if configured == "INFO":
+        assert background and all(line.startswith("INFO uhop-adapt: ") for line in background), said
+    else:
+        assert not background, said
+
+
 def test_a_candidate_whose_outputs_differ_is_refused(tmp_path):
     model = BUILDERS["cnn"]()
     other = BUILDERS["cnn"](seed=9)  # the same graph with other weights

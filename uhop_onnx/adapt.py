@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import logging
 import math
 import os
 import queue
@@ -29,7 +28,7 @@ import onnx
 
 from .cache import JsonTable
 from .precision import compare
-from .errors import UhopError, first_line
+from .errors import UhopError, first_line, logger, quietly
 from .executor import Executor, Timing
 from .graph import declared_outputs, io_signatures
 from .metadata import ModelMetadata
@@ -37,7 +36,7 @@ from . import priority
 from .plan import Plan, Stage
 from .providers import Provider
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 EXPLORE_AFTER = 3  # calls at a bucket before its candidates are prepared, once they took EXPLORE_AFTER_S too
 EXPLORE_AFTER_S = 2.0  # seconds of calls at a bucket before it is worth exploring (short programs never pay)
@@ -520,6 +519,7 @@ class Serving:
             except RuntimeError:  # the interpreter is shutting down (a background settle after the program ended)
                 log.debug("%s: the program ended before its decision could be kept", bucket.key)
 
+    @quietly()
     def _kept(self, *decision: Any) -> None:
         """`Decisions.keep(*decision)`, on the keeper's thread, once the model's digest keys them."""
         try:
@@ -564,6 +564,7 @@ class Serving:
                 self._renew_promoted()  # a verdict that came after `TRIAL_S`
         return None
 
+    @quietly()  # what the background does stays off a program's stderr: its warnings are said at INFO
     def _work(self) -> None:
         try:  # a background thread of its own priority (Linux: niceness is per thread), unless lower already
             if os.getpriority(os.PRIO_PROCESS, 0) < BACKGROUND_NICE:

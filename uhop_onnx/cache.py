@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import platform
 import re
@@ -18,10 +17,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError, UhopError
+from .errors import InputError, UhopError, logger
 from .files import atomic_file, external_tensors, read_mapped
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 def cache_dir() -> Path:

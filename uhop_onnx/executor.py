@@ -6,7 +6,6 @@ search's sample runs all use it; imports only numpy, so a board needs nothing el
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import itemgetter
@@ -15,13 +14,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from .dtypes import TensorSig, onnx_type
-from .errors import CheckError, InputError, ProviderError, StageError, first_line
+from .errors import CheckError, InputError, ProviderError, StageError, first_line, logger
 from .providers.base import Runner
 
 if TYPE_CHECKING:
     from .plan import Stage
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 Timing = tuple[int, float, float]  # stage index, start and end (`time.perf_counter()` seconds)
 Check = Callable[[int, dict[str, Any]], dict[str, Any]]  # (stage index, its results) -> them, once checked

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,11 +13,11 @@ from google.protobuf import unknown_fields
 from google.protobuf.message import DecodeError, Message
 from onnx import external_data_helper, shape_inference
 
-from .errors import ModelError, first_line
+from .errors import ModelError, first_line, logger
 from .files import check_external_data, check_locations, read_mapped, skeleton
 from .graph import outer_inputs
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 MIN_OPSET = 1
 MIN_IR_VERSION = 3

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import warnings
 from dataclasses import replace
@@ -18,7 +17,7 @@ import onnx
 from onnx import numpy_helper
 
 from .cache import JsonTable, cache_dir, code_fingerprint, device_fingerprint, discard, model_digest, prune, touch
-from .errors import InputError, PlanError, TooLargeError, UhopError, first_line
+from .errors import InputError, PlanError, TooLargeError, UhopError, first_line, logger
 from .graph import Graph, declared_outputs
 from .inputs import Inputs, Shapes, free_inputs, inputs_digest, measured_shapes, profile_feeds
 from .loader import load, model_name, sha256
@@ -48,7 +47,7 @@ from .samples import check_runs_fit, reference_runs, shapes_text
 from .simplify import at_fixed_shapes, simplify
 from .timing import Deadline
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[ProviderSpec] | None = None,

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as Pending
 from typing import Any, TypeVar
 
-from .errors import UhopError
+from .errors import UhopError, quietly
 
 T = TypeVar("T")
 
@@ -65,6 +65,7 @@ def call(work: Callable[..., T], *args: Any) -> T:
                 raise UhopError("the thread of the callers' priority ended: the program is ending") from None
 
 
+@quietly()  # work for the background, whose warnings are said at INFO
 def _serve() -> None:
     while threading.main_thread().is_alive():
         try:

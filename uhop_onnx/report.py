@@ -4,20 +4,19 @@ Graphviz (`graph.dot`, and `graph.svg` where Graphviz's `dot` is installed)."""
 
 from __future__ import annotations
 
-import logging
 import shutil
 import subprocess
 from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import first_line
+from .errors import first_line, logger
 from .samples import shapes_text
 
 if TYPE_CHECKING:
     from .plan import Plan
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 COLOURS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f"]
 

@@ -3,7 +3,6 @@ with fallback, a stage that fails during a call is re-run on the last resort for
 
 from __future__ import annotations
 
-import logging
 import threading
 import warnings
 from contextlib import ExitStack
@@ -11,13 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from .errors import StageError, UhopError, first_line, outside
+from .errors import StageError, UhopError, first_line, logger, outside
 from .executor import Check, Executor
 from .graph import declared_outputs
 from .plan import Plan, Stage
 from .providers import LAST_RESORT, Runner, create
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 def compile_plan(plan: Plan, threads: int | None = None, fallback: bool = False,

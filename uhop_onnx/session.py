@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import logging
 import os
 import threading
 import time
@@ -21,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import TensorSig
-from .errors import FreeDimensionError, InputError, first_line
+from .errors import FreeDimensionError, InputError, first_line, logger
 from .executor import Executor, Timing
 from .files import atomic_file
 from .graph import TensorInfo
@@ -31,10 +30,10 @@ from . import priority
 from .adapt import BACKGROUND_NICE, Decisions, Serving, whole_model
 from .cache import LARGE, cache_dir, device_fingerprint, model_digest
 from .loader import load_as_read, model_name
-from .providers import LAST_RESORT, quietly, resolve
+from .providers import LAST_RESORT, resolve
 from .runtime import compile_plan
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 class InferenceSession:
@@ -387,23 +386,21 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
         from .optimizer import analyze, first_then_rest, optimize
         from .partitioner.capabilities import capabilities
 
-        with quietly():  # what reading the providers warns of was said at the start
-            # probed here, off the caller's thread: one listed from its files alone may fail to import
-            chosen = [p for p in resolve(specs, threads, strict, policy=policy) if p.present]
-            try:  # before a query or a compile starts them here, at the background's niceness
-                if priority.below(BACKGROUND_NICE):
-                    priority.call(lambda: [p.prime() for p in chosen])
-            except Exception as error:  # noqa: BLE001 - a runtime that cannot start them says so as it compiles
-                log.debug("the runtimes' shared threads were not started first: %s", first_line(error))
-            # asked at the program's own inputs: a fixed-shape runtime (LiteRT) can then take what free
-            # dimensions keep from it (a BERT's Shape arithmetic), as the search's does
-            a = analyze(source, specs, assign, threads, resolved=chosen, inputs=dict(sample))
+        # probed here, off the caller's thread (what reading them warns of was said at the start): one listed
+        # from its files alone may fail to import
+        chosen = [p for p in resolve(specs, threads, strict, policy=policy) if p.present]
+        try:  # before a query or a compile starts them here, at the background's niceness
+            if priority.below(BACKGROUND_NICE):
+                priority.call(lambda: [p.prime() for p in chosen])
+        except Exception as error:  # noqa: BLE001 - a runtime that cannot start them says so as it compiles
+            log.debug("the runtimes' shared threads were not started first: %s", first_line(error))
+        # asked at the program's own inputs: a fixed-shape runtime (LiteRT) can then take what free
+        # dimensions keep from it (a BERT's Shape arithmetic), as the search's does
+        a = analyze(source, specs, assign, threads, resolved=chosen, inputs=dict(sample))
 
         def search(sample: Mapping[str, np.ndarray]) -> Plan:
-            with quietly():  # a budget= given to the session is the search's
-                return optimize(source, providers=specs, assign=assign, threads=threads, strict=strict,
-                                policy=policy, inputs=dict(sample), stop=stopped,
-                                **{"budget": min(30.0, budget_s), **optimize_options})
+            return optimize(source, providers=specs, assign=assign, threads=threads, strict=strict, policy=policy,
+                            inputs=dict(sample), stop=stopped, **{"budget": min(30.0, budget_s), **optimize_options})
 
         recipes = {p.label: (lambda sample, label=p.label: first_then_rest(a, label, threads)) for p in a.providers}
         # element types a runtime computes otherwise than ONNX Runtime (OpenVINO's float16, in f32 between ops)

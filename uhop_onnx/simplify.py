@@ -5,7 +5,6 @@ Node names and graph input and output names are kept, so plans and assignments c
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 
 import numpy as np
@@ -13,9 +12,10 @@ import onnx
 import onnx_ir as ir
 from onnx_ir.passes import common
 
+from .errors import logger
 from .inputs import Shapes, at_shapes
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 class ConstantIdentityPass(ir.passes.InPlacePass):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import time
 from collections.abc import Iterable, Mapping
@@ -18,7 +17,7 @@ import numpy as np
 
 from uhop_onnx import ortlib
 from uhop_onnx.cache import JsonTable, cache_dir, prune, touch
-from uhop_onnx.errors import CheckError, ProviderError, first_line, missing_module
+from uhop_onnx.errors import CheckError, ProviderError, first_line, logger, missing_module
 from uhop_onnx.files import atomic_file
 from uhop_onnx.inputs import free_inputs
 from uhop_onnx.precision import FP32_TOLERANCE, compare
@@ -33,7 +32,7 @@ from .table import LITERT_TABLE
 if TYPE_CHECKING:
     import onnx
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 FP16_TOLERANCE = {"rtol": 1e-2, "atol": 1e-3}
 # int8 is checked for gross faults only: the error's norm within a tenth of the output's (on random inputs a few

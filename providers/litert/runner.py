@@ -3,7 +3,6 @@ have only that), with XNNPACK on CPU or an external delegate."""
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import threading
@@ -14,12 +13,12 @@ from typing import Any
 import numpy as np
 
 from uhop_onnx import ortlib
-from uhop_onnx.errors import ProviderError
+from uhop_onnx.errors import ProviderError, logger
 
 from ..base import Pool, Runner
 from . import delegates
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 def interpreter_module():

@@ -25,7 +25,6 @@ the tolerance the precision gate passed it at (the manifest records that one).
 
 from __future__ import annotations
 
-import logging
 import os
 import platform
 from collections.abc import Iterable, Mapping
@@ -36,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from uhop_onnx.errors import ProviderError
+from uhop_onnx.errors import ProviderError, logger
 
 from ..base import FP32, Absent, Artifact, ArtifactFormat, Lowering, Provider, Runner, output_dtypes
 from . import cores
@@ -51,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Rknn"]
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 SETUP = "uhop-onnx setup rknn"  # makes the toolkit environment: conversion and the simulator, on any host
 

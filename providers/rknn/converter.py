@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import re
 import select
 import subprocess
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from uhop_onnx import ortlib
-from uhop_onnx.errors import ProviderError
+from uhop_onnx.errors import ProviderError, logger
 
 from ..base import Runner, output_dtypes
 from .runner import named_outputs
@@ -31,7 +30,7 @@ from .table import DTYPES, FP16_TOLERANCE, TARGETS
 if TYPE_CHECKING:
     import onnx
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 PROTOCOL = 1
 WORKER = Path(__file__).with_name("worker.py")
