@@ -11,8 +11,8 @@ For each model, at the shapes its users call it with:
   (`measure.time_candidates`), `--processes` of each (fresh processes land differently on a shared VM: the
   same plan has measured 1.6x apart in two of them); per runtime the minimum of the round medians over its
   processes (each process's shown), and uhop-onnx over the fastest single runtime; then the session and that
-  runtime once more, beside the same runtime in as many other processes: the ratio of that runtime to itself is
-  the noise between processes, which a ratio of uhop-onnx within it cannot be told from.
+  runtime once more, beside the same runtime in as many other processes: a uhop-onnx/runtime ratio no further
+  from 1 than that runtime's ratio to itself is within the noise between processes (one sample of it).
 
     python benchmarks/adapt.py [--models yolov8n,ocr-det,...] [--rounds 3] [--settle 90] [--processes 3]
                                [--start-only]
@@ -184,20 +184,21 @@ def compare(name: str, rounds: int, settle: float, start_only: bool, processes: 
     steady = _steady(runtimes, path, feeds, rounds, processes)
     singles = {n: f["ms"] for n, f in steady.items() if n != "uhop adaptive" and f["ms"] is not None}
     for n, f in steady.items():
-        text = f"{f['ms']:.3f} ms" if f["ms"] is not None else f"failed: {f['error']}"
-        print(f"  steady {n:14s} {text}  (per process: {f['each']})  {' > '.join(f['stages'])}")
+        print(f"  steady {n:14s} {_figure(f)}  (per process: {f['each']})  {' > '.join(f['stages'])}")
     uhop = steady["uhop adaptive"]["ms"]
     if uhop is None or not singles:
         return
     fastest = min(singles, key=singles.get)
     print(f"  steady: uhop / fastest single runtime ({fastest}) = {uhop / singles[fastest]:.3f}")
     # the noise between processes: the session and the fastest runtime again, beside that runtime measured twice
-    again = [r for r in runtimes if r[0] in ("uhop adaptive", fastest)]
-    again.append((f"{fastest} again", *again[-1][1:]))
-    duel = {n: f["ms"] for n, f in _steady(again, path, feeds, rounds, processes).items()}
-    if None not in duel.values():
-        print(f"  steady, measured again: uhop / {fastest} = {duel['uhop adaptive'] / duel[fastest]:.3f}; "
-              f"{fastest} / {fastest} in other processes = {duel[f'{fastest} again'] / duel[fastest]:.3f}")
+    spec = next(r for r in runtimes if r[0] == fastest)
+    duel = _steady([runtimes[0], spec, (f"{fastest} again", *spec[1:])], path, feeds, rounds, processes)
+    for n, f in duel.items():
+        print(f"  again  {n:14s} {_figure(f)}  (per process: {f['each']})")
+    ms = [f["ms"] for f in duel.values()]
+    if None not in ms:
+        print(f"  steady, measured again: uhop / {fastest} = {ms[0] / ms[1]:.3f}; {fastest} / {fastest} in other "
+              f"processes (the noise between processes) = {ms[2] / ms[1]:.3f}")
 
 
 def _steady(runtimes: list[tuple[str, str, str]], path: Path, feeds: dict, rounds: int, processes: int) -> dict:
@@ -208,6 +209,10 @@ def _steady(runtimes: list[tuple[str, str, str]], path: Path, feeds: dict, round
                   for k in range(processes) for name, spec, build in runtimes]
     figures = time_candidates(candidates, str(path), feeds, None, rounds=max(5, rounds), one_by_one=True)
     return {name: _over_processes([figures[f"{name} #{k + 1}"] for k in range(processes)]) for name, *_ in runtimes}
+
+
+def _figure(f: dict) -> str:
+    return f"{f['ms']:.3f} ms" if f["ms"] is not None else f"failed: {f['error']}"
 
 
 def _over_processes(figures: list[dict]) -> dict:

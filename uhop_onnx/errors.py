@@ -129,8 +129,10 @@ _QUIET = threading.local()
 
 @contextmanager
 def quietly() -> Iterator[None]:
-    """Within it, on this thread only (a session's background work), `quiet()` is true: the warnings of
-    uhop-onnx's `logger`s are said at INFO, off a program's stderr unless it asked for INFO."""
+    """Within it, on this thread only (a session's background work), `quiet()` is true: the warnings and errors
+    of uhop-onnx's `logger`s are said at INFO, logging's last resort (a program that configured no logging)
+    prints no library's, the providers' `UserWarning`s (said at the start) are not repeated, and a stage's
+    fallback is warned of on a caller's call."""
     before, _QUIET.on = quiet(), True
     try:
         yield
@@ -141,6 +143,10 @@ def quietly() -> Iterator[None]:
 def quiet() -> bool:
     """Whether this thread is within `quietly`."""
     return getattr(_QUIET, "on", False)
+
+
+if logging.lastResort is not None:  # other libraries' warnings there too (onnxscript's constant folding)
+    logging.lastResort.addFilter(lambda record: not quiet())
 
 
 def logger(name: str) -> logging.Logger:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import StageError, UhopError, first_line, logger, outside
+from .errors import StageError, UhopError, first_line, logger, outside, quiet
 from .executor import Check, Executor
 from .graph import declared_outputs
 from .plan import Plan, Stage
@@ -84,8 +84,9 @@ class LastResort:
             entry = self.plan.fallbacks.setdefault(k, {"provider": LAST_RESORT, "count": 0, "last_error": ""})
             entry["count"] += 1
             entry["last_error"] = first_line(error)
-            first = k not in self._warned
-            self._warned.add(k)
+            first = k not in self._warned and not quiet()  # said to a caller, not to the background
+            if first:
+                self._warned.add(k)
             if k not in self.runners:
                 self.runners[k] = compile_stage(self.plan, stage, self.threads, on=LAST_RESORT)
             runner = self.runners[k]

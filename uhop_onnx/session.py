@@ -398,7 +398,7 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
         # dimensions keep from it (a BERT's Shape arithmetic), as the search's does
         a = analyze(source, specs, assign, threads, resolved=chosen, inputs=dict(sample))
 
-        def search(sample: Mapping[str, np.ndarray]) -> Plan:
+        def search(sample: Mapping[str, np.ndarray]) -> Plan:  # a budget= given to the session is the search's
             return optimize(source, providers=specs, assign=assign, threads=threads, strict=strict, policy=policy,
                             inputs=dict(sample), stop=stopped, **{"budget": min(30.0, budget_s), **optimize_options})
 
