@@ -268,7 +268,10 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
         names = [c.name for c in candidates if c.name not in errors]
         order = random.Random(0)
         for r in range(rounds if names else 0):
-            if deadline is not None and (deadline.abandoned or r >= 3 and deadline.passed):
+            if deadline is not None and deadline.abandoned:  # a worker ready meanwhile has no figure either
+                errors.update({name: LATE for name in names if name not in errors})
+                break
+            if deadline is not None and r >= 3 and deadline.passed:
                 break
             for name in order.sample(names, len(names)):
                 if deadline is not None and deadline.abandoned:
