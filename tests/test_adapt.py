@@ -623,6 +623,27 @@ def test_a_closed_session_says_so_when_run(adapt):
         session.run(None, feeds)
 
 
+class _ClosingFeed:
+    """An input whose first reading closes `session`: a `close` on another thread overtaking the call."""
+
+    def __init__(self, array, session):
+        self.array, self.session = array, session
+
+    @property
+    def shape(self):
+        self.session.close()
+        return self.array.shape
+
+
+def test_a_call_that_close_overtakes_says_so():
+    model = BUILDERS["cnn"]()
+    feeds = random_feeds(model)
+    session = uhop_onnx.InferenceSession(model.SerializeToString())
+    session.run(None, feeds)
+    with pytest.raises(uhop_onnx.UhopError, match="closed while this call ran"):
+        session.run(None, {name: _ClosingFeed(value, session) for name, value in feeds.items()})
+
+
 def test_a_plan_is_not_adapted_unless_asked(tmp_path):
     model = BUILDERS["cnn"]()
     plan = optimize(model, providers=["ort-cpu"], profile=False)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import TensorSig
-from .errors import FreeDimensionError, InputError, first_line, logger
+from .errors import FreeDimensionError, InputError, UhopError, first_line, logger
 from .executor import Executor, Timing
 from .files import atomic_file
 from .graph import TensorInfo
@@ -184,7 +184,7 @@ class InferenceSession:
 
     def close(self) -> None:
         """Release every stage's runtime now (it happens anyway when the session is garbage-collected); a run
-        started after it returns raises `UhopError`."""
+        started after it, or one it overtakes on another thread, raises `UhopError`."""
         self._close()
 
     # running
@@ -242,11 +242,17 @@ class InferenceSession:
         return name
 
     def _run(self, output_names, feeds, host: bool = True, timings: list[Timing] | None = None) -> list[Any]:
-        if self._trace is None and timings is None:
-            return self._serving.run(output_names, feeds, host=host)[0]
-        timings = [] if timings is None else timings
-        start = time.perf_counter()
-        results, plan = self._serving.run(output_names, feeds, host=host, timings=timings)
+        try:
+            if self._trace is None and timings is None:
+                return self._serving.run(output_names, feeds, host=host)[0]
+            timings = [] if timings is None else timings
+            start = time.perf_counter()
+            results, plan = self._serving.run(output_names, feeds, host=host, timings=timings)
+        except Exception as error:  # a call that `close` overtook fails in whatever way its runtime does
+            if self._close.alive or type(error) is UhopError:  # open, or closed before the call began
+                raise
+            raise UhopError("the session was closed while this call ran: its runtimes were released; make a new "
+                            "session to run again") from error
         if self._trace is not None:
             self._record(plan, start, time.perf_counter(), timings)
         return results
