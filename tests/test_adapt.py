@@ -616,7 +616,7 @@ def test_adapt_off_keeps_one_plan():
 def test_a_closed_session_says_so_when_run(adapt):
     model = BUILDERS["cnn"]()
     feeds = random_feeds(model)
-    session = uhop_onnx.InferenceSession(model.SerializeToString(), adapt=adapt)
+    session = uhop_onnx.InferenceSession(model.SerializeToString(), adapt=adapt, profile=adapt)
     session.run(None, feeds)
     session.close()
     with pytest.raises(uhop_onnx.UhopError, match="the session is closed"):
