@@ -262,6 +262,10 @@ class Serving:
             return self.starter.executor.run(output_names, feeds, host=host, timings=timings), self.starter.plan
         bucket = self._bucket(feeds)
         if bucket.settled:  # decided, nothing on trial: its plan serves, untimed
+            arm = self._last = bucket.current
+            if not arm.niced:  # retired by nothing but `close`: uncounted, unlocked
+                bucket.calls += 1  # for the record: calls at once may each count only once between them
+                return arm.executor.run(output_names, feeds, host=host, timings=timings), arm.plan
             with self._lock:
                 bucket.calls += 1
                 arm = self._last = bucket.current
