@@ -264,7 +264,7 @@ class Serving:
         if bucket.settled:  # decided, nothing on trial: its plan serves, untimed
             arm = self._last = bucket.current
             if not arm.niced:  # retired by nothing but `close`: uncounted, unlocked
-                bucket.calls += 1  # for the record: calls at once may each count only once between them
+                bucket.calls += 1  # for the record: two calls at the same instant may count as one
                 return arm.executor.run(output_names, feeds, host=host, timings=timings), arm.plan
             with self._lock:
                 bucket.calls += 1
