@@ -507,6 +507,19 @@ def test_shape_buckets_are_exact_then_rounded_up_to_powers_of_two():
     serving.close()
 
 
+def test_a_call_of_several_inputs_is_bucketed_by_each():
+    io = [onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, ["n"]) for name in "aby"]
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Add", ["a", "b"], ["y"])], "add", io[:2], io[2:])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+    serving = Serving(optimize(model, providers=["ort-cpu"], profile=False), compile_plan, "ort-cpu",
+                      lambda stopped, sample: {})
+    for n in (3, 5, 3):
+        [y], _ = serving.run(None, {"a": np.ones(n, np.float32), "b": np.full(n, 2, np.float32)})
+        np.testing.assert_array_equal(y, np.full(n, 3, np.float32))
+    assert {key: b["calls"] for key, b in serving.adaptation.items()} == {"a: 3, b: 3": 2, "a: 5, b: 5": 1}
+    serving.close()
+
+
 def test_a_search_at_another_buckets_shapes_gets_its_own_plan():
     """A candidate whose plan depends on the bucket's sample (the measured search) is made again at each
     bucket: the plan found at one bucket's shapes is not served at another's just because they share a label."""

@@ -24,6 +24,14 @@ def session():
     return uhop_onnx.InferenceSession(resnet(), providers=["ort-cpu"], profile=False)
 
 
+@pytest.fixture(scope="module")
+def adapting():
+    """An adapting session, its background search given no time."""
+    adapting = uhop_onnx.InferenceSession(resnet(), providers=["ort-cpu"], adapt_budget=0)
+    yield adapting
+    adapting.close()
+
+
 def test_signatures_look_like_onnxruntime(session):
     [x] = session.get_inputs()
     assert (x.name, x.type, x.shape) == ("input", "tensor(float)", [1, 3, 32, 32])
@@ -40,10 +48,12 @@ def test_signatures_look_like_onnxruntime(session):
     ({"input": np.zeros((1, 3, 32, 31), np.float32)}, "dimension 3 must be 32"),
     ({"input": [[1.0]]}, "rank 2.*expects rank 4"),
     ({"input": "text"}, "is a str; pass a numpy array, a list or an OrtValue"),
+    ([np.zeros((1, 3, 32, 32), np.float32)], "feeds must be a dict of input name -> numpy array, got list"),
 ])
-def test_bad_feeds_are_named(session, feeds, message):
+@pytest.mark.parametrize("which", ["session", "adapting"])
+def test_bad_feeds_are_named(request, which, feeds, message):
     with pytest.raises(InputError, match=message):
-        session.run(None, feeds)
+        request.getfixturevalue(which).run(None, feeds)
 
 
 def test_unknown_output_name(session):

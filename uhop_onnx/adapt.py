@@ -260,7 +260,12 @@ class Serving:
             raise UhopError("the session is closed: its runtimes were released; make a new session to run again")
         if self._candidates is None:  # one plan: nothing to choose or time
             return self.starter.executor.run(output_names, feeds, host=host, timings=timings), self.starter.plan
-        bucket = self._bucket(feeds)
+        if len(feeds) == 1:  # most models: (name, dims) found in half the time
+            for name, value in feeds.items():
+                seen: tuple = (name, value.shape if type(value) is np.ndarray else _dims(value))
+        else:  # (names, their dims)
+            seen = (tuple(feeds), tuple([v.shape if type(v) is np.ndarray else _dims(v) for v in feeds.values()]))
+        bucket = self._by_shapes.get(seen) or self._bucket(seen, feeds)
         if bucket.settled:  # decided, nothing on trial: its plan serves, untimed
             arm = self._last = bucket.current
             if not arm.niced:  # retired by nothing but `close`: uncounted, unlocked
@@ -295,14 +300,10 @@ class Serving:
             arm.running -= 1
             arm.release()
 
-    def _bucket(self, feeds: Mapping[str, Any]) -> Bucket:
-        seen = (tuple(feeds), tuple([v.shape if type(v) is np.ndarray else _dims(v) for v in feeds.values()]))
-        bucket = self._by_shapes.get(seen)
-        if bucket is not None:
-            return bucket
-        shapes = tuple(zip(*seen))  # (name, dims) per feed
+    def _bucket(self, seen: tuple, feeds: Mapping[str, Any]) -> Bucket:
+        """The bucket of a call's feeds, made at their first call; `seen` then finds it without the lock."""
+        shapes = tuple((name, _dims(value)) for name, value in feeds.items())
         with self._lock:
-            exact = seen
             if shapes not in self._exact and len(self._exact) >= EXACT_BUCKETS:
                 shapes = tuple((name, tuple(_pow2(d) for d in dims)) for name, dims in shapes)
             else:
@@ -311,7 +312,7 @@ class Serving:
             if key not in self._buckets:
                 self._buckets[key] = self._new_bucket(key)
             if len(self._by_shapes) < 4 * EXACT_BUCKETS:  # the shapes seen most, found without the lock
-                self._by_shapes[exact] = self._buckets[key]
+                self._by_shapes[seen] = self._buckets[key]
             return self._buckets[key]
 
     def _new_bucket(self, key: str) -> Bucket:

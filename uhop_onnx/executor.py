@@ -77,7 +77,7 @@ class Executor:
             timings: list[Timing] | None = None) -> list[Any]:
         """The model's outputs in `output_names` order (all outputs when None): host arrays, or with
         `host=False` left where their stage put them. `timings` receives each stage's run time."""
-        wanted = self._check_outputs(output_names)
+        wanted = self.outputs if output_names is None else self._check_outputs(output_names)
         if self._whole and timings is None and _native_arrays(input_feed.values()):
             runner = self.runners[0]
             try:
@@ -154,8 +154,7 @@ class Executor:
         return list(output_names)
 
     def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        if not isinstance(feeds, Mapping):
-            raise InputError(f"feeds must be a dict of input name -> numpy array, got {type(feeds).__name__}")
+        mapping(feeds)
         unknown = [n for n in feeds if n not in self._signatures and n not in self.overridable]
         if unknown:
             raise InputError(f"unknown input(s) {', '.join(map(repr, unknown))}; {_describe(self.inputs)}")
@@ -170,6 +169,12 @@ class Executor:
         known = self._tensor_inputs.get(name)
         return (known is not None and type(value) is np.ndarray and value.dtype == known[0]
                 and _fits(value.shape, *known[1:]))
+
+
+def mapping(feeds: Any) -> None:
+    """Refuses feeds that are not a mapping of input name -> value."""
+    if not isinstance(feeds, Mapping):
+        raise InputError(f"feeds must be a dict of input name -> numpy array, got {type(feeds).__name__}")
 
 
 def _native_arrays(values: Iterable[Any]) -> bool:

@@ -21,7 +21,7 @@ import numpy as np
 
 from .dtypes import TensorSig
 from .errors import FreeDimensionError, InputError, UhopError, first_line, logger
-from .executor import Executor, Timing
+from .executor import Executor, Timing, mapping
 from .files import atomic_file
 from .graph import TensorInfo
 from .metadata import ModelMetadata
@@ -249,6 +249,7 @@ class InferenceSession:
             start = time.perf_counter()
             results, plan = self._serving.run(output_names, feeds, host=host, timings=timings)
         except Exception as error:  # a call that `close` overtook fails in whatever way its runtime does
+            mapping(feeds)  # feeds of another kind fail at their first use: said as such
             if self._close.alive or type(error) is UhopError:  # open, or closed before the call began
                 raise
             raise UhopError("the session was closed while this call ran: its runtimes were released; make a new "
