@@ -195,3 +195,19 @@ def test_a_script_run_in_the_source_checkout_finds_the_subpackages_kept_beside_u
     done = subprocess.run([sys.executable, "-", str(root)], input=script, cwd=root, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_call_missing_an_input_raises_and_onnx_runtime_prints_nothing():
+    """ONNX Runtime's native run, which a one-stage plan on it calls, finds a missing input only when a node reads
+    it, and logged that at its error severity beside the `InputError` raised: a program's stderr gets nothing
+    now (a fresh process: the severity is process-wide)."""
+    script = ("import numpy as np, uhop_onnx\n"
+              "from uhop_onnx.models import mlp\n"
+              "session = uhop_onnx.InferenceSession(mlp().SerializeToString(), adapt=False)\n"
+              "try:\n"
+              "    session.run(None, {})\n"
+              "except uhop_onnx.InputError as error:\n"
+              "    print(error)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "missing input(s) 'input'" in done.stdout, done.stderr[-2000:]
+    assert "onnxruntime" not in done.stderr, done.stderr

@@ -52,8 +52,9 @@ def _bind() -> SimpleNamespace:
     return SimpleNamespace(__version__=onnxruntime.__version__, **names)
 
 
-# ONNX Runtime's log severity for the sessions uhop-onnx creates: 3 (errors are raised, not logged).
-_log_severity = 3
+# ONNX Runtime's log severity for the sessions uhop-onnx creates: 4 (fatal only: its errors reach the caller
+# raised, with their message, and are not printed beside that).
+_log_severity = 4
 
 
 def set_log_severity(level: int) -> None:
@@ -65,7 +66,7 @@ def set_log_severity(level: int) -> None:
 
 
 def log_severity() -> int:
-    """The severity `set_log_severity` set (3 unless set)."""
+    """The severity `set_log_severity` set (4 unless set)."""
     return _log_severity
 
 
