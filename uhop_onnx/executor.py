@@ -142,9 +142,7 @@ class Executor:
                 raise ProviderError(f"output {name!r} has shape {list(shape)}, expected {expected}")
         return results
 
-    def _check_outputs(self, output_names: Sequence[str] | None) -> list[str]:
-        if output_names is None:
-            return self.outputs
+    def _check_outputs(self, output_names: Sequence[str]) -> list[str]:
         if isinstance(output_names, str):
             raise InputError(f"output_names must be a list of names, not the string {output_names!r}")
         unknown = [n for n in output_names if n not in self.outputs]
