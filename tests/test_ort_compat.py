@@ -211,6 +211,16 @@ def test_free_dimensions_nobody_sized_are_placed_without_measuring():
         uhop_onnx.optimize(attention(), providers=["ort-cpu"])
 
 
+@pytest.mark.parametrize("adapt", [True, False])
+@pytest.mark.parametrize("names", [[], ()])
+def test_no_output_names_means_every_output_as_in_onnxruntime(adapt, names):
+    model = cnn()
+    feeds = {"input": np.random.default_rng(0).random((1, 3, 32, 32), dtype=np.float32)}
+    session = uhop_onnx.InferenceSession(model.SerializeToString(), adapt=adapt, adapt_budget=0)
+    assert_matches(session.run(names, feeds), reference(model, feeds))
+    session.close()
+
+
 def test_input_error_is_a_value_error():
     assert issubclass(InputError, ValueError)
 

@@ -75,9 +75,9 @@ class Executor:
 
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], *, host: bool = True,
             timings: list[Timing] | None = None) -> list[Any]:
-        """The model's outputs in `output_names` order (all outputs when None): host arrays, or with
+        """The model's outputs in `output_names` order (all outputs when None or empty): host arrays, or with
         `host=False` left where their stage put them. `timings` receives each stage's run time."""
-        wanted = self.outputs if output_names is None else self._check_outputs(output_names)
+        wanted = self._check_outputs(output_names) if output_names else self.outputs  # [] too, as in ONNX Runtime
         if self._whole and timings is None and _native_arrays(input_feed.values()):
             runner = self.runners[0]
             try:
@@ -91,7 +91,7 @@ class Executor:
         values: dict[str, Any] = {**self._check_feeds(input_feed), **self.constants}
         origin: dict[str, Runner] = {}
         # A host array goes to any stage as it is (`hand_over` would give it back): only other values are handed.
-        for k in self._all_stages if output_names is None else stages_for(self.stages, wanted):
+        for k in self._all_stages if not output_names else stages_for(self.stages, wanted):
             stage, runner = self.stages[k], self.runners[k]
             feeds = {name: value if type(value := values[name]) is np.ndarray
                      else hand_over(value, origin.get(name), runner) for name in stage.inputs if name in values}

@@ -191,8 +191,8 @@ class InferenceSession:
 
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
             run_options: Any = None) -> list[np.ndarray]:
-        """Run the model; outputs in `output_names` order (all of `get_outputs()` when None). `run_options`
-        (an `onnxruntime.RunOptions`) is accepted; nothing in it changes how uhop-onnx runs."""
+        """Run the model; outputs in `output_names` order (all of `get_outputs()` when None or empty).
+        `run_options` (an `onnxruntime.RunOptions`) is accepted; nothing in it changes how uhop-onnx runs."""
         return self._run(output_names, input_feed)
 
     def run_with_timings(self, output_names: Sequence[str] | None,
