@@ -27,7 +27,8 @@ import numpy as np
 import onnx
 
 from .cache import JsonTable
-from .precision import compare
+from .precision import Tolerance, compare
+from .precision.own import FP32_CHECK, describe
 from .errors import UhopError, first_line, logger, quietly
 from .executor import Executor, Timing
 from .graph import declared_outputs, io_signatures
@@ -56,24 +57,26 @@ TRIAL_S = 60.0  # how long the background waits for a trial to end before prepar
 EXACT_BUCKETS = 8  # distinct shape sets kept exact; beyond, free axes are rounded up to powers of two
 UNNAMED_S = 60.0  # a kept plan no decision names any more is removed after this long (a reader may be loading it)
 BACKGROUND_NICE = 10  # the background thread's niceness
-FP32_CHECK = {"rtol": 2e-4, "atol": 2e-5}  # two fp32 plans, each within rtol 1e-4, atol 1e-5 of ONNX Runtime
 
 Recipe = Callable[[Mapping[str, np.ndarray]], Plan]  # a bucket's sample feeds -> a candidate plan
 # (stopped, the first explored bucket's sample feeds) -> label -> recipe
 Candidates = Callable[[Callable[[], bool], Mapping[str, np.ndarray]], Mapping[str, Recipe]]
 # An earlier process's decision for a bucket: (label, plan or None for the starter, calls seen when it was decided,
-# the candidates to try once more)
-Decided = tuple[str, Plan | None, int, tuple[str, ...]]
+# the candidates to try once more, the candidates ONNX Runtime refused with why)
+Decided = tuple[str, Plan | None, int, tuple[str, ...], Mapping[str, str]]
 
 
 class Arm:
-    """A compiled plan that serves calls; closed once retired and no call runs on it."""
+    """A compiled plan that serves calls; closed once retired and no call runs on it. A `refereed` arm (a
+    candidate, a plan kept by an earlier process) serves only calls whose floating-point feeds are all finite:
+    the referee (ONNX Runtime) serves the others, as runtimes differ on NaN and Inf."""
 
-    def __init__(self, label: str, plan: Plan, executor: Executor):
+    def __init__(self, label: str, plan: Plan, executor: Executor, refereed: bool = True):
         self.label, self.plan, self.executor = label, plan, executor
         self.running = 0
         self.retired = False
         self.niced = False  # compiled on the background thread: its runtime's threads run at nice 10
+        self.refereed = refereed
 
     def release(self) -> None:
         """Close the executor if the arm is retired and idle (called under the serving lock)."""
@@ -85,8 +88,9 @@ class Arm:
 @dataclass
 class Trial:
     """A candidate's record at one bucket: the medians of its rounds of calls, each paired with the serving
-    plan's round just before, and its state: compiling, trying, faster, slower, within noise, dropped or
-    failed."""
+    plan's round just before, and its state: compiling, trying, then `faster`, `slower` (dropped at once when
+    1.5x the serving plan's time), `within noise`, `refused` (it failed, or disagreed with ONNX Runtime:
+    `error`, and `tolerance` where it was compared) or `untried` (`why`)."""
 
     label: str
     arm: Arm | None = None
@@ -96,6 +100,10 @@ class Trial:
     round: int = ROUND  # calls per round at its pace (`round_calls`: its warm-up's, then its last round's)
     calls: int = 0  # its calls in its rounds
     error: str = ""
+    tolerance: str = ""  # the rule it was held to against ONNX Runtime, in words
+    why: str = ""  # why it was not tried
+    max_error: float | None = None  # its largest absolute error against ONNX Runtime on the bucket's sample
+    dropped: bool = False  # found slower on its first rounds (`DROP_RATIO`)
 
     def ratio_interval(self) -> tuple[float, float, float]:
         """The median of its/serving time ratios and a distribution-free 95% interval for it."""
@@ -111,8 +119,11 @@ class Trial:
             median, low, high = self.ratio_interval()
             entry["ms"] = round(float(np.median([mine for mine, _ in self.pairs])), 4)
             entry["interval"] = [round(low, 3), round(high, 3)]  # of its time over the serving plan's
-        if self.error:
-            entry["error"] = self.error
+        for key in ("error", "tolerance", "why"):
+            if getattr(self, key):
+                entry[key] = getattr(self, key)
+        if self.max_error is not None:
+            entry["max_abs_error"] = float(f"{self.max_error:.4g}")
         return entry
 
 
@@ -139,10 +150,18 @@ class Bucket:
     retrying: bool = False  # it tries the candidates an earlier process dropped on their first rounds, once more
     untried: list[str] | None = None  # once explored, the candidates left untried (none: a decision to keep)
     sample: dict[str, np.ndarray] | None = None
+    reference: list[Any] | None = None  # the referee's outputs on `sample`
+    refused: dict[str, str] = field(default_factory=dict)  # candidate -> why ONNX Runtime refused it, kept
+    unverified: bool = False  # serves a plan kept by an earlier process, not yet compared with the referee
+    settle: bool = False  # settled once verified
+    verifying: threading.Lock = field(default_factory=threading.Lock)
 
     def to_json(self) -> dict[str, Any]:
+        earlier = [{"label": label, "state": "refused", "calls": 0, "ms": None, "interval": None, "error": why}
+                   for label, why in self.refused.items() if label not in self.trials]
         return {"bucket": self.key, "calls": self.calls, "serving": self.current.label,
-                "candidates": [t.to_json() for t in self.trials.values()], "decision": self.decision}
+                "candidates": [t.to_json() for t in self.trials.values()] + earlier,
+                "decision": self.decision}
 
     def decided(self) -> None:
         """Record the decision in the serving plan, as a plan it saves shows it (`explain`)."""
@@ -181,18 +200,23 @@ class Serving:
     def __init__(self, starter: Plan, compile: Callable[[Plan], Executor], label: str,
                  candidates: Candidates | None = None, *,
                  budget_s: float = 60.0, explore_after_s: float = EXPLORE_AFTER_S,
-                 tolerance: Mapping[str, float] = FP32_CHECK,
+                 tolerances: Callable[[], Mapping[str, Tolerance]] = dict,
                  decisions: Decisions | Callable[[], Decisions] | None = None,
                  decided: Mapping[str, Decided] | None = None,
                  recheck: str | None = None, unplaced: Callable[[], tuple[str, Plan]] | None = None,
-                 per_bucket: Collection[str] = ()):
+                 referee: Callable[[], Plan] | None = None, plain: bool = False, per_bucket: Collection[str] = ()):
         self._compile, self._candidates, self._per_bucket = compile, candidates, frozenset(per_bucket)
         self._recipes: Mapping[str, Recipe] | None = None  # the candidates, once the background work asked
-        self._budget_s, self._tolerance, self.decisions = budget_s, dict(tolerance), decisions
+        self._budget_s, self.decisions = budget_s, decisions
+        self._tolerances: Callable[[], Mapping[str, Tolerance]] | Mapping[str, Tolerance] = tolerances
         self._explore_after_s = explore_after_s
         self._lock = threading.Lock()
         self._fallback = False
-        self.starter = self._arm(label, starter)
+        self.starter = self._arm(label, starter, refereed=unplaced is not None)
+        # ONNX Runtime running the model itself: the starter, unless `referee` builds it (made when first needed)
+        self._make_referee, self._plain = referee, plain
+        self._referee: Arm | None = None if referee is not None else self.starter
+        self._refereeing = threading.Lock()
         self._arms: list[Arm] = [self.starter]  # every plan compiled, not retired; shared where buckets try one plan
         self._decided = dict(decided or {})  # bucket -> what an earlier process decided
         self._recheck, self._unplaced = recheck, unplaced
@@ -267,7 +291,12 @@ class Serving:
             seen = (tuple(feeds), tuple([v.shape if type(v) is np.ndarray else _dims(v) for v in feeds.values()]))
         bucket = self._by_shapes.get(seen) or self._bucket(seen, feeds)
         if bucket.settled:  # decided, nothing on trial: its plan serves, untimed
-            arm = self._last = bucket.current
+            arm = bucket.current
+            if arm.refereed and not _finite(feeds):  # the referee serves it (see `Arm`)
+                arm = self._umpire()
+                bucket.calls += 1
+                return arm.executor.run(output_names, feeds, host=host, timings=timings), arm.plan
+            self._last = arm
             if not arm.niced:  # retired by nothing but `close`: uncounted, unlocked
                 bucket.calls += 1  # for the record: two calls at the same instant may count as one
                 return arm.executor.run(output_names, feeds, host=host, timings=timings), arm.plan
@@ -281,10 +310,22 @@ class Serving:
             finally:
                 if counted:
                     self._ended(arm)
+        if bucket.unverified:  # checked against the referee on this call before it serves
+            served = self._verify(bucket, feeds)
+            if served is not None and output_names is None and host and timings is None:
+                return served
+        finite = _finite(feeds)
         with self._lock:
             arm = self._turn(bucket) if bucket.trials else bucket.current
-            arm.running += 1
-            self._last = arm
+            if arm.refereed and not finite:  # the referee serves it (see `Arm`), uncounted in any round
+                bucket.calls += 1
+                arm = None
+            else:
+                arm.running += 1
+                self._last = arm
+        if arm is None:
+            referee = self._umpire()
+            return referee.executor.run(output_names, feeds, host=host, timings=timings), referee.plan
         start = time.perf_counter()
         try:
             results = arm.executor.run(output_names, feeds, host=host, timings=timings)
@@ -317,24 +358,104 @@ class Serving:
 
     def _new_bucket(self, key: str) -> Bucket:
         """A bucket at its first call, on what an earlier process decided for it (see the class), else on the
-        starter, to be explored (under the lock)."""
-        if key not in self._decided:
-            return Bucket(key, self.starter)
-        label, plan, calls, retry = self._decided.pop(key)
+        starter, to be explored; a plan kept by an earlier process serves once the referee agrees (`_verify`)
+        (under the lock)."""
+        bucket = self._decided_bucket(key) if key in self._decided else Bucket(key, self.starter)
+        if bucket.current.refereed:
+            bucket.unverified, bucket.settle, bucket.settled = True, bucket.settled, False
+        return bucket
+
+    def _decided_bucket(self, key: str) -> Bucket:
+        """A bucket on what an earlier process decided for it (under the lock)."""
+        label, plan, calls, retry, refused = self._decided.pop(key)
         retry = frozenset(retry)
-        if plan is None and self._unplaced is not None:  # the session started on another bucket's kept plan
+        unplaced = plan is None and self._unplaced is not None
+        if unplaced:  # the session started on another bucket's kept plan
             label, plan = self._built(key, self._unplaced)
             if plan is None:
                 return Bucket(key, self.starter)
         arm = self.starter if plan is None else self._kept_arm(key, label, plan)
         if arm is None:  # it no longer compiles: decided again
             return Bucket(key, self.starter)
+        if unplaced and self._plain and self._referee in (None, arm):  # ONNX Runtime on the model: the referee
+            arm.refereed, self._referee = False, arm
         if plan is None or label == self._recheck:  # nothing was faster than what it would be re-checked against
             if retry:
-                return Bucket(key, arm, only=retry, retrying=True)
-            return Bucket(key, arm, decision=f"kept {label}, as decided earlier (at {calls} calls)", explored=True,
-                          settled=True)
-        return Bucket(key, arm, only=retry | {self._recheck} if self._recheck else None, retrying=bool(retry))
+                bucket = Bucket(key, arm, only=retry, retrying=True)
+            else:
+                bucket = Bucket(key, arm, decision=f"kept {label}, as decided earlier (at {calls} calls)",
+                                explored=True, settled=True)
+        else:
+            bucket = Bucket(key, arm, only=retry | {self._recheck} if self._recheck else None, retrying=bool(retry))
+        bucket.refused = dict(refused)
+        return bucket
+
+    def _umpire(self) -> Arm:
+        """The referee: ONNX Runtime running the model itself, compiled when first needed (on the calling thread)
+        and kept while the session lives."""
+        if self._referee is None:
+            with self._refereeing:
+                if self._referee is None:
+                    arm = self._arm(self._recheck or "ort-cpu", self._make_referee(), refereed=False)
+                    with self._lock:
+                        closed = self._closed
+                        if not closed:
+                            self._arms.append(arm)
+                    if closed:
+                        arm.executor.close()
+                        raise UhopError("the session is closed: its runtimes were released")
+                    self._referee = arm
+        return self._referee
+
+    def _rules(self) -> Mapping[str, Tolerance]:
+        """Per output, what a plan is held to against the referee (`precision.own`), worked out once."""
+        if callable(self._tolerances):
+            self._tolerances = self._tolerances()
+        return self._tolerances
+
+    def _judged(self, names: Sequence[str], got: Sequence[Any], want: Sequence[Any]) -> tuple[str, str, float]:
+        """Outputs `got` against the referee's `want`: (what differs, or "" where all agree; the tolerance of the
+        output said, in words; the largest absolute error over the outputs)."""
+        rules, worst, said = self._rules(), 0.0, ""
+        for name, a, b in zip(names, got, want):
+            rule = rules.get(name, FP32_CHECK)
+            verdict = compare(a, b, rule)
+            worst = max(worst, verdict.get("max_abs_error") or 0.0)
+            if not verdict["ok"]:
+                error = verdict.get("error") or (f"max abs error {verdict['max_abs_error']:.4g}, "
+                                                 f"{verdict['nonfinite']} non-finite mismatches")
+                return f"output {name!r} differs from ONNX Runtime's ({error})", describe(rule), worst
+            said = said or describe(rule)
+        return "", said, worst
+
+    def _verify(self, bucket: Bucket, feeds: Mapping[str, Any]) -> tuple[list[Any], Plan] | None:
+        """Compare the plan an earlier process kept for `bucket` with the referee on this call's feeds, before it
+        serves. One that disagrees is dropped, with one warning: the referee serves the bucket from now on, and
+        the refusal is kept so that no later process tries it again. The outputs to serve this call with, all of
+        them on the host; None where another call verified it first, or the feeds hold NaN or Inf (the referee
+        serves those in any case) or are not arrays."""
+        with bucket.verifying:
+            if not bucket.unverified or not _finite(feeds) or not all(type(v) is np.ndarray for v in feeds.values()):
+                return None
+            arm, referee = bucket.current, self._umpire()
+            want = referee.executor.run(None, feeds)
+            got = arm.executor.run(None, feeds)
+            why, rule, _ = self._judged(arm.executor.outputs, got, want)
+            with self._lock:
+                bucket.unverified = False
+                if not why:
+                    bucket.settled = bucket.settle
+                    return got, arm.plan
+                bucket.refused[arm.label] = f"{why}; held to {rule}"
+                bucket.current, bucket.trials, bucket.only = referee, {}, None
+                bucket.decision = (f"refused {arm.label}, the plan kept by an earlier process: {why}, held to "
+                                   f"{rule}; {referee.label} serves")
+                bucket.explored = bucket.settled = True
+                bucket.decided()
+                self._keep(bucket)
+                self._retire(arm)
+        log.warning("%s at %s: %s", arm.plan.model_name, bucket.key, bucket.decision)
+        return want, referee.plan
 
     def _built(self, key: str, build: Callable[[], tuple[str, Plan]]) -> tuple[str, Plan | None]:
         """(label, plan) that `build` makes; ("", None) when it fails, so that the bucket is decided again."""
@@ -388,7 +509,8 @@ class Serving:
                     bucket.round = round_calls(bucket.last_ms / 1e3)
                     bucket.round_ms, bucket.turn = [], bucket.round
             bucket.busy_s += ms / 1e3
-            due = not bucket.explored and bucket.calls >= EXPLORE_AFTER and bucket.busy_s >= self._explore_after_s
+            due = (not bucket.explored and bucket.calls >= EXPLORE_AFTER and bucket.busy_s >= self._explore_after_s
+                   and _finite(feeds))  # the sample candidates are checked on must be one they may serve
             explore = due and not self._closed and self._spent < self._budget_s
             if due and not explore:
                 bucket.decision, bucket.settled = f"kept {bucket.current.label}: the adapt_budget is spent", True
@@ -419,7 +541,7 @@ class Serving:
         n = len(trial.pairs)
         median, low, high = trial.ratio_interval()
         if n >= FIRST_ROUNDS and median > DROP_RATIO:
-            trial.state = f"dropped: {median:.2f}x the serving plan's time"
+            trial.state, trial.dropped = "slower", True
         elif n >= MIN_PAIRS and high < 1.0:
             trial.state = "faster"
         elif n >= MIN_PAIRS and low > 1.0:
@@ -503,9 +625,8 @@ class Serving:
             if trial.arm is not None:
                 self._retire(trial.arm)
         bucket.settled = True
-        why = (f"the adapt_budget ({self._budget_s:g} s) ran out before {', '.join(bucket.untried)} could be tried"
-               if bucket.untried else "no candidate was faster beyond noise")
-        bucket.decision = bucket.decision or "; then ".join(bucket.replaced) or f"kept {bucket.current.label}: {why}"
+        bucket.decision = (bucket.decision or "; then ".join(bucket.replaced)
+                           or f"kept {bucket.current.label}: {_outcomes(bucket)}")
         bucket.decided()
         if bucket.replaced or (bucket.untried == [] and (bucket.only is None or bucket.retrying)):
             self._keep(bucket)  # with the decision recorded in its plan
@@ -514,13 +635,16 @@ class Serving:
         """Keep the bucket's serving plan for the next process (None for the starter a session starts on when
         nothing was decided, which it builds itself), written off the caller's thread (under the lock)."""
         if self.decisions is not None and not self._closed:
-            starter = bucket.current is self.starter and self._unplaced is None
+            starter = ((bucket.current is self.starter and self._unplaced is None)
+                       or (bucket.current is self._referee and self._plain))
             retry = [] if bucket.retrying else [
                 t.label for t in bucket.trials.values()
-                if t.state.startswith("dropped") and len(t.pairs) < MIN_PAIRS and t.ratio_interval()[0] < RETRY_BELOW]
+                if t.dropped and len(t.pairs) < MIN_PAIRS and t.ratio_interval()[0] < RETRY_BELOW]
+            refused = {**bucket.refused, **{t.label: t.error for t in bucket.trials.values()
+                                            if t.state == "refused" and t.tolerance}}
             try:
                 self._keeper.submit(self._kept, bucket.key, bucket.current.label,
-                                    None if starter else bucket.current.plan, bucket.calls, retry)
+                                    None if starter else bucket.current.plan, bucket.calls, retry, refused)
             except RuntimeError:  # the interpreter is shutting down (a background settle after the program ended)
                 log.debug("%s: the program ended before its decision could be kept", bucket.key)
 
@@ -539,7 +663,7 @@ class Serving:
         lock)."""
         used = any(arm is b.current or any(t.arm is arm and t.state in ("compiling", "trying")
                                            for t in b.trials.values()) for b in self._buckets.values())
-        if arm is self.starter or used:
+        if arm is self.starter or arm is self._referee or used:
             return
         arm.retired = True
         if arm in self._arms:
@@ -596,21 +720,25 @@ class Serving:
                 self._spent = time.thread_time() - begun + self._renewing_s
             untried = []
             for label, recipe in self._recipes.items():
-                if label == bucket.current.label or label in bucket.trials or label not in (bucket.only or {label}):
+                if (label == bucket.current.label or label in bucket.trials or label in bucket.refused
+                        or label not in (bucket.only or {label})):
                     continue
                 if self.stopped():
                     break
                 if self._spent >= self._budget_s:
                     untried.append(label)
+                    with self._lock:
+                        bucket.trials[label] = Trial(label, state="untried", why=f"the adapt_budget "
+                                                     f"({self._budget_s:g} s of CPU) was spent")
                     continue
                 with self._lock:
                     trial = bucket.trials[label] = Trial(label)
                 try:
                     arm = self._prepared(trial, recipe, bucket)
                 except Exception as error:  # noqa: BLE001 - a candidate may fail in any way; it only stops
-                    log.info("%s: candidate %s failed: %s", bucket.key, label, first_line(error))
+                    log.info("%s: candidate %s refused: %s", bucket.key, label, first_line(error))
                     with self._lock:
-                        trial.state, trial.error = "failed", first_line(error)
+                        trial.state, trial.error = "refused", first_line(error)
                         if trial.arm is not None:  # its plan goes, unless another bucket serves or tries it
                             self._retire(trial.arm)
                     arm = None
@@ -635,7 +763,7 @@ class Serving:
     def _prepared(self, trial: Trial, recipe: Recipe, bucket: Bucket) -> Arm | None:
         """The candidate's arm for this bucket, compiled or shared with another bucket (a `per_bucket` one's
         only where its plan is the same), run `WARM_UP` times on the bucket's sample and checked there against
-        the serving plan's outputs; None when its plan is one already tried."""
+        the referee's outputs (an error saying what differs when they disagree); None when its plan is one already tried."""
         # the trial holds its arm from when it is found: another bucket must not close it while it warms up
         with self._lock:  # a plan made once is shared by the buckets
             arm = trial.arm = (None if trial.label in self._per_bucket
@@ -645,7 +773,7 @@ class Serving:
             with self._lock:
                 arm = self._compiled(plan)
                 if arm is not None and arm.label != trial.label:
-                    trial.state = f"same plan as {arm.label}"
+                    trial.state, trial.why = "untried", f"the same plan as {arm.label}"
                     return None
                 trial.arm = arm
             if arm is None:
@@ -659,30 +787,23 @@ class Serving:
                 if closed:  # the session closed while it compiled
                     arm.executor.close()
                     raise UhopError("stopped: the session closed")
-        with self._lock:  # a trial that outlived `TRIAL_S` may replace it meanwhile
-            serving = bucket.current
-            serving.running += 1
-        try:
-            want = serving.executor.run(None, bucket.sample)
-        finally:
-            self._ended(serving)
+        if bucket.reference is None:
+            bucket.reference = self._umpire().executor.run(None, bucket.sample)
         paces = []
         for _ in range(WARM_UP):
             start = time.perf_counter()
             got = arm.executor.run(None, bucket.sample)
             paces.append(time.perf_counter() - start)
         trial.round = round_calls(min(paces))
-        for name, a, b in zip(arm.executor.outputs, got, want):
-            verdict = compare(a, b, self._tolerance)
-            if not verdict["ok"]:
-                raise UhopError(f"output {name!r} differs from the serving plan's "
-                                f"({verdict.get('error') or verdict['max_abs_error']})")
+        why, trial.tolerance, trial.max_error = self._judged(arm.executor.outputs, got, bucket.reference)
+        if why:
+            raise UhopError(why)
         return arm
 
-    def _arm(self, label: str, plan: Plan) -> Arm:
+    def _arm(self, label: str, plan: Plan, refereed: bool = True) -> Arm:
         executor = self._compile(plan)
         executor.fallback = self._fallback
-        return Arm(label, plan, executor)
+        return Arm(label, plan, executor, refereed)
 
     def close(self) -> None:
         """Stop the background work and release every plan's runtimes."""
@@ -695,6 +816,30 @@ class Serving:
             if arm.executor is not None:
                 arm.executor.close()
                 arm.executor = None
+
+
+def _outcomes(bucket: Bucket) -> str:
+    """What became of each candidate of a bucket kept on its plan, in words."""
+    said = []
+    for trial in bucket.trials.values():
+        if trial.state == "refused":
+            said.append(f"{trial.label} refused ({trial.error}{f'; held to {trial.tolerance}' if trial.tolerance else ''})")
+        elif trial.state == "untried":
+            said.append(f"{trial.label} untried ({trial.why})")
+        else:
+            ratio = f" ({trial.ratio_interval()[0]:.2f}x its time)" if trial.pairs else ""
+            said.append(f"{trial.label} {trial.state}{ratio}")
+    return "; ".join(said) or "no candidate to try"
+
+
+def _finite(feeds: Mapping[str, Any]) -> bool:
+    """Whether no floating-point array among `feeds` holds NaN or Inf (a sum that overflows counts as not:
+    such a call goes to the referee too). Values that are not arrays are taken as finite."""
+    for value in feeds.values():
+        if type(value) is np.ndarray and value.dtype.kind == "f" and not math.isfinite(
+                np.add.reduce(value, None, np.float32 if value.itemsize < 4 else None)):
+            return False
+    return True
 
 
 def _dims(value: Any) -> tuple[int, ...]:
@@ -757,8 +902,10 @@ def whole_model(loaded: onnx.ModelProto, data: bytes | str, name: str, digest: s
 class Decisions:
     """What earlier processes decided for one model, host and set of providers: per shape bucket, the label
     and the plan (saved beside `decisions.json` in `folder`) that serves it, or None where the starter was
-    kept (nothing faster). A kept plan that no longer loads (changed, truncated) is dropped with a warning and
-    decided again."""
+    kept (nothing faster), and the candidates ONNX Runtime refused. A kept plan is read only when it is what it
+    claims: a folder inside `folder` (no link), made for this model (its digest), each stage file matching the
+    sha256 recorded; one that is not, or no longer loads, is dropped with a warning and decided again. Whatever
+    it reads still serves only once the referee agrees (`Serving`)."""
 
     def __init__(self, folder: Path, digest: str = ""):
         self.folder, self.digest = folder, digest  # the model's `cache.model_digest`
@@ -767,25 +914,43 @@ class Decisions:
     def read(self) -> dict[str, Decided]:
         """Bucket -> its `Decided`, most called first."""
         kept = {}
+        if self.folder.is_symlink():
+            log.warning("decisions in %s are not read: the folder is a symbolic link", self.folder)
+            return kept
         for bucket, entry in sorted(self.table.read().items(), key=lambda item: -item[1]["calls"]):
-            retry = tuple(entry.get("retry", ()))
+            retry, refused = tuple(entry.get("retry", ())), dict(entry.get("refused", {}))
             if not entry["plan"]:
-                kept[bucket] = (entry["label"], None, entry["calls"], retry)
+                kept[bucket] = (entry["label"], None, entry["calls"], retry, refused)
                 continue
             try:
-                plan = Plan.load(self.folder / entry["plan"])
-                for stage in plan.stages:  # each stage file read now, against its sha256
-                    plan.stage_model(stage)
+                plan = self._plan(entry["plan"])
             except UhopError as error:
                 log.warning("the plan decided earlier for %s is dropped and decided again: %s", bucket,
                             first_line(error))
             else:
-                kept[bucket] = (entry["label"], plan, entry["calls"], retry)
+                kept[bucket] = (entry["label"], plan, entry["calls"], retry, refused)
         return kept
 
-    def keep(self, bucket: str, label: str, plan: Plan | None, calls: int, retry: Sequence[str] = ()) -> None:
+    def _plan(self, name: str) -> Plan:
+        """The kept plan folder `name`, checked (see the class)."""
+        folder = self.folder / name
+        if folder.is_symlink() or not folder.resolve().is_relative_to(self.folder.resolve()):
+            raise UhopError(f"{folder}: refused: a symbolic link (a kept plan must lie in {self.folder})")
+        plan = Plan.load(folder)
+        if self.digest and plan.model_hash != self.digest:
+            raise UhopError(f"{folder}: refused: made for another model (sha256 {plan.model_hash[:12]}, this "
+                            f"model's is {self.digest[:12]})")
+        for stage in plan.stages:  # each stage file read now, against its sha256
+            plan.stage_model(stage)
+        return plan
+
+    def keep(self, bucket: str, label: str, plan: Plan | None, calls: int, retry: Sequence[str] = (),
+             refused: Mapping[str, str] | None = None) -> None:
         """Keep `plan` (None: the starter) as the bucket's decision, in place of the one kept before; `retry`:
-        the candidates the next process tries once more."""
+        the candidates the next process tries once more; `refused`: those ONNX Runtime refused, with why. The
+        plan is recorded as made for this model (its digest), which `read` checks."""
+        if plan is not None and self.digest:
+            plan = replace(plan, model_hash=self.digest)
         name = "" if plan is None else f"{hashlib.sha256(bucket.encode()).hexdigest()[:12]}-{uuid.uuid4().hex[:8]}"
         try:
             if plan is not None:
@@ -793,9 +958,9 @@ class Decisions:
         except (UhopError, OSError) as error:  # a full disk: the decision is only not kept
             log.warning("could not keep the decision for %s in %s: %s", bucket, self.folder, first_line(error))
             return
-        replaced = self.table.get(bucket)
-        entry = {"label": label, "plan": name, "calls": calls, **({"retry": list(retry)} if retry else {})}
-        self.table.update({bucket: entry})
+        entry = {"label": label, "plan": name, "calls": calls, **({"retry": list(retry)} if retry else {}),
+                 **({"refused": dict(refused)} if refused else {})}
+        replaced = self.table.update({bucket: entry}).get(bucket)
         if replaced and replaced["plan"]:  # unnamed from now: a reader may be loading it (see `_prune`)
             with contextlib.suppress(OSError):
                 os.utime(self.folder / replaced["plan"])
@@ -817,5 +982,7 @@ class Decisions:
 def _decision(entry: Any) -> None:
     if not (isinstance(entry, dict) and isinstance(entry.get("label"), str) and isinstance(entry.get("calls"), int)
             and isinstance(entry.get("plan"), str) and "/" not in entry["plan"] and not entry["plan"].startswith(".")
-            and isinstance(retry := entry.get("retry", []), list) and all(isinstance(x, str) for x in retry)):
-        raise TypeError(f"{entry!r} is not {{label, plan, calls[, retry]}}")
+            and isinstance(retry := entry.get("retry", []), list) and all(isinstance(x, str) for x in retry)
+            and isinstance(refused := entry.get("refused", {}), dict)
+            and all(isinstance(x, str) for x in [*refused, *refused.values()])):
+        raise TypeError(f"{entry!r} is not {{label, plan, calls[, retry][, refused]}}")

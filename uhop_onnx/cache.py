@@ -3,32 +3,88 @@ known by the hash of their bytes, and a size cap that drops the least recently u
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import platform
 import re
 import shutil
+import stat
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError, UhopError, logger
+from .errors import InputError, UhopError, first_line, logger
 from .files import atomic_file, external_tensors, read_mapped
 
 log = logger(__name__)
 
 
 def cache_dir() -> Path:
-    """`$UHOP_CACHE_DIR`, else `$XDG_CACHE_HOME/uhop-onnx`, else `~/.cache/uhop-onnx`."""
+    """`$UHOP_CACHE_DIR`, else `$XDG_CACHE_HOME/uhop-onnx`, else `~/.cache/uhop-onnx`, made private (0700)
+    when absent. A folder that another user could have written (`distrust`) is not used: the process runs on
+    a private temporary folder instead, uncached, with one warning naming the folder and the fix."""
     if os.environ.get("UHOP_CACHE_DIR"):
-        return Path(os.environ["UHOP_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "uhop-onnx"
+        folder = Path(os.environ["UHOP_CACHE_DIR"])
+    else:
+        folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "uhop-onnx"
+    why = distrust(folder)
+    if why is None:
+        _make_private(folder)
+        return folder
+    if folder not in _UNCACHED:
+        _UNCACHED[folder] = tempfile.TemporaryDirectory(prefix="uhop-uncached-")
+        log.warning("cache %s is not used: %s, so another user could place plans or libraries there that this "
+                    "process would run; running uncached. Fix: `chmod go-w` the folder (and own it), or set "
+                    "UHOP_CACHE_DIR to a folder of your own", folder, why)
+    return Path(_UNCACHED[folder].name)
+
+
+_UNCACHED: dict[Path, tempfile.TemporaryDirectory] = {}  # an untrusted cache folder -> this process's own
+
+
+def distrust(folder: Path) -> str | None:
+    """Why `folder` cannot be trusted as a cache, or None: it, or a folder above it inside the user's home,
+    is owned by another user (root excepted) or writable by group or others."""
+    folder = folder.absolute()
+    try:
+        home = Path.home().absolute()
+    except (KeyError, RuntimeError):
+        home = None
+    above = [p for p in folder.parents if home is not None and p != home and p.is_relative_to(home)]
+    for path in [folder, *above]:
+        try:
+            info = path.stat()
+        except OSError:  # not made yet (made private), or unreadable (reading it names the problem)
+            continue
+        if info.st_uid not in (os.geteuid(), 0):
+            return f"{path} is owned by another user (uid {info.st_uid})"
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return f"{path} is writable by {'others' if info.st_mode & stat.S_IWOTH else 'its group'}"
+    return None
+
+
+def _make_private(folder: Path) -> None:
+    """Make `folder` and any missing folder above it, each readable by its owner alone."""
+    missing = []
+    for path in [folder, *folder.parents]:
+        if path.exists():
+            break
+        missing.append(path)
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        except OSError:  # read-only: writing names the problem
+            return
 
 
 @cache
@@ -64,13 +120,19 @@ def device_fingerprint(*parts: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+TABLE_BYTES = 16 * 1024**2  # a larger table is set aside unread
+TABLE_DEPTH = 16  # and one nested deeper than this
+
+
 class JsonTable:
-    """A JSON object in one file: read whole, updated by rewriting a temporary file and renaming it.
+    """A JSON object in one file: read whole, updated under a lock (`locked`) by rewriting a temporary file
+    and renaming it, so that processes updating it at once lose no entry.
 
     A cache never breaks a run: `check` is called on each entry as it is read and one it raises on is
-    ignored (so it is measured again, and the next update drops it); an unreadable file reads as empty and
-    one that cannot be written (a read-only folder, a full disk) keeps nothing. Each such problem is logged
-    once per file, with the file's path.
+    ignored (so it is measured again, and the next update drops it); an unreadable file, or one over
+    `TABLE_BYTES` or `TABLE_DEPTH`, reads as empty (and the next update replaces it); one that cannot be
+    written (a read-only folder, a full disk) keeps nothing. Each such problem is logged once per file, with
+    the file's path.
     """
 
     def __init__(self, path: Path, check: Callable[[Any], object] = lambda entry: None):
@@ -79,11 +141,17 @@ class JsonTable:
 
     def read(self) -> dict[str, Any]:
         try:
-            data = json.loads(self.path.read_text())
+            with self.path.open("rb") as file:
+                text = file.read(TABLE_BYTES + 1)
+            if len(text) > TABLE_BYTES:
+                raise ValueError(f"larger than {TABLE_BYTES} bytes")
+            data = json.loads(text)
+            _shallow(data)
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as error:
-            _report(self.path, "read", f"cannot be read ({error}); it is ignored")
+        except (OSError, ValueError, RecursionError) as error:
+            _report(self.path, "read", f"cannot be read ({first_line(error)}); it is set aside: "
+                    "its entries are measured again, and the next update replaces it")
             return {}
         if not isinstance(data, dict):
             _report(self.path, "read", f"holds a JSON {type(data).__name__}, not an object; it is ignored")
@@ -105,15 +173,44 @@ class JsonTable:
     def get(self, key: str) -> Any:
         return self.read().get(key)
 
-    def update(self, entries: dict[str, Any]) -> None:
+    def update(self, entries: dict[str, Any]) -> dict[str, Any]:
+        """Add or replace `entries`, under the lock; the entries they replaced."""
         if not entries:
-            return
-        table = self.read() | entries
+            return {}
         try:
-            with atomic_file(self.path) as handle:
-                json.dump(table, handle, indent=1, sort_keys=True)
+            with locked(self.path):
+                table = self.read()
+                replaced = {key: table[key] for key in entries if key in table}
+                with atomic_file(self.path) as handle:
+                    json.dump(table | entries, handle, indent=1, sort_keys=True)
+                return replaced
         except OSError as error:
             _report(self.path, "write", f"cannot be written ({error}); running without keeping these entries")
+            return {}
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock (`fcntl.flock`) on the lock file beside `path`, held for the block: other processes,
+    and other threads of this one, wait for it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _shallow(data: Any) -> None:
+    """Raise ValueError when `data` nests deeper than `TABLE_DEPTH`."""
+    level = [data]
+    for _ in range(TABLE_DEPTH):
+        level = [v for item in level if isinstance(item, (dict, list))
+                 for v in (item.values() if isinstance(item, dict) else item)]
+        if not level:
+            return
+    raise ValueError(f"nested deeper than {TABLE_DEPTH} levels")
 
 
 _REPORTED: set[tuple[Path, str]] = set()

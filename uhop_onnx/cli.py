@@ -370,14 +370,18 @@ def _print_replaced(plan) -> None:
 
 def _print_adaptation(plan) -> None:
     """Per shape bucket an adapting session decided on this plan: its decision, then each candidate tried with
-    its figure (its time over the serving plan's, a 95% interval) and where it stood."""
+    its figure (its time over the serving plan's, a 95% interval), where it stood and what ONNX Runtime held it
+    to."""
     for key, bucket in (plan.adaptation or {}).items():
         out.print(f"[bold]adapted at {escape(key)}[/] ({bucket['calls']} calls): {escape(bucket['decision'] or '')}",
                   highlight=False)
         for trial in bucket["candidates"]:
             low, high = trial["interval"] or (None, None)
             figure = f", {low:.3f}-{high:.3f}x the serving plan's time" if low is not None else ""
-            why = f": {trial['error']}" if trial.get("error") else ""
+            why = f": {trial.get('error') or trial.get('why')}" if trial.get("error") or trial.get("why") else ""
+            if trial.get("tolerance"):
+                error = trial.get("max_abs_error")
+                why += f" (held to {trial['tolerance']}{'' if error is None else f'; max abs error {error:.3g}'})"
             out.print(f"  {escape(trial['label'])}: {escape(trial['state'])}{figure}{escape(why)}", highlight=False)
 
 

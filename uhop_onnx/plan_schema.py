@@ -70,7 +70,10 @@ class Trial(_Strict):
     calls: int = Field(ge=0)
     ms: float | None = None
     interval: list[float] | None = None  # of its time over the serving plan's
-    error: str | None = None
+    error: str | None = None  # why it was refused
+    tolerance: str | None = None  # what it was held to against ONNX Runtime, in words
+    max_abs_error: float | None = None  # its largest error against ONNX Runtime on the bucket's sample
+    why: str | None = None  # why it was not tried
 
 
 class Adaptation(_Strict):

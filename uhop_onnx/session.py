@@ -29,7 +29,8 @@ from .plan import PLAN_FILE, Plan
 from . import priority
 from .adapt import BACKGROUND_NICE, Decisions, Serving, whole_model
 from .cache import LARGE, cache_dir, device_fingerprint, model_digest
-from .loader import load_as_read, model_name
+from .loader import load, load_as_read, model_name
+from .precision import Tolerance, own
 from .providers import LAST_RESORT, resolve
 from .runtime import compile_plan
 
@@ -366,13 +367,23 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
         if beside:
             beside.shutdown()
 
+    def referee() -> Plan:
+        """ONNX Runtime running the model as given, unsimplified: what every other plan is compared with (its
+        model digest left blank while it is computed: `Serving` fills it in)."""
+        model, as_read = (loaded, data) if loaded is not None else load_as_read(source)
+        digest = "" if late else decisions.digest
+        return whole_model(model, as_read, model_name(source, model), digest,
+                           first if plain else resolve([LAST_RESORT], threads, False, policy="literal")[0])
+
+    def tolerances() -> dict[str, Tolerance]:
+        """Per output, what a plan is held to against the referee: the model's own precision's rule."""
+        structure = loaded if loaded is not None else load_as_read(source)[0]
+        return own.tolerances(structure, lambda: load(source, check=False))
+
     def unplaced() -> tuple[str, Plan]:
-        """The plan a session starts on when nothing was decided, and its label (its model digest left blank
-        while it is computed: `Serving` fills it in)."""
+        """The plan a session starts on when nothing was decided, and its label."""
         if plain:
-            model, as_read = (loaded, data) if loaded is not None else load_as_read(source)
-            digest = "" if late else decisions.digest
-            return first.label, whole_model(model, as_read, model_name(source, model), digest, first)
+            return first.label, referee()
         from .optimizer import optimize
 
         placed = optimize(source, providers=specs, assign=assign, profile=False, threads=threads, strict=strict,
@@ -426,7 +437,8 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
         return {**recipes, "search": search, **slow}
 
     return Serving(starter, compile, label, candidates, budget_s=budget_s, decisions=decisions, decided=decided,
-                   recheck=LAST_RESORT, unplaced=unplaced if kept else None, per_bucket={"search"})
+                   recheck=LAST_RESORT, unplaced=unplaced if kept else None, tolerances=tolerances,
+                   referee=None if plain and not kept else referee, plain=plain, per_bucket={"search"})
 
 
 def model_size(source: Any) -> int | None:
