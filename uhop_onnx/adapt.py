@@ -833,12 +833,19 @@ def _outcomes(bucket: Bucket) -> str:
 
 
 def _finite(feeds: Mapping[str, Any]) -> bool:
-    """Whether no floating-point array among `feeds` holds NaN or Inf (a sum that overflows counts as not:
-    such a call goes to the referee too). Values that are not arrays are taken as finite."""
+    """Whether no floating-point array among `feeds` holds NaN or Inf, by the sum of its squares (NaN and Inf
+    carry through it; values so large that it overflows count as not finite: such a call goes to the referee
+    too; float16 is summed in float32). Values that are not arrays are taken as finite."""
     for value in feeds.values():
-        if type(value) is np.ndarray and value.dtype.kind == "f" and not math.isfinite(
-                np.add.reduce(value, None, np.float32 if value.itemsize < 4 else None)):
-            return False
+        if type(value) is np.ndarray and value.dtype.kind == "f":
+            with np.errstate(over="ignore", invalid="ignore"):
+                if value.itemsize < 4:
+                    total = np.add.reduce(value, None, np.float32)
+                else:
+                    flat = value.reshape(-1)
+                    total = np.dot(flat, flat)
+            if not math.isfinite(total):
+                return False
     return True
 
 
