@@ -151,7 +151,8 @@ def test_a_promoted_plan_is_compiled_again_at_the_callers_priority(renew_fails):
 
 # In its own process (TBB's workers live as long as it does): compiles a MatMul on OpenVINO's CPU on a thread at
 # nice 10, as the background thread compiles a candidate, after `prime` on the thread of the callers' priority or
-# not, runs it on the main thread, and prints the CPU ticks that threads above nice 0 spent meanwhile.
+# not, runs it on the main thread, and prints the CPU ticks that threads above the process's own niceness spent
+# meanwhile (it may run under `nice`).
 NICED_TICKS = """
 import os, sys, threading
 from pathlib import Path
@@ -164,6 +165,7 @@ graph = helper.make_graph([helper.make_node("MatMul", ["a", "w"], ["y"])], "mm",
                           [helper.make_tensor_value_info("a", TensorProto.FLOAT, [512, 512])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [512, 512])], [w])
 model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+caller = os.getpriority(os.PRIO_PROCESS, 0)
 if sys.argv[1] == "primed":  # as an adapting session does: on the thread of the callers' priority
     from uhop_onnx import priority
 
@@ -189,12 +191,14 @@ before = ticks()
 a = np.ones((512, 512), np.float32)
 for _ in range(300):
     made["runner"].run({"a": a})
-print(sum(t - before.get(tid, (0, 0))[1] for tid, (nice, t) in ticks().items() if nice > 0))
+print(sum(t - before.get(tid, (0, 0))[1] for tid, (nice, t) in ticks().items() if nice > caller))
 """
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir() or len(os.sched_getaffinity(0)) < 2,
                     reason="reads each thread's niceness and CPU time in Linux's /proc; TBB starts workers on 2+ cores")
+@pytest.mark.skipif(os.getpriority(os.PRIO_PROCESS, 0) >= 10,
+                    reason="at nice 10 or more the background thread keeps the caller's niceness: nothing to tell apart")
 @pytest.mark.skipif(not create("openvino").present, reason="openvino is not installed")
 def test_openvinos_shared_threads_primed_first_serve_at_the_callers_priority():
     def niced_ticks(mode: str) -> int:

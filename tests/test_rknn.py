@@ -22,7 +22,7 @@ from uhop_onnx.providers.capability import check
 from uhop_onnx.providers.rknn import Rknn, board_soc
 from uhop_onnx.providers.rknn import worker as rknn_worker
 from uhop_onnx.providers.rknn.converter import Toolkit, convert
-from uhop_onnx.providers.rknn.setup import create_venv, is_ready, venv_path
+from uhop_onnx.providers.rknn.setup import READY, create_venv, is_ready, venv_path
 from uhop_onnx.providers.rknn.table import FP16_TOLERANCE, RKNN_TABLE
 
 from .conftest import random_feeds, reference
@@ -116,8 +116,12 @@ def test_int8_without_calibration_is_refused_before_the_toolkit_runs():
 
 
 @needs_toolkit
-def test_setup_is_idempotent():
-    assert create_venv() == venv_path()
+def test_setup_is_idempotent(monkeypatch):
+    first = create_venv()
+    stamp = (first / READY).stat().st_mtime_ns  # the marker of a complete environment
+    monkeypatch.setattr("uhop_onnx.providers.rknn.setup._run", lambda command: pytest.fail(f"ran {command} again"))
+    assert create_venv() == first == venv_path()  # the second call installs nothing and changes nothing
+    assert (first / READY).stat().st_mtime_ns == stamp
 
 
 @needs_toolkit

@@ -1,4 +1,4 @@
-"""Trust, round four: a runtime that crashes natively during a search costs the block it was building, not
+"""A runtime that crashes natively during a search costs the block it was building, not
 the process; and what a search cannot fit in this host's memory is refused, named, before it is allocated.
 """
 

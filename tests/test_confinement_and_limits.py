@@ -1,4 +1,4 @@
-"""Trust, round three: what a red team broke in plans, bundles and limits, each held now.
+"""Trust in plans, bundles and limits: what a red team broke, each held now.
 
 A forged stage's external data never reads a file outside its folder; a signed archive is refused on its
 signature before a member is written; limits nobody set (threads, sample sizes, nesting, pickled arrays, a
