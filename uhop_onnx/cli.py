@@ -112,7 +112,7 @@ def main() -> None:
         try:
             app(args=args)
         except UhopError as error:
-            err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
+            err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
             sys.exit(error.exit_code)
 
 
@@ -193,8 +193,8 @@ class _Clock(ProgressColumn):
 def _steps(title: str, enabled: bool = True, budget: float | None = None) -> Iterator[Any]:
     """A transient spinner on stderr with the current step, seconds elapsed (and left of `budget`), and on
     a second line the best plan so far (a step starting with `partitioner.search.BEST`); yields the step
-    callback."""
-    if not enabled:
+    callback. Only on a terminal: elsewhere rich would leave an empty line, above any error that follows."""
+    if not (enabled and err.is_interactive):
         yield lambda step: None
         return
     from .partitioner.search import BEST
@@ -597,7 +597,7 @@ def bench(model: Path, providers: ProvidersOption = None, threads: ThreadsOption
         _print_bench(result, threads)
     if result["failed"]:
         err.print(f"[bold red]error:[/] {len(result['failed'])} candidate(s) failed: {', '.join(result['failed'])}",
-                  highlight=False)
+                  highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 
 
