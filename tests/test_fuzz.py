@@ -18,7 +18,7 @@ from uhop_onnx import UhopError
 from uhop_onnx.models import cnn, mlp
 
 from .conftest import assert_matches
-from .test_hostile import deadline
+from .support import deadline
 
 EXAMPLES = 100  # per test; each example plans, compiles and runs a small model on every provider present
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,

@@ -10,11 +10,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +25,7 @@ import uhop_onnx
 from uhop_onnx import UhopError
 
 from .conftest import assert_matches, reference
+from .support import deadline
 
 SECONDS = 120  # per case: far above what a healthy case takes on a loaded 2-core machine
 
@@ -257,22 +256,6 @@ CORPUS = [
 ]
 PARAMS = [pytest.param(c, id=c.name.replace(" ", "-"), marks=[pytest.mark.xfail(reason=c.gap, strict=True)] if c.gap else [])
           for c in CORPUS]
-
-
-@contextmanager
-def deadline(seconds: int) -> Iterator[None]:
-    """Fail (instead of hanging) when the block takes longer than `seconds`."""
-
-    def expired(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def files_under(folder: Path) -> set[Path]:

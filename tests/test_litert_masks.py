@@ -22,7 +22,7 @@ from uhop_onnx.providers.litert.converter import unconvertible
 from uhop_onnx.providers.litert.table import LITERT_TABLE
 
 from .conftest import reference
-from .test_litert_ops import broadcast_pair
+from .support import broadcast_pair
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 TYPES = {"float": TensorProto.FLOAT, "int32": TensorProto.INT32, "int64": TensorProto.INT64, "bool": TensorProto.BOOL}

@@ -19,6 +19,7 @@ from uhop_onnx.providers.litert import LiteRt
 from uhop_onnx.providers.litert.converter import unconvertible
 
 from .conftest import random_feeds, reference
+from .support import broadcast_pair
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -69,18 +70,6 @@ def check(model: onnx.ModelProto, *, must_convert: bool = True) -> bool:
     for output, want in zip(model.graph.output, expected):
         np.testing.assert_allclose(got[output.name], want, rtol=1e-4, atol=1e-5, equal_nan=True)
     return True
-
-
-shapes = st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple)
-
-
-@st.composite
-def broadcast_pair(draw):
-    """A shape and a shape that broadcasts against it (fewer axes, or ones)."""
-    shape = draw(shapes)
-    drop = draw(st.integers(0, len(shape) - 1))
-    other = tuple(1 if draw(st.booleans()) else d for d in shape[drop:])
-    return (shape, other) if draw(st.booleans()) else (other, shape)
 
 
 @SETTINGS

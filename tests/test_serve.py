@@ -20,42 +20,21 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from uhop_onnx.models import mlp
 from uhop_onnx.optimizer import optimize
 from uhop_onnx.serve.limits import Limits
 
 from .conftest import assert_matches, reference
+from .support import HOST, adder, ask, free_port, local_server, post, send_slowly, status_of, tower, wait_ready
 
 httpclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402 - after the skip
 pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 
-HOST = "127.0.0.1"
 LIMIT = 64 * 1024  # the request size limit the test servers get
 SPLIT = {"/fc1/MatMul": "ort-cpu", "/fc1/Add": "ort-cpu"}  # three stages: openvino, ort-cpu, openvino
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, seconds: float, process: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise AssertionError(f"server exited with {process.returncode}: {process.stderr.read().decode()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise AssertionError(f"server at {url} not ready within {seconds} s")
 
 
 def infer(client, x: np.ndarray, binary: bool = True, name: str = "mlp") -> np.ndarray:
@@ -89,15 +68,6 @@ def reference_batch(model: onnx.ModelProto, inputs: np.ndarray) -> list[np.ndarr
 
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return [session.run(None, {"input": x})[0] for x in inputs]
-
-
-def post(url: str, path: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
-    request = urllib.request.Request(f"http://{url}{path}", data=body, headers=headers or {}, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
 
 
 def json_request(x: np.ndarray, name: str = "input", datatype: str = "FP32", shape=None) -> bytes:
@@ -147,27 +117,6 @@ def spans():
         trace.set_tracer_provider(provider)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     return exporter
-
-
-@contextlib.contextmanager
-def local_server(plan, name: str, **options):
-    """`local_app(plan, ...)` under uvicorn in a thread of this process; yields its host:port and the server."""
-    import uvicorn
-
-    from uhop_onnx.serve.local import local_app
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(local_app(plan, name, **options), host=HOST, port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"{HOST}:{port}"
-    try:
-        wait_ready(url, 30)
-        yield url, server
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -278,30 +227,6 @@ def test_wrong_method_and_path_are_json_errors(local_url):
         assert caught.value.code == status and "error" in json.loads(caught.value.read())
 
 
-def adder() -> onnx.ModelProto:
-    """a + b, each of any length: lengths that do not broadcast fail in the runtime."""
-    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [d]) for n, d in (("a", "n"), ("b", "m"))]
-    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["sum"], name="add")], "adder", inputs,
-                              [helper.make_tensor_value_info("sum", TensorProto.FLOAT, ["k"])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
-
-def tower(width: int, layers: int) -> onnx.ModelProto:
-    """`layers` MatMul + Relu of `width` on input [N, width], N free: the batch size sets the work."""
-    rng = np.random.default_rng(11)
-    nodes, weights, x = [], [], "input"
-    for k in range(layers):
-        weights.append(numpy_helper.from_array(
-            (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32), f"w{k}"))
-        nodes += [helper.make_node("MatMul", [x, f"w{k}"], [f"h{k}"], name=f"/l{k}/MatMul"),
-                  helper.make_node("Relu", [f"h{k}"], [f"r{k}"], name=f"/l{k}/Relu")]
-        x = f"r{k}"
-    nodes.append(helper.make_node("Identity", [x], ["output"], name="/out/Identity"))
-    graph = helper.make_graph(nodes, "tower", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", width])],
-                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", width])], weights)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
-
 def test_a_failing_stage_is_a_500_error_and_counted(tmp_path):
     plan = optimize(adder(), providers=["ort-cpu"], profile=False)
     with local_server(plan, "adder") as (url, _):
@@ -362,17 +287,6 @@ def batch_model() -> onnx.ModelProto:
 @pytest.fixture(scope="module")
 def slow_plan():
     return optimize(tower(512, 32), providers=["ort-cpu"], profile=False, threads=1)
-
-
-def ask(url: str, x: np.ndarray, name: str = "tower") -> tuple[int, np.ndarray | None]:
-    """One binary request with its own client: (HTTP status, output or None)."""
-    client = httpclient.InferenceServerClient(url, network_timeout=60)
-    tensor = httpclient.InferInput("input", list(x.shape), "FP32")
-    tensor.set_data_from_numpy(x)
-    try:
-        return 200, client.infer(name, [tensor]).as_numpy("output")
-    except InferenceServerException as error:
-        return int(error.status()), None
 
 
 def raw_post(url: str, x: np.ndarray, name: str = "tower") -> tuple[int, str | None]:
@@ -587,7 +501,6 @@ def test_ray_slow_bodies_hold_no_place_an_honest_request_needs(two_nodes, batch_
 
     from uhop_onnx.serve.ray_engine import ray_app
 
-    from .test_serve_trust import send_slowly, status_of
 
     plan = optimize(batch_model, providers=["ort-cpu"], profile=False, threads=1)
     limits = Limits(max_queue=1, body_timeout_s=1.0, max_receiving=8)

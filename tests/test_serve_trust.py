@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
-import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +19,9 @@ from uhop_onnx.optimizer import optimize
 from uhop_onnx.serve.limits import Limits
 
 from .conftest import assert_matches, reference
-from .test_serve import HOST, adder, ask, httpclient, local_server, post, tower
+from .support import adder, ask, local_server, post, send_slowly, status_of, tower
+
+httpclient = pytest.importorskip("tritonclient.http")
 
 
 def free_batch(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -30,27 +30,6 @@ def free_batch(model: onnx.ModelProto) -> onnx.ModelProto:
     for value in (*model.graph.input, *model.graph.output):
         value.type.tensor_type.shape.dim[0].dim_param = "N"
     return model
-
-
-def send_slowly(url: str, path: str = "/v2/models/tower/infer") -> socket.socket:
-    """A connection that sends the headers of a 9000-byte request and one byte of its body, then nothing."""
-    host, port = url.split(":")
-    connection = socket.create_connection((host, int(port)), timeout=30)
-    connection.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 9000\r\n\r\n{{".encode())
-    return connection
-
-
-def status_of(connection: socket.socket, closed: bool = True) -> int:
-    """The status of the answer that arrives on `connection`; with `closed`, once the server has closed it (a
-    client still sending must hold nothing of the server's)."""
-    with connection, connection.makefile("rb") as answer:
-        line = answer.readline()
-        try:
-            if closed:
-                answer.read()  # to the end
-        except ConnectionResetError:  # closed with the client's last bytes unread
-            pass
-    return int(line.split()[1])
 
 
 def raw_post(url: str, body: bytes) -> tuple[int, bytes]:
