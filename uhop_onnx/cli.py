@@ -520,12 +520,17 @@ def _session(model: Path, providers: str | None, threads: int | None):
 
 
 def _feeds(session, inputs: Path | None, shapes: list[str] | None, seed: int) -> tuple[dict, str]:
-    """The feeds from `--inputs`, else seeded random ones of the model's (or `--shape`'s) shapes; and where
-    they came from."""
+    """The feeds from `--inputs`, else seeded random ones of `--shape`'s shapes, else of the shapes a plan
+    folder recorded, else of the model's; and where they came from."""
     from .inputs import parse_shapes, profile_feeds
 
-    feeds = profile_feeds(session.get_inputs(), parse_shapes(shapes), inputs, seed)
-    return feeds, str(inputs) if inputs is not None else f"generated, seed {seed}"
+    given = parse_shapes(shapes) or {}
+    recorded = session.plan.shapes if inputs is None and session.plan.folder is not None else None
+    planned = {name: dims for name, dims in (recorded or {}).items() if name not in given}
+    feeds = profile_feeds(session.get_inputs(), {**planned, **given} or None, inputs, seed)
+    if inputs is not None:
+        return feeds, str(inputs)
+    return feeds, f"generated, seed {seed}" + (f"; {shapes_text(planned)} as the plan recorded" if planned else "")
 
 
 def _reference(model: Path, session, against: str, feeds: dict, threads: int | None) -> dict:
