@@ -57,6 +57,40 @@ def test_relative_links_resolve(page: Path):
     assert not missing, f"{page.relative_to(ROOT)} links to files that do not exist: {missing}"
 
 
+def anchors(text: str) -> set[str]:
+    """The anchors GitHub makes for a page: each heading's slug (lower case, punctuation but hyphens dropped,
+    spaces made hyphens; a repeated slug gets -1, -2...) and every explicit `<a id=...>` / `name=...`."""
+    found: set[str] = set(re.findall(r"<a\s+(?:id|name)=\"([^\"]+)\"", text))
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", FENCE.sub("", text), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
+
+
+def test_anchor_slugs_follow_github():
+    text = "# Trust: the referee\n## A call's own cost\n### 2026-12-03: ninth run\n## Usage\n## Usage\n"
+    assert anchors(text) == {"trust-the-referee", "a-calls-own-cost", "2026-12-03-ninth-run", "usage", "usage-1"}
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_anchors_resolve(page: Path):
+    """A link to a heading of a markdown page names a heading that page has."""
+    missing = []
+    for target in links(page.read_text(encoding="utf-8")):
+        path = relative(target)
+        if path is None or "#" not in target:
+            continue
+        linked = (page.parent / path) if path else page
+        if linked.suffix != ".md" or not linked.is_file():
+            continue
+        if target.split("#", 1)[1] not in anchors(linked.read_text(encoding="utf-8")):
+            missing.append(target)
+    assert not missing, f"{page.relative_to(ROOT)} links to headings that do not exist: {missing}"
+
+
 def test_docs_pages_exist():
     assert (ROOT / "README.md").exists()
     assert list((ROOT / "docs").glob("*.md")), "no docs pages"
