@@ -84,3 +84,13 @@ def _query_one(model: onnx.ModelProto, graph: Graph, provider: Provider, index: 
     except Exception as error:  # noqa: BLE001
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
         return {name: Support(False, f"the runtime rejects it: {first}", "runtime")}
+
+
+def whole_model(support: Mapping[str, Mapping[str, Support]], pinned: Mapping[str, str]) -> list[str]:
+    """The providers (labels) whose answers refuse nodes, but only for want of a rank or length that shape
+    inference could not find (source "unknown"), and to which every pin (if any) goes: compiling the whole
+    model, the runtime may find them itself, so the search times their whole-model plans, which the accuracy
+    gate checks."""
+    return [label for label, answers in support.items()
+            if any(not s.ok for s in answers.values()) and all(s.ok or s.source == "unknown" for s in answers.values())
+            and set(pinned.values()) <= {label}]

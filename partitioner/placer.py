@@ -100,6 +100,24 @@ class Effort:
 
 
 @dataclass(frozen=True)
+class Undecided:
+    """A decision between two whole plans that the budget ended before it settled: the plan that looked
+    faster, the other, how many times as fast it looked (the other's figure over its own), on how many
+    rounds, the plan chosen, and the budget that would give the timings still needed."""
+
+    faster: str
+    slower: str
+    ratio: float
+    rounds: int
+    chosen: str
+    budget_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"faster": self.faster, "slower": self.slower, "ratio": round(self.ratio, 4), "rounds": self.rounds,
+                "chosen": self.chosen, "budget_s": self.budget_s}
+
+
+@dataclass(frozen=True)
 class StageCosts:
     """A stage's measured cost on every provider that ran all its blocks, and the boundary paid entering it."""
 
@@ -121,6 +139,8 @@ class Placement:
     boundaries: Mapping[tuple[str, str], Mapping[int, Measurement]] = field(default_factory=dict)
     failures: Sequence[Failure] = ()
     effort: Effort | None = None  # None: nothing was timed
+    undecided: Undecided | None = None  # the decision the budget ended before it settled
+    unmeasured: str | None = None  # why the chosen plan has no figure (None: it was timed)
 
     def stage_costs(self, stages: Sequence[tuple[str, Sequence[str]]]) -> list[StageCosts]:
         """For stages given as (provider label, node names) in run order: the summed figures of the blocks
@@ -159,6 +179,8 @@ class Placement:
             "budget_s": effort.budget_s,
             "threads": effort.threads,
             "complete": effort.complete,
+            **({"undecided": self.undecided.to_json()} if self.undecided else {}),
+            **({"unmeasured": self.unmeasured} if self.unmeasured else {}),
         }
 
 

@@ -1,11 +1,14 @@
 """Placement by measured cost: the assignment that makes the whole model fastest, found by an anytime search
 that stops at its deadline with the best plan found so far. What settles the most comes first:
 
-1. The greedy plan and each provider's own plan (that provider first, the rest filling in) are built and
-   timed whole, in alternating rounds: a valid plan at once. The simplest of them (fewest stages, then
-   fastest) is the best so far, and another plan takes its place only when it is faster beyond the noise
-   (`measure.faster`: round by round, in the same rounds) twice, the second time timed afresh (in fresh
-   processes, when the timer makes processes): one process may run a plan 10-20% slower than the next.
+1. The greedy plan, each provider's own plan (that provider first, the rest filling in) and each whole-model
+   plan (`capabilities.whole_model`: a provider our rules refuse nodes only for want of a rank or length)
+   are built and timed whole, in alternating rounds: a valid plan at once. The simplest of them (fewest
+   stages, then ONNX Runtime alone, then fastest) is the best so far, and the budget goes first to the
+   decision that can change it: a plan faster beyond the noise (`measure.faster`: round by round, in the
+   same rounds), the fastest first, is timed again with it, the two alternating round by round, and takes
+   its place when faster beyond the noise again (timed afresh, in fresh processes when the timer makes
+   processes: one process may run a plan 10-20% slower than the next).
 2. Blocks (`blocks.py`) are timed on the providers that can run them whole, the providers whose own plans
    were fastest first, a few blocks at a time; then each provider's cost of entering a stage, and for each
    ordered pair of providers the cost of a stage on the second right after one on the first (the tensor
@@ -22,6 +25,11 @@ that stops at its deadline with the best plan found so far. What settles the mos
    When the fastest plan is rejected, plans that keep its providers on a prefix of the blocks where it
    differs from the fastest accepted one (the rest as there) are gated, the longest accepted prefix found
    by bisection, and timed: partial precision, e.g. int8 early in a network and bf16 where int8 errs.
+5. A decision the budget ends before it is settled leaves the best so far, and is recorded (`Undecided`:
+   which plan looked faster, by how much, on how many rounds, and the budget that would settle it). Last,
+   no plan is kept whose interval of round medians lies wholly above another accepted plan's, beyond the
+   margin `faster` allows the noise (`below`): of those below it, the one whose slowest round was fastest is.
+   A plan chosen untimed (no whole plan was timed within the budget) says so (`Placement.unmeasured`).
 
 With a `worker`, blocks on every provider but ONNX Runtime's CPU (whose compile is the reference's, made in
 this process anyway) are lowered, compiled and timed in one worker process (`measure.SearchWorker`), so that a
@@ -42,10 +50,11 @@ are always timed in the run that compares them, never read from the cache.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -65,10 +74,11 @@ from uhop_onnx.samples import shapes_text
 from uhop_onnx.timing import Deadline
 
 from .blocks import allowed_providers, blocks, boundary_classes, expand
+from .capabilities import whole_model
 from .extract import extract
 from .path import cheapest_path
 from .first_supported import first_supported
-from .placer import Analysis, Block, Candidate, Choice, Effort, Failure, Placement
+from .placer import Analysis, Block, Candidate, Choice, Effort, Failure, Placement, Undecided
 
 log = logger(__name__)
 
@@ -78,6 +88,7 @@ IN_PROCESS = LAST_RESORT  # the provider whose blocks are measured in this proce
 BEST = "best so far: "  # the progress step that names the best plan so far and its figure
 NOT_MEASURED = "not measured: the budget ran out"
 REJECTED = "not timed: outside the accuracy tolerance"
+MARGIN = 0.01  # `faster`'s margin: a difference below it is noise
 PlanTimer = Callable[[Mapping[str, Choice]], dict[str, Measurement]]  # named choices -> their whole figures
 # A choice -> whether its outputs are within the accuracy budget, and its figures (None: nothing to check)
 Gate = Callable[[Choice], tuple[bool, dict[str, Any] | None]]
@@ -131,6 +142,9 @@ class _Searching:
         self.deadline = config.deadline or Deadline.after(config.budget_s)
         self.complete = True  # False once a step was left out at the deadline
         self.worker = config.worker
+        self.pair_s = 0.0  # how long a timing of two whole plans takes (estimated from the first, then the longest)
+        self.undecided: Undecided | None = None  # the decision the budget ended before it settled
+        self.unmeasured: str | None = None  # why the plan chosen has no figure
 
     def run(self) -> Placement:
         started = time.monotonic()
@@ -142,9 +156,12 @@ class _Searching:
         allowed = [allowed_providers(self.graph, self.support, self.pinned, b) for b in units]
         classes = boundary_classes(self.graph, units)
         own = {label: self._prefer([label, *(q for q in labels if q != label)]) for label in labels}
-        candidates = _unique({"first-supported": greedy} | {f"{label} first": own[label] for label in labels})
+        wholes = {f"{label} whole": (label,) * len(self.graph.nodes) for label in whole_model(self.support, self.pinned)}
+        candidates = _unique({"first-supported": greedy} | {f"{label} first": own[label] for label in labels} | wholes)
         self._step(f"timing {len(candidates)} whole plans (each provider first)")
+        started_timing = time.monotonic()
         whole = self._measure_plans(candidates)
+        self.pair_s = (time.monotonic() - started_timing) * min(1.0, 2 / len(candidates))
         best = self._simplest(candidates, whole)
         fastest = min(whole, key=lambda name: whole[name].ms)
         if whole[fastest].ok and not self._accepts(fastest, candidates[fastest]):
@@ -164,6 +181,9 @@ class _Searching:
             if self._in_time():
                 best = self._challenge(candidates, whole, best, "searched", searched)
         best = self._improve(candidates, whole, best, units, measured)
+        best = self._settled(candidates, whole, best)
+        if self.undecided is not None:
+            self.undecided = replace(self.undecided, chosen=best)
         placement = Placement(
             "measured", candidates[best], best,
             plans={name: self._candidate(name, candidates[name], m) for name, m in whole.items()},
@@ -172,7 +192,9 @@ class _Searching:
             entries=entry, boundaries=boundary,
             failures=[Failure(*self.subjects[key], error) for key, error in self.failed.items()],
             effort=Effort(len(self.fresh), len(self.hits), round(time.monotonic() - started, 3),
-                          self.config.budget_s, self.config.threads, self.complete))
+                          self.config.budget_s, self.config.threads, self.complete),
+            undecided=self.undecided,
+            unmeasured=None if whole[best].ok else self.unmeasured or f"its timing failed: {whole[best].error}")
         if store:
             store.update(self.fresh)
         return placement
@@ -206,6 +228,8 @@ class _Searching:
             log.warning("no whole plan could be timed within the budget; the plan is %s, unmeasured (give a "
                         "larger budget)", late[0])
             self.complete = False
+            self.unmeasured = (f"no whole plan could be timed within the budget ({self.config.budget_s:g} s); "
+                               f"{late[0]} was kept untimed (give a larger budget)")
             return late[0]
         if not timed:
             raise self._none_timed(candidates, whole)
@@ -219,9 +243,10 @@ class _Searching:
         baseline = {label for label, p in self.providers.items() if p.id == LAST_RESORT}
         best = min(accepted, key=lambda name: (_stage_count(candidates[name]), not set(candidates[name]) <= baseline,
                                                whole[name].ms))
-        challenger = next((name for name in accepted if faster(whole[name], whole[best])), None)
-        if challenger is not None and self._confirmed(candidates, whole, challenger, best):
-            best = challenger
+        for challenger in [name for name in accepted if faster(whole[name], whole[best])]:  # the fastest first
+            best = self._decided(candidates, whole, challenger, best, wins=1)
+            if best == challenger or not self.complete:
+                break
         return self._told(best, candidates, whole)
 
     def _challenge(self, candidates: dict[str, Choice], whole: dict[str, Measurement], best: str, name: str,
@@ -236,23 +261,59 @@ class _Searching:
             whole[name] = Measurement.failed(REJECTED)
             return best
         self._step(f"timing the {name} plan ({stages_summary(_stage_labels(choice))}) against {best}")
-        if self._confirmed(candidates, whole, name, best, timed=False):
+        if self._decided(candidates, whole, name, best, wins=0) == name:
             return self._told(name, candidates, whole)
         return best
 
-    def _confirmed(self, candidates: Mapping[str, Choice], whole: dict[str, Measurement], challenger: str,
-                   best: str, timed: bool = True) -> bool:
-        """Whether `challenger` is faster than `best` beyond the noise in a timing of the two together (two,
-        unless already `timed` together once), each started before the deadline; `whole` keeps their latest
-        figures."""
-        for _ in range(1 if timed else 2):
-            if not self._in_time():
-                return False
-            result = self._measure_plans({challenger: candidates[challenger], best: candidates[best]})
+    def _decided(self, candidates: Mapping[str, Choice], whole: dict[str, Measurement], challenger: str,
+                 best: str, wins: int) -> str:
+        """`challenger` once it was faster than `best` beyond the noise in two timings of the two together in a
+        row (`wins` of them done already), `best` once a timing finds it not faster; `whole` keeps their
+        latest figures of the same rounds. When the budget ends first, `best` stands and the decision is
+        recorded as undecided."""
+        while wins < 2:
+            result = self._timed({challenger: candidates[challenger], best: candidates[best]})
+            if result is None:
+                self.undecided = self.undecided or self._undecided(whole, challenger, best, 2 - wins)
+                return best
             whole.update(result)
             if not faster(result[challenger], result[best]):
-                return False
-        return True
+                return best
+            wins += 1
+        return challenger
+
+    def _timed(self, choices: Mapping[str, Choice]) -> dict[str, Measurement] | None:
+        """Whole plans timed together now (`pair_s` keeps the longest timing of two); None when the budget
+        ended before every one was timed."""
+        if not self._in_time():
+            return None
+        started = time.monotonic()
+        result = self._measure_plans(choices)
+        if any(m.error == LATE for m in result.values()):
+            self.complete = False
+            return None
+        if len(choices) == 2:
+            self.pair_s = max(self.pair_s, time.monotonic() - started)
+        return result
+
+    def _undecided(self, whole: Mapping[str, Measurement], challenger: str, best: str, timings: int
+                   ) -> Undecided | None:
+        """The record of the decision between `challenger` and `best` that `timings` more timings of the two
+        would settle, from their latest figures; None when one has none."""
+        a, b = whole.get(challenger), whole.get(best)
+        if a is None or b is None or not (a.ok and b.ok):
+            return None
+        fast, slow = (challenger, best) if a.ms < b.ms else (best, challenger)
+        budget = math.ceil((self.config.budget_s + timings * self.pair_s) / 10) * 10
+        return Undecided(fast, slow, whole[slow].ms / whole[fast].ms, min(a.rounds, b.rounds), best, float(budget))
+
+    def _settled(self, candidates: Mapping[str, Choice], whole: Mapping[str, Measurement], best: str) -> str:
+        """`best`, unless the round medians of accepted plans lie wholly below its own (`below`): then, of
+        those, the plan whose slowest round was fastest."""
+        lower = [name for name, m in whole.items() if below(m, whole[best]) and self._accepts(name, candidates[name])]
+        if not lower:
+            return best
+        return self._told(min(lower, key=lambda name: whole[name].interval[1]), candidates, whole)
 
     def _accepts(self, name: str, choice: Choice) -> bool:
         """Whether the gate (if any) accepts the choice's outputs; remembered by candidate name."""
@@ -466,12 +527,14 @@ class _Searching:
             else:
                 whole.setdefault(name, Measurement.failed(REJECTED))
                 high = middle
-        if not passed or not self._in_time():
+        if not passed:
             return best
-        result = self._measure_plans({**passed, best: candidates[best]})
+        result = self._timed({**passed, best: candidates[best]})
+        if result is None:
+            return best
         whole.update(result)
         mixed = min(passed, key=lambda name: result[name].ms)
-        if faster(result[mixed], result[best]):
+        if faster(result[mixed], result[best]) and self._decided(candidates, whole, mixed, best, wins=1) == mixed:
             return self._told(mixed, candidates, whole)
         return best
 
@@ -643,6 +706,12 @@ def _moves(choice: Sequence[str], allowed: Sequence[Sequence[str]]) -> list[list
             moved = [target if k in run else p for k, p in enumerate(choice)]
             (merges if target in neighbours else others).append(moved)
     return merges + others
+
+
+def below(a: Measurement, b: Measurement, margin: float = MARGIN) -> bool:
+    """Whether `a`'s round medians lie wholly below `b`'s, by more than `margin`: its slowest round beat the
+    other's fastest (figures of one round are their own interval)."""
+    return a.ok and b.ok and a.interval[1] < b.interval[0] * (1 - margin)
 
 
 def _less(pair: Measurement, first: Measurement) -> Measurement:

@@ -23,8 +23,10 @@ ANY_OPSET = (1, 10_000)
 class Support:
     """A provider's answer for one node: yes, or no with the reason; `source` says who said so: "table"
     (`check`), "runtime" (the runtime's own query), "check" (the provider's build check refused the node),
-    "list" (a last resort that was not listed takes only what no listed provider runs) or "simplify" (a
-    node folded to a constant at the shapes a fixed-shape runtime is asked at)."""
+    "list" (a last resort that was not listed takes only what no listed provider runs), "simplify" (a
+    node folded to a constant at the shapes a fixed-shape runtime is asked at) or "unknown" (a no for want
+    of a rank or length that shape inference could not find: the runtime, given the whole model, may find
+    it)."""
 
     ok: bool
     reason: str = ""
@@ -107,7 +109,8 @@ def check(table: CapabilityTable, node: Node, graph: Graph) -> Support:
         shape = graph.tensors.get(node.inputs[0])
         rank = len(shape.shape) if shape and shape.shape is not None else None
         if rank not in rule.ranks:
-            return Support(False, f"input rank {rank}; supported ranks: {', '.join(map(str, rule.ranks))}")
+            return Support(False, f"input rank {rank}; supported ranks: {', '.join(map(str, rule.ranks))}",
+                           "table" if rank is not None else "unknown")
     for position in rule.constant_inputs:
         name = node.inputs[position] if position < len(node.inputs) else ""
         if name and name not in graph.initializers:
@@ -120,5 +123,5 @@ def check(table: CapabilityTable, node: Node, graph: Graph) -> Support:
         info = graph.tensors.get(name) if name else None
         if name and not (info and info.shape and isinstance(info.shape[0], int)):
             return Support(False, f"input {position} ({name!r}) must have a known length: the output's rank "
-                                  "depends on it")
+                                  "depends on it", "unknown")
     return YES

@@ -314,14 +314,15 @@ class OpenVino(Provider):
             if unplaced.intersection(n.output)
         }
         # The CPU plugin compiles no Parameter of unknown rank (query_model accepts it); a tensor whose rank
-        # inference could not find may become one at a stage boundary.
+        # inference could not find may become one at a stage boundary. Inside one stage OpenVINO's own shape
+        # inference may find it: the search times the whole model on OpenVINO where only this refuses nodes.
         g = model.graph
         ranked = {v.name for v in (*g.input, *g.value_info, *g.output) if v.type.tensor_type.HasField("shape")}
         ranked |= {t.name for t in g.initializer}
         for n in g.node:
             for name in set(filter(None, n.input)) - ranked:
                 verdicts[n.name] = Support(False, f"input {name!r} has unknown rank; OpenVINO needs a known rank",
-                                           "runtime")
+                                           "unknown")
         verdicts.update((name, Support(False, reason, "runtime")) for name, reason in indices.unchecked(model).items())
         return verdicts
 

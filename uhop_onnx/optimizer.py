@@ -22,7 +22,7 @@ from .graph import Graph, declared_outputs
 from .inputs import Inputs, Shapes, free_inputs, inputs_digest, measured_shapes, profile_feeds
 from .loader import load, model_name, sha256
 from .measure import LATE, Measurement, Profiler, SearchWorker, WorkerFailed, time_plans_in_processes
-from .partitioner.capabilities import capabilities, only_the_rest
+from .partitioner.capabilities import capabilities, only_the_rest, whole_model
 from .partitioner.extract import extract
 from .partitioner.partition import partition
 from .partitioner.first_supported import FirstSupported, first_supported
@@ -30,7 +30,7 @@ from .partitioner.placer import Analysis, Choice, Placement
 from .partitioner.search import Search, in_process
 from .metadata import ModelMetadata
 from .plan import PLAN_FILE, Plan, Stage
-from .precision import Precision, check_samples, read_choice, sample_error, wanted
+from .precision import FP32_TOLERANCE, Precision, check_samples, compare, read_choice, sample_error, wanted
 from .providers import (
     LAST_RESORT,
     Provider,
@@ -43,7 +43,7 @@ from .providers import (
 from .providers.quantize import Calibration
 from .report import ms_text
 from .runtime import compile_plan
-from .samples import check_runs_fit, reference_runs, shapes_text
+from .samples import check_runs_fit, reference_outputs, reference_runs, shapes_text
 from .simplify import at_fixed_shapes, simplify
 from .timing import Deadline
 
@@ -341,8 +341,9 @@ def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, pr
     labels = [p.label for p in a.providers]
     store = JsonTable(cache_dir() / "profiles" / f"{device_fingerprint(threads, *labels)}.json",
                       check=Measurement.from_json)
+    gated = a.precision is not None or whole_model(a.support, a.pinned)
     placer = Search(time_plans, profiler=profiler or Profiler(), store=store, budget_s=budget, threads=threads,
-                    gate=None if a.precision is None else partial(_gate, a, threads=threads),
+                    gate=partial(_gate, a, threads=threads) if gated else None,
                     deadline=deadline, progress=progress, worker=worker)
     with ExitStack() as compiled:  # the plans timed in this process, closed once the search is done
         placement = placer.place(a)
@@ -356,10 +357,26 @@ def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, pr
 
 def _gate(a: Analysis, choice: Choice, threads: int | None) -> tuple[bool, dict[str, Any] | None]:
     """Whether the plan of `choice` is within the tolerance on every gate sample, and its worst errors per
-    output; a plan whose stages are all fp32 is not checked (None)."""
-    if all(a.provider(label).precision == "fp32" for label in set(choice)):
+    output; a plan whose stages are all fp32, each node where its provider's answer (or a pin) put it, is
+    not checked (None). Without reduced precisions, a plan that runs nodes where the answers refused them
+    (a whole-model plan) is held to fp32's tolerance against ONNX Runtime on the measured inputs."""
+    def compiled():
+        return compile_plan(build_plan(a, choice, threads), threads)
+
+    answered = all(a.support[label][node.name].ok or a.pinned.get(node.name) == label
+                   for label, node in zip(choice, a.graph.nodes))
+    if answered and all(a.provider(label).precision == "fp32" for label in set(choice)):
         return True, None
-    return a.precision.check(lambda: compile_plan(build_plan(a, choice, threads), threads))
+    if a.precision is not None:
+        return a.precision.check(compiled)
+    reference = reference_outputs(a.loaded.SerializeToString(), a.feeds)
+    try:
+        with compiled() as executor:
+            got = dict(zip(executor.outputs, executor.run(None, a.feeds), strict=True))
+    except Exception as error:  # noqa: BLE001 - a plan that cannot run is not accepted
+        return False, {"error": first_line(error)}
+    figures = {name: compare(got[name], want, FP32_TOLERANCE) for name, want in reference.items()}
+    return all([f.pop("ok") for f in figures.values()]), figures
 
 
 def _log_measured(model_name: str, placement: Placement) -> None:

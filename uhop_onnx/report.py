@@ -110,7 +110,8 @@ def markdown(plan: Plan) -> str:
         lines += ["", "## Precision", "", precision_text(plan)]
     if plan.profile:
         p = plan.profile
-        lines += ["", "## Whole plans measured", "", f"Chosen: **{p['chosen']}**. {effort_text(p)}.", "",
+        unmeasured = f" It is unmeasured: {p['unmeasured']}." if p.get("unmeasured") else ""
+        lines += ["", "## Whole plans measured", "", f"Chosen: **{p['chosen']}**.{unmeasured} {effort_text(p)}.", "",
                   "| candidate | ms | interval (ms) | stages | error |", "|---|---|---|---|---|"]
         for name, c in sorted(p["candidates"].items(), key=lambda kv: ms_order(kv[1]["ms"])):
             error = candidate_error(c).replace("|", "\\|")
@@ -121,11 +122,25 @@ def markdown(plan: Plan) -> str:
 
 def effort_text(profile: dict) -> str:
     """`40 block figures measured, 12 from the cache; searched 26.1 s (budget 30.0 s in all)` (and when the
-    search stopped at its budget, that it did)."""
+    search stopped at its budget, that it did, and the decision it left unsettled: `undecided_text`)."""
     budget = profile.get("budget_s")
-    stopped = "; stopped at the budget, the best plan so far kept" if profile.get("complete") is False else ""
+    undecided = profile.get("undecided")
+    stopped = (f"; {undecided_text(undecided)}" if undecided else
+               "; stopped at the budget, the best plan so far kept" if profile.get("complete") is False else "")
     return (f"{profile['measured']} block figures measured, {profile['cached']} from the cache; searched "
             f"{profile['seconds']} s" + (f" (budget {budget:.1f} s in all)" if budget is not None else "") + stopped)
+
+
+def undecided_text(undecided: dict) -> str:
+    """A decision the budget ended before it settled: which plan looked faster, by how much, on how many
+    rounds, which was chosen and why, and the budget that would settle it."""
+    faster, slower, chosen = undecided["faster"], undecided["slower"], undecided["chosen"]
+    why = ("it was chosen: its slowest round beat the other's fastest" if chosen == faster else
+           f"{slower} stands: their rounds overlap" if chosen == slower else
+           f"{chosen} was chosen: no plan's rounds lie wholly below its own")
+    return (f"stopped at the budget before a decision was settled: {faster} looked {undecided['ratio']:.2f}x as "
+            f"fast as {slower} over {undecided['rounds']} rounds; {why}; --budget {undecided['budget_s']:g} would "
+            "settle it")
 
 
 def stages_summary(stages: str, limit: int = 3) -> str:
@@ -178,6 +193,9 @@ def accuracy_text(accuracy: dict[str, dict] | None) -> str:
     """`logits: max abs 0.012, max rel 0.8%, cosine 0.99995, top-1 agrees` per output; '' for none."""
     parts = []
     for name, a in (accuracy or {}).items():
+        if not isinstance(a, dict):  # the plan did not run: {"error": why}
+            parts.append(f"{name}: {a}")
+            continue
         if a.get("error"):
             parts.append(f"{name}: {a['error']}")
             continue

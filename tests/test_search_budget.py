@@ -1,0 +1,268 @@
+"""What a bounded search keeps: a plan its own rounds found slower never stands, a decision the budget ended
+says so, a plan chosen untimed says so, and a runtime that compiles the whole model competes where our rules
+lack a rank.
+
+`assert_no_plan_below_the_chosen` is the check every report must pass. Loaded as a plugin, this module applies
+it to every measured placement any test makes: `python -m pytest -p tests.test_search_budget tests/...`
+(collected as a test module, to its own tests' placements).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import uhop_onnx
+from uhop_onnx.measure import LATE, Measurement, Profiler
+from uhop_onnx.models import cnn
+from uhop_onnx.optimizer import analyze
+from uhop_onnx.partitioner.placer import Placement
+from uhop_onnx.partitioner.search import Search
+from uhop_onnx.providers import REGISTRY, Support
+from uhop_onnx.report import markdown
+
+ROOT = Path(__file__).resolve().parent.parent
+MARGIN = 0.01  # what `measure.faster` allows the noise
+SEEN: list[str] = []  # what the check found wrong in the placements made while this module is loaded
+
+
+def plans_below_the_chosen(profile: dict) -> list[str]:
+    """The timed plans the gate did not reject whose every round median was faster, beyond the noise margin,
+    than the chosen plan's fastest: what a report must never show beside its choice."""
+    chosen = profile["candidates"][profile["chosen"]]
+    if chosen["ms"] is None:
+        return []
+    return [f"{name} ({c['interval']}) lies below the chosen {profile['chosen']} ({chosen['interval']})"
+            for name, c in profile["candidates"].items()
+            if c["ms"] is not None and not c.get("rejected") and c["interval"][1] < chosen["interval"][0] * (1 - MARGIN)]
+
+
+def assert_no_plan_below_the_chosen(profile: dict | None) -> None:
+    """Fails when a report (a plan's `profile`) shows a plan below its chosen one (`plans_below_the_chosen`)."""
+    wrong = plans_below_the_chosen(profile) if profile else []
+    assert not wrong, "; ".join(wrong)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def every_report_checked():
+    """Every measured placement's report is checked as it is made (and again at the end, for one made where a
+    failure is caught: a background thread's)."""
+    original = Placement.to_json
+
+    def checked(self):
+        report = original(self)
+        wrong = plans_below_the_chosen(report) if report else []
+        SEEN.extend(wrong)
+        assert not wrong, "; ".join(wrong)
+        return report
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Placement, "to_json", checked)
+        yield
+    assert not SEEN, "; ".join(SEEN)
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path / "cache"))
+
+
+pytestmark = pytest.mark.usefixtures("own_cache")  # this module's tests only, also where it is a plugin
+
+
+@pytest.fixture
+def clock():
+    """test_search's fake clock, imported when first needed: as a plugin, this module loads before any test
+    module is collected (and rewritten)."""
+    from .test_search import FakeClock
+
+    return FakeClock()
+
+
+def figure(*medians: float) -> Measurement:
+    return Measurement(min(medians), (max(medians) - min(medians)) / min(medians), len(medians), medians=medians)
+
+
+def scripted(fast: Measurement, slow: Measurement):
+    """A whole-plan timer: every plan with a node off ONNX Runtime gets `fast`, ONNX Runtime alone `slow`."""
+    return lambda choices: {name: slow if set(c) == {"ort-cpu"} else fast for name, c in choices.items()}
+
+
+def search_with(monkeypatch, clock, timer, budget: float):
+    """The search over fake-conv and a listed ONNX Runtime (the simplest plan: ONNX Runtime alone) with `timer`."""
+    from .test_search import install
+
+    install(monkeypatch, clock, conv={"Conv": 1.0, "Gemm": 1.0}, gemm={})
+    a = analyze(cnn(), ["fake-conv", "ort-cpu"], sample=True)
+    return Search(timer, budget_s=budget).place(a).to_json()
+
+
+def test_the_check_finds_a_chosen_plan_above_another():
+    """The issue's report: `ort-cpu[int8]` (29.7-32.8 ms) chosen over `openvino[int8]` (10.8-11.7 ms)."""
+    report = {"chosen": "ort-cpu[int8] first", "candidates": {
+        "ort-cpu[int8] first": {"ms": 29.71, "interval": [29.7, 32.8]},
+        "openvino[int8] first": {"ms": 10.76, "interval": [10.8, 11.7]},
+        "rejected": {"ms": 1.0, "interval": [1.0, 1.1], "rejected": True},
+        "within noise": {"ms": 29.5, "interval": [29.5, 29.6]}}}
+    assert [w.split(" ")[0] for w in plans_below_the_chosen(report)] == ["openvino[int8]"]
+    with pytest.raises(AssertionError, match="openvino"):
+        assert_no_plan_below_the_chosen(report)
+    report["chosen"] = "openvino[int8] first"
+    assert_no_plan_below_the_chosen(report)
+
+
+def test_a_plan_faster_in_every_round_is_chosen_when_the_budget_ends_before_its_confirmation(monkeypatch, clock):
+    """The issue's figures, the budget gone after the first timing: fake-conv's plan (10.8-11.7 ms) over ONNX
+    Runtime alone (29.7-32.8), the simplest: it is chosen, and the report says the decision was not settled."""
+    report = search_with(monkeypatch, clock, scripted(figure(10.8, 11.0, 11.7), figure(29.7, 30.5, 32.8)), 0)
+    assert report["chosen"] == "first-supported"
+    undecided = report["undecided"]
+    assert (undecided["faster"], undecided["slower"], undecided["chosen"]) == ("first-supported", "ort-cpu first",
+                                                                               "first-supported")
+    assert undecided["ratio"] == pytest.approx(29.7 / 10.8, rel=1e-3) and undecided["rounds"] == 3
+
+
+def test_overlapping_rounds_keep_the_simplest_and_the_report_names_the_faster_one(monkeypatch, clock):
+    """fake-conv's plan is faster round by round (20-29 ms against 28-31) but its slowest round is slower than
+    ONNX Runtime's fastest: undecided at the budget, the simplest stands, and the report says which looked
+    faster, by how much, on how many rounds and which budget would settle it."""
+    report = search_with(monkeypatch, clock, scripted(figure(20.0, 21.0, 29.0), figure(28.0, 30.0, 31.0)), 0)
+    assert report["chosen"] == "ort-cpu first"
+    undecided = report["undecided"]
+    assert undecided["faster"] == "first-supported" and undecided["chosen"] == "ort-cpu first"
+    assert undecided["budget_s"] >= 10
+    text = uhop_onnx.report.effort_text(report)
+    assert "first-supported looked 1.40x as fast as ort-cpu first over 3 rounds" in text
+    assert "ort-cpu first stands: their rounds overlap" in text and f"--budget {undecided['budget_s']:g}" in text
+
+
+def test_with_time_the_decision_is_settled_by_a_second_timing(monkeypatch, clock):
+    """The same overlapping figures with time to spare: the second timing of the two confirms the faster plan,
+    and nothing is left undecided."""
+    report = search_with(monkeypatch, clock, scripted(figure(20.0, 21.0, 29.0), figure(28.0, 30.0, 31.0)), 60)
+    assert report["chosen"] != "ort-cpu first" and "undecided" not in report
+
+
+def test_a_clearly_faster_runtime_wins_at_budget_zero(monkeypatch, clock):
+    """Through `optimize`, on the fake clock: ONNX Runtime costs 100 ms a call, fake-conv well under 1 ms; at
+    budget 0 only one round of each is timed, and fake-conv's plan is chosen, not the simplest."""
+    from .test_search import install
+
+    install(monkeypatch, clock, conv={"Conv": 1.0, "Gemm": 1.0}, gemm={})
+    plan = uhop_onnx.optimize(cnn(), providers=["fake-conv", "ort-cpu"], profiler=Profiler(clock=clock, warmup=1),
+                              budget=0)
+    assert {s.provider for s in plan.stages} == {"fake-conv"}
+    assert plan.profile["complete"] is False and plan.profile["undecided"]["faster"] == plan.profile["chosen"]
+
+
+def test_a_plan_chosen_untimed_says_so(monkeypatch, clock, tmp_path):
+    """No whole plan is timed before the budget ends: the plan kept says why it is unmeasured, in its profile
+    and its report; a measured plan has no such entry."""
+    from .test_search import install
+
+    install(monkeypatch, clock, conv={"Conv": 1.0, "Gemm": 1.0}, gemm={})
+    measured = uhop_onnx.optimize(cnn(), providers=["fake-conv"], profiler=Profiler(clock=clock, warmup=1))
+    assert "unmeasured" not in measured.profile
+    monkeypatch.setattr("uhop_onnx.optimizer.in_process",
+                        lambda *args: lambda choices: {name: Measurement.failed(LATE) for name in choices})
+    plan = uhop_onnx.optimize(cnn(), providers=["fake-conv"], profiler=Profiler(clock=clock, warmup=1), threads=1)
+    assert "no whole plan could be timed within the budget" in plan.profile["unmeasured"]
+    assert f"It is unmeasured: {plan.profile['unmeasured']}" in markdown(plan)
+
+
+def unranked() -> onnx.ModelProto:
+    """y = relu(transpose(reshape(x, shape(x)[0, 1, 3]))): onnx's shape inference loses the reshaped tensor's
+    rank, so our rules refuse OpenVINO the transpose and the relu; OpenVINO's own inference finds it."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 1, "w"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b", "c"])
+    nodes = [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+             helper.make_node("Gather", ["shape", "kept"], ["dims"], name="gather", axis=0),
+             helper.make_node("Reshape", ["x", "dims"], ["r"], name="reshape"),
+             helper.make_node("Transpose", ["r"], ["t"], name="transpose", perm=[0, 2, 1]),
+             helper.make_node("Relu", ["t"], ["y"], name="relu")]
+    kept = helper.make_tensor("kept", TensorProto.INT64, [3], [0, 1, 3])
+    graph = helper.make_graph(nodes, "unranked", [x], [y], initializer=[kept])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=7)
+
+
+class Ticking:
+    """A clock that moves 1 us at each reading: every call of every plan takes the same time."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1e-6
+        return self.now
+
+
+def test_openvino_competes_with_the_whole_model_where_our_rules_lack_a_rank():
+    """Our rules refuse OpenVINO two nodes for want of a rank; its whole-model plan is timed and checked against
+    ONNX Runtime, and, one stage where the other plan has two, chosen (every call takes the same time on the
+    ticking clock)."""
+    from uhop_onnx.providers import create
+
+    from .conftest import assert_matches, reference
+
+    if not create("openvino").present:
+        pytest.skip("OpenVINO is not available here")
+    model = unranked()
+    support = analyze(model, ["openvino"], shapes={"x": (1, 3, 1, 6)}).support["openvino"]
+    assert {name for name, s in support.items() if not s.ok} == {"transpose", "relu"}
+    assert support["transpose"].source == "unknown" and "unknown rank" in support["transpose"].reason
+    plan = uhop_onnx.optimize(model, providers=["openvino"], shapes={"x": (1, 3, 1, 6)},
+                              profiler=Profiler(clock=Ticking(), warmup=1))
+    whole = plan.profile["candidates"]["openvino whole"]
+    assert whole["ms"] is not None and not whole["rejected"] and whole["accuracy"]["y"]["max_abs_error"] <= 1e-5
+    assert plan.profile["chosen"] == "openvino whole" and [s.provider for s in plan.stages] == ["openvino"]
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 3, 1, 6)).astype(np.float32)}
+    assert_matches(uhop_onnx.InferenceSession(plan).run(None, feeds), reference(model, feeds))
+
+
+def test_a_whole_model_plan_outside_fp32_tolerance_is_never_chosen(monkeypatch, clock):
+    """A runtime our rules refuse the Gemm for want of a rank, which compiles the whole model but computes it
+    wrong: its whole-model plan, the fastest, is rejected by the check against ONNX Runtime."""
+    from .test_search import fake_provider, install
+
+    install(monkeypatch, clock, conv={}, gemm={})
+    base = fake_provider("fake-unranked", {}, 0.05, clock)
+
+    class Unranked(base):
+        def query(self, model):
+            return {n.name: Support(False, "input has unknown rank", "unknown")
+                    for n in model.graph.node if n.op_type == "Gemm"}
+
+        def compile(self, model, *, exclusive=True):
+            runner, wrong = super().compile(model, exclusive=exclusive), any(n.op_type == "Gemm" for n in model.graph.node)
+            run = runner.run
+            runner.run = lambda feeds: {k: v + 1.0 if wrong else v for k, v in run(feeds).items()}
+            return runner
+
+    monkeypatch.setitem(REGISTRY, "fake-unranked", Unranked)
+    plan = uhop_onnx.optimize(cnn(), providers=["fake-unranked"], profiler=Profiler(clock=clock, warmup=1))
+    whole = plan.profile["candidates"]["fake-unranked whole"]
+    assert whole["rejected"] is True and plan.profile["chosen"] != "fake-unranked whole"
+    assert any(s.provider == "ort-cpu" for s in plan.stages)
+    assert "| fake-unranked whole |" in markdown(plan) and "rejected: " in markdown(plan)
+
+
+def test_a_gate_that_could_not_run_the_plan_is_reported_in_one_line():
+    assert uhop_onnx.report.candidate_accuracy({"accuracy": {"error": "boom"}, "rejected": True}) == "rejected: error: boom"
+
+
+@pytest.mark.slow
+def test_no_report_of_the_search_tests_shows_a_plan_below_the_chosen():
+    """tests/test_search.py and tests/test_placer.py, run with this module as a plugin: every measured
+    placement they make passes the check."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.test_search_budget",
+                           "tests/test_search.py", "tests/test_placer.py"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
