@@ -3,10 +3,12 @@
     python benchmarks/budget.py [--budget 30] [--models timm-resnet18,encoder] [--rounds 9] [--json out.json]
 
 Per model: the wall time of `uhop-onnx optimize --budget B` in its own process (a cold cache of its own), the
-plan it chose, and that plan's latency over the plan of the unbounded search (`--budget 100000`, another cold
-cache), both plans timed each in its own worker process, in alternating rounds (`measure.time_candidates`):
-the ratio is the median over rounds of the bounded plan's round median over the unbounded one's in the same
-round (where both chose the same plan, which the line says, it shows only the noise between two processes).
+plan it chose, and its latency against the plan of the unbounded search (`--budget 100000`, another cold
+cache) and against the fastest single runtime (each provider alone, `bench.alone`, that ran every node
+itself). Every plan is timed in its own worker process, in alternating rounds (`measure.time_candidates`),
+its figure the minimum of its round medians; the bounded plan runs in two processes, an A/A pair whose
+ratio, printed beside the others, is the noise between two processes. Where both searches chose the same
+plan, the line says so.
 Every cold cache starts with the kernels library already built (it is built once per host, not per model: a
 first `optimize` on the shipped MobileNet builds it). `--models` takes `encoder` (the shipped one) and corpus names
 (`corpus_models.case`: `timm-resnet18`, `hf-bert@dynamo`, `int8-qdq`...), measured at their inputs.
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import shutil
 import subprocess
 import sys
@@ -27,8 +28,10 @@ from pathlib import Path
 import numpy as np
 import typer
 
+from uhop_onnx.bench import alone
 from uhop_onnx.measure import Candidate, time_candidates
 from uhop_onnx.plan import Plan
+from uhop_onnx.providers import resolve
 from uhop_onnx.report import stages_summary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,32 +84,51 @@ def same_plan(a: Path, b: Path) -> bool:
     return layout(a) == layout(b)
 
 
+def single(figures: dict[str, dict]) -> str | None:
+    """The fastest provider alone that ran every node itself (its stages on one provider)."""
+    singles = [name for name, f in figures.items() if name.endswith(" alone") and f["ms"] is not None
+               and len({stage.rsplit(" x", 1)[0] for stage in f["stages"]}) == 1]
+    return min(singles, key=lambda name: figures[name]["ms"], default=None)
+
+
+def ratio(figures: dict[str, dict], a: str, b: str | None) -> float | None:
+    """The figure of `a` over that of `b` (minimum round medians of the same rounds); None when one has none."""
+    x, y = figures[a]["ms"], figures[b]["ms"] if b else None
+    return round(x / y, 3) if x and y else None
+
+
 def main(budget: float = 30.0, models: str = "timm-resnet18,encoder", rounds: int = 15,
          json_out: Path | None = typer.Option(None, "--json")) -> None:
     results = {}
     with tempfile.TemporaryDirectory(prefix="uhop-budget-") as work:
         warm = Path(work, "warm")
         optimize(str(ROOT / "models" / "example_mobilenet.onnx"), [], 20, Path(work, "warm-plan"), warm)
+        present = [p.label for p in resolve(None)]
         for name in models.split(","):
             model, options, feeds = model_case(name, Path(work, name))
             bounded, unbounded = Path(work, name, "bounded"), Path(work, name, "unbounded")
             wall = optimize(model, options, budget, bounded, Path(work, name, "cache-bounded"), warm / "kernels")
             wall_unbounded = optimize(model, options, UNBOUNDED, unbounded, Path(work, name, "cache-unbounded"),
                                       warm / "kernels")
-            figures = time_candidates([Candidate("bounded", str(bounded)), Candidate("unbounded", str(unbounded))],
-                                      None, feeds, None, rounds)
-            ms = {k: f["ms"] and round(f["ms"], 3) for k, f in figures.items()}
-            pairs = zip(figures["bounded"]["round_medians_ms"], figures["unbounded"]["round_medians_ms"])
-            ratio = statistics.median(b / u for b, u in pairs) if None not in ms.values() else None
-            results[name] = {"model": model, "budget_s": budget, "wall_s": round(wall, 1),
-                             "unbounded_wall_s": round(wall_unbounded, 1), "plan": chosen(bounded),
-                             "unbounded_plan": chosen(unbounded), "same_plan": same_plan(bounded, unbounded),
-                             "ms": ms, "ratio": ratio and round(ratio, 3)}
-            r = results[name]
+            candidates = [Candidate("bounded", str(bounded)), Candidate("bounded again", str(bounded)),
+                          Candidate("unbounded", str(unbounded)), *(alone(f"{p} alone", p) for p in present)]
+            figures = time_candidates(candidates, model, feeds, None, rounds)
+            fastest = single(figures)
+            results[name] = r = {
+                "model": model, "budget_s": budget, "wall_s": round(wall, 1), "unbounded_wall_s": round(wall_unbounded, 1),
+                "plan": chosen(bounded), "unbounded_plan": chosen(unbounded), "same_plan": same_plan(bounded, unbounded),
+                "fastest_single": fastest, "ms": {k: f["ms"] and round(f["ms"], 3) for k, f in figures.items()},
+                "errors": {k: f["error"] for k, f in figures.items() if f["error"]},
+                "bounded/unbounded": ratio(figures, "bounded", "unbounded"),
+                "bounded/fastest_single": ratio(figures, "bounded", fastest),
+                "unbounded/fastest_single": ratio(figures, "unbounded", fastest),
+                "A/A": ratio(figures, "bounded again", "bounded")}
             print(f"{name}: optimize --budget {budget:g} took {r['wall_s']} s (unbounded {r['unbounded_wall_s']} s); "
-                  f"plan {r['plan']} vs unbounded {r['unbounded_plan']}"
-                  f"{' (the same plan: the ratio is the noise between two processes)' if r['same_plan'] else ''}: "
-                  f"{ms['bounded']} ms vs {ms['unbounded']} ms, median ratio per round {r['ratio']}", flush=True)
+                  f"plan {r['plan']} vs unbounded {r['unbounded_plan']}{' (the same plan)' if r['same_plan'] else ''}"
+                  f"; ms {r['ms']}; bounded/unbounded {r['bounded/unbounded']}, bounded/{fastest} "
+                  f"{r['bounded/fastest_single']}, unbounded/{fastest} {r['unbounded/fastest_single']}; "
+                  f"A/A (the bounded plan in two processes) {r['A/A']}"
+                  + "".join(f"; {k} failed: {e}" for k, e in r["errors"].items()), flush=True)
     if json_out:
         json_out.write_text(json.dumps(results, indent=2) + "\n")
 
