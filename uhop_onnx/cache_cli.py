@@ -9,7 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-app = typer.Typer(help="The on-disk cache ($UHOP_CACHE_DIR, capped by $UHOP_CACHE_MAX): info, prune, clear.",
+app = typer.Typer(help="The on-disk cache: info, prune, clear.\n\nIt lies in $UHOP_CACHE_DIR, capped by "
+                       "$UHOP_CACHE_MAX.",
                   no_args_is_help=True, add_completion=False)
 out = Console()
 
@@ -54,10 +55,10 @@ def _removed(report: dict[str, Any], as_json: bool) -> None:
 
 
 @app.command()
-def prune(max_size: Annotated[str | None, typer.Option("--max", help="Cap for this pruning (bytes, 500M, 2G); "
-                                                                        "default UHOP_CACHE_MAX, else 2G.")] = None,
+def prune(max_size: Annotated[str | None, typer.Option("--max", help="The cap for this pruning: bytes, 500M or 2G. "
+                                                                        "Default: $UHOP_CACHE_MAX, else 2G.")] = None,
           as_json: AS_JSON = False) -> None:
-    """Remove the least recently used entries until the cache is under its cap."""
+    """Remove the least recently used entries until under the cap."""
     from .cache import parse_size
     from .cache import prune as cache_prune
 
@@ -66,7 +67,9 @@ def prune(max_size: Annotated[str | None, typer.Option("--max", help="Cap for th
 
 @app.command()
 def clear(as_json: AS_JSON = False) -> None:
-    """Remove every entry (the rknn-toolkit2 environment and the benchmarks' exports stay)."""
+    """Remove every entry.
+
+    The rknn-toolkit2 environment and the benchmarks' exports stay."""
     from .cache import clear as cache_clear
 
     _removed(cache_clear(), as_json)

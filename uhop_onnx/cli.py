@@ -31,7 +31,7 @@ from rich.text import Text
 from .cache_cli import app as cache_app
 from .errors import UhopError
 from .kernels_cli import app as kernels_app
-from .providers.rknn.cli import app as rknn_setup
+from .providers.rknn.cli import rknn as rknn_setup
 from .report import (
     candidate_error,
     effort_text,
@@ -46,7 +46,8 @@ from .samples import shapes_text
 from .serve.cli import serve
 
 app = typer.Typer(name="uhop-onnx", help="Place ONNX models on the fastest mix of providers, and run them.",
-                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+                  rich_markup_mode="markdown")
 out = Console()
 err = Console(stderr=True)
 
@@ -55,27 +56,27 @@ ProvidersOption = Annotated[str | None, typer.Option("--providers", "-p", help="
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
 WideOption = Annotated[bool, typer.Option("--wide", help="Every column and row, not only the summary.")]
-ShapeOption = Annotated[list[str] | None, typer.Option("--shape", help="NAME:DIMS (1x3x224x224) of an input to "
-                        "generate; repeatable.")]
+ShapeOption = Annotated[list[str] | None, typer.Option("--shape", help="NAME:1x3x224x224, the shape of an input "
+                        "to generate (repeatable). Default: a plan folder's recorded shapes, else the model's.")]
 InputsOption = Annotated[Path | None, typer.Option("--inputs", "-i", help="An .npz (one array per input), an .npy "
-                         "(a one-input model) or an ONNX test_data_set_* folder; default: seeded random inputs.")]
+                         "(a one-input model) or an ONNX test_data_set_* folder. Default: seeded random inputs.")]
 SeedOption = Annotated[int, typer.Option("--seed", help="Seed of the generated inputs.")]
 ThreadsOption = Annotated[int | None, typer.Option("--threads", min=1, help="Intra-op threads for every provider.")]
-MeasuredShapeOption = Annotated[list[str] | None, typer.Option("--shape", help="NAME:1x3x640x640, the shape an "
-                                "input is measured at (repeatable); needed for every free dimension but a leading "
-                                "one (taken as 1).")]
+MeasuredShapeOption = Annotated[list[str] | None, typer.Option("--shape", help="NAME:1x3x640x640, the shape to "
+                                "measure an input at (repeatable). Needed for each free dimension but a leading "
+                                "one, which is taken as 1.")]
 MeasuredInputsOption = Annotated[Path | None, typer.Option("--inputs", "-i", help="Sample inputs to measure on "
                                  "instead of random values: an .npz (one array per input), an .npy (a one-input "
                                  "model) or an ONNX test_data_set_* folder.")]
 
 
-PrecisionOption = Annotated[str, typer.Option("--precision", help="fp32 (default), auto (every precision the "
-                            "providers offer competes), or bf16, fp16, int8 (that one or fp32, per stage): chosen by "
-                            "measured speed within --tolerance of ONNX Runtime fp32.")]
-ToleranceOption = Annotated[float | None, typer.Option("--tolerance", help="Per output and sample: max|y - ref| <= "
-                            "TOLERANCE * (1 + max|ref|). Default 1e-2.")]
+PrecisionOption = Annotated[str, typer.Option("--precision", help="fp32, auto, bf16, fp16 or int8. With auto, "
+                            "every precision the providers offer competes; with bf16, fp16 or int8, that one or "
+                            "fp32, per stage. The fastest within --tolerance of ONNX Runtime fp32 wins.")]
+ToleranceOption = Annotated[float | None, typer.Option("--tolerance", help="The error allowed per output and "
+                            "sample: max|y-ref| <= TOLERANCE*(1+max|ref|). Default: 1e-2.")]
 CalibrationOption = Annotated[Path | None, typer.Option("--calibration", help="Calibration samples: an .npz whose "
-                              "arrays carry a leading sample axis, or a folder of .npz files (one sample each); "
+                              "arrays carry a leading sample axis, or a folder of .npz files (one sample each). "
                               "int8 is tried only with them.")]
 
 
@@ -104,6 +105,18 @@ def main() -> None:
     args = sys.argv[1:]
     if args[:1] == ["exec"]:  # the program's arguments and output are its own: no -v taken, nothing silenced
         app(args=args)
+    import signal
+
+    def ended(number: int, frame: object) -> None:
+        """SIGTERM or SIGHUP: unwind as Ctrl-C does, so that workers are stopped and temporary files removed,
+        and exit with 128 + the signal's number; a second signal ends the process at once."""
+        for each in caught:
+            signal.signal(each, signal.SIG_DFL)
+        raise SystemExit(128 + number)
+
+    caught = [n for n in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(n) is signal.SIG_DFL]  # nohup's kept
+    for number in caught:
+        signal.signal(number, ended)
     verbose = any(a in VERBOSE for a in args)
     if verbose:
         args = ["-v", *(a for a in args if a not in VERBOSE)]
@@ -215,8 +228,9 @@ def _steps(title: str, enabled: bool = True, budget: float | None = None) -> Ite
 
 @app.command()
 def devices(as_json: JsonOption = False, wide: WideOption = False) -> None:
-    """List every provider uhop-onnx knows, present or not, with the install command (and with --wide the
-    reason) when absent."""
+    """List every provider and device uhop-onnx knows, present or not.
+
+    An absent one shows the command that installs it; --wide adds why it is absent."""
     from .providers import devices as known
 
     rows = [a.to_json() for a in known()]
@@ -251,8 +265,10 @@ def inspect(model: Path, providers: ProvidersOption = None, threads: ThreadsOpti
             unsupported: Annotated[bool, typer.Option("--unsupported", help="List the nodes some provider cannot "
                                                       "run, with the reason.")] = False,
             wide: WideOption = False, as_json: JsonOption = False, quiet: QuietOption = False) -> None:
-    """Show a model's ops and how many nodes each provider can run; --unsupported lists the nodes some provider
-    cannot run and why, --wide every node against every provider."""
+    """Show a model's ops and how many nodes each provider can run.
+
+    --unsupported lists the nodes some provider cannot run, and why. --wide shows every node against every
+    provider."""
     from .optimizer import analyze
 
     with _steps("inspecting", not (as_json or quiet)) as step:
@@ -314,14 +330,17 @@ def optimize(model: Path, output: Annotated[Path, typer.Option("--output", "-o",
              providers: ProvidersOption = None,
              no_profile: Annotated[bool, typer.Option("--no-profile", help="Place without timing.")] = False,
              threads: ThreadsOption = None,
-             budget: Annotated[float, typer.Option("--budget", min=0, help="Seconds optimize may take in all: "
-                                                   "it stops measuring then and keeps the best plan found.")]
+             budget: Annotated[float, typer.Option("--budget", min=0, help="Seconds optimize may take in all. "
+                                                   "It then stops measuring and keeps the best plan found.")]
              = 60.0,
              shape: MeasuredShapeOption = None,
              inputs: MeasuredInputsOption = None, precision: PrecisionOption = "fp32",
              tolerance: ToleranceOption = None, calibration: CalibrationOption = None,
              as_json: JsonOption = False, quiet: QuietOption = False) -> None:
-    """Place a model's nodes on providers and write the plan folder."""
+    """Place a model's nodes on providers and write the plan folder.
+
+    Candidate placements are measured within --budget seconds. With --no-profile, each node goes to the first
+    provider that can run it."""
     from .files import check_writable
     from .optimizer import optimize as run_optimize
 
@@ -421,7 +440,10 @@ def run(model: Annotated[Path, typer.Argument(help="A plan folder or an .onnx mo
         warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs before the timed ones.")] = 1,
         seed: SeedOption = 0, providers: ProvidersOption = None, threads: ThreadsOption = None,
         as_json: JsonOption = False) -> None:
-    """Run a plan folder or a model on given or generated inputs; with --iterations, time it."""
+    """Run a plan folder or a model on given or generated inputs.
+
+    Generated inputs take the shapes of --shape, else those a plan folder recorded, else the model's.
+    --iterations N times N runs: latency percentiles, throughput and each stage's share."""
     import numpy as np
 
     from .latency import measure_latency
@@ -467,18 +489,21 @@ def _print_latency(latency: dict) -> None:
 
 @app.command()
 def compare(model: Annotated[Path, typer.Argument(help="A plan folder or an .onnx model.")],
-            against: Annotated[str, typer.Option("--against", help="The reference: a provider id; for a model, "
+            against: Annotated[str, typer.Option("--against", help="The reference: a provider id. For a model, "
                                                  "ort-cpu is ONNX Runtime on the original model.")] = "ort-cpu",
             inputs: InputsOption = None, shape: ShapeOption = None,
-            rtol: Annotated[float | None, typer.Option("--rtol", min=0, help="Default: the plan's gate's rule "
-                                                       "where it was gated at a reduced precision, else 1e-4.")] = None,
-            atol: Annotated[float | None, typer.Option("--atol", min=0, help="Default: as --rtol's, else 1e-5.")]
+            rtol: Annotated[float | None, typer.Option("--rtol", min=0, help="Relative tolerance. Default: the "
+                                                       "rule a reduced-precision plan was gated at, else 1e-4.")]
+            = None,
+            atol: Annotated[float | None, typer.Option("--atol", min=0, help="Absolute tolerance. Default: the "
+                                                       "rule a reduced-precision plan was gated at, else 1e-5.")]
             = None,
             seed: SeedOption = 0, providers: ProvidersOption = None, threads: ThreadsOption = None,
             as_json: JsonOption = False) -> None:
-    """Run a plan (or a model) and a reference on the same inputs and compare every output: max abs and rel
-    error and cosine; exit 1 when one is outside --rtol/--atol (numpy's allclose), or without them outside the
-    rule the plan was gated at."""
+    """Compare a plan's (or a model's) outputs with a reference's.
+
+    Both run on the same inputs. Each output shows its max abs and rel error and its cosine. Exit 1 when one
+    is outside --rtol/--atol (as numpy's allclose), or without them outside the rule the plan was gated at."""
     from .compare import compare, tolerance_for, tolerance_text
 
     with _steps("comparing", not as_json) as step:
@@ -563,8 +588,10 @@ def _write_npz(path: Path, arrays: dict) -> None:
 @app.command()
 def explain(plan_dir: Annotated[Path, typer.Argument(help="A plan folder written by optimize, or a bundle.")],
             wide: WideOption = False, as_json: JsonOption = False) -> None:
-    """Show a plan: its stages, providers, and the tensors that cross between them; for a bundle, its stages
-    and why each node off the board's accelerator is there."""
+    """Show a plan folder or a bundle: its stages and their providers.
+
+    Also the whole plans that were timed and what adapting sessions decided. For a bundle, also why each node
+    off the board's accelerator is there."""
     from .plan import Plan
 
     if (plan_dir / "manifest.json").is_file() or plan_dir.name.endswith(".tar.gz"):
@@ -589,8 +616,10 @@ def bench(model: Path, providers: ProvidersOption = None, threads: ThreadsOption
           shape: MeasuredShapeOption = None, inputs: MeasuredInputsOption = None, precision: PrecisionOption = "fp32",
           tolerance: ToleranceOption = None, calibration: CalibrationOption = None,
           as_json: JsonOption = False, quiet: QuietOption = False) -> None:
-    """Time raw runtimes, each provider alone and the optimized plan, each in its own process, side by side.
-    Exit 1 when a candidate failed (its error in the table and the JSON)."""
+    """Time raw runtimes, each provider alone and the optimized plan.
+
+    Each candidate runs in its own process, in alternating rounds. Exit 1 when a candidate failed (its error
+    is in the table and the JSON)."""
     from .bench import bench as run_bench
 
     with _steps("benchmarking", not (as_json or quiet)) as step:
@@ -640,25 +669,25 @@ class ExportFormat(StrEnum):
 
 @app.command()
 def export(model: Path,
-           output: Annotated[Path, typer.Option("--output", "-o", help="A new folder, or a file ending .tar.gz "
-                                                "(bundles); a new folder (Triton repositories).")],
+           output: Annotated[Path, typer.Option("--output", "-o", help="A new folder. A bundle may also be a "
+                                                "file ending .tar.gz.")],
            target: Annotated[str | None, typer.Option("--target", "-t", help="Board profile: rk3588, jetson-orin, "
                                                       "x86-64, x86-64-v4, arm64, intel-npu, or a JSON profile's "
                                                       "path.")] = None,
-           fmt: Annotated[ExportFormat, typer.Option("--format", help="bundle: stages in their runtimes' own formats "
-                                                     "for a board; triton: a Triton model repository.")]
+           fmt: Annotated[ExportFormat, typer.Option("--format", help="bundle: each stage in its runtime's own "
+                                                     "format, for a board. triton: a Triton model repository.")]
            = ExportFormat.bundle,
            providers: ProvidersOption = None, threads: ThreadsOption = None,
            sign: Annotated[Path | None, typer.Option("--sign", help="Sign the bundle's manifest with this Ed25519 "
                                                      "private key (from `uhop-onnx keygen`).")] = None,
            shape: MeasuredShapeOption = None, inputs: MeasuredInputsOption = None,
-           max_batch: Annotated[int, typer.Option(min=0, help="Triton only: dynamic_batching of up to N requests "
-                                                  "(needs a free first dimension); 0: none.")] = 0,
+           max_batch: Annotated[int, typer.Option(min=0, help="Triton only: batch up to N requests dynamically "
+                                                  "(needs a free first dimension). 0: no batching.")] = 0,
            max_delay_ms: Annotated[float | None, typer.Option(min=0, help="Triton only: how long a batch waits "
                                                               "for more requests.")] = None,
            precision: PrecisionOption = "fp32", tolerance: ToleranceOption = None,
            calibration: CalibrationOption = None, as_json: JsonOption = False, quiet: QuietOption = False) -> None:
-    """Write a deployment bundle for a board, or a Triton model repository."""
+    """Write a deployment bundle for a board, or a Triton repository."""
     if fmt is ExportFormat.triton:
         from .triton import export_triton
 
@@ -689,10 +718,12 @@ def export(model: Path,
 
 
 @app.command()
-def keygen(name: Annotated[Path, typer.Option("--output", "-o", help="Writes NAME.key (private, mode 0600) and "
-                                              "NAME.pub (public).")],
+def keygen(name: Annotated[Path, typer.Option("--output", "-o", help="NAME: writes NAME.key (private, mode "
+                                              "0600) and NAME.pub (public).")],
            as_json: JsonOption = False) -> None:
-    """Write a new Ed25519 key pair (PEM) to sign bundles with: `export --sign NAME.key`, `verify --key NAME.pub`."""
+    """Write a new Ed25519 key pair (PEM) to sign bundles with.
+
+    Sign with `export --sign NAME.key`; check with `verify --key NAME.pub`."""
     from .bundle.signature import keygen as write_pair
 
     private, public = write_pair(name)
@@ -711,9 +742,11 @@ def tune(bundle: Annotated[Path, typer.Argument(help="A bundle folder or .tar.gz
                                                "improving the plan.")] = 60.0,
          shape: MeasuredShapeOption = None, inputs: MeasuredInputsOption = None,
          calibration: CalibrationOption = None, as_json: JsonOption = False) -> None:
-    """On the board: place a bundle's model again by measuring it here (on the bundle's sample inputs unless
-    --shape or --inputs says otherwise), and write the new bundle; a reduced-precision bundle's precision and
-    tolerance compete again (int8 only with --calibration)."""
+    """Place a bundle's model again by measuring it on this board.
+
+    It measures on the bundle's sample inputs, unless --shape or --inputs gives others, and writes a new
+    bundle. A reduced-precision bundle's precision and tolerance compete again (int8 only with
+    --calibration)."""
     from .export import tune_bundle
 
     with _steps("tuning", not as_json) as step:
@@ -752,8 +785,10 @@ def verify(bundle: Annotated[Path, typer.Argument(help="A bundle folder or .tar.
            allow_unrun: Annotated[bool, typer.Option("--allow-unrun", help="Succeed even when no stage can run "
                                                      "here (only the hashes are then checked).")] = False,
            as_json: JsonOption = False) -> None:
-    """Check a bundle's signature (with --key) and hashes, then run every stage this host can run and compare
-    with ONNX Runtime."""
+    """Check a bundle's hashes and signature, then run its stages here.
+
+    --key checks the signature. Each stage this host can run is compared with ONNX Runtime. Exit 1 on a
+    mismatch or tampering, or when no stage could run here (unless --allow-unrun)."""
     from .verify import verify_bundle
 
     with _steps("verifying", not as_json):
@@ -801,18 +836,20 @@ setup_app = typer.Typer(help="Install the toolkits some providers need.", no_arg
 @app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
              add_help_option=False)
 def exec_program(ctx: typer.Context) -> None:
-    """Run a program with uhop-onnx's InferenceSession in onnxruntime's place, unchanged:
-    `uhop-onnx exec -- python app.py ARGS` (UHOP_PRECISION, UHOP_TOLERANCE set its sessions' precision)."""
+    """Run a Python program with uhop-onnx's session as onnxruntime's.
+
+    As `uhop-onnx exec -- python app.py ARGS`. UHOP_PRECISION and UHOP_TOLERANCE set its sessions' precision
+    and tolerance."""
     from .exec import main as run_program
 
-    raise typer.Exit(run_program(ctx.args))
+    raise typer.Exit(run_program(ctx.args, prog="uhop-onnx exec"))
 
 
-setup_app.add_typer(rknn_setup)
+setup_app.command("rknn", short_help="Create the rknn-toolkit2 environment that RKNN stages need.")(rknn_setup)
 app.add_typer(setup_app, name="setup")
 app.add_typer(kernels_app, name="kernels")
 app.add_typer(cache_app, name="cache")
-app.command("serve")(serve)
+app.command("serve", short_help="Serve a model over the Open Inference Protocol (KServe v2 REST).")(serve)
 
 
 if __name__ == "__main__":

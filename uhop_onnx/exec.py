@@ -17,10 +17,10 @@ from .errors import InputError
 from .patch import patch_onnxruntime
 from .precision import check_choice
 
-USAGE = "usage: python -m uhop_onnx.exec [python] (SCRIPT | -m MODULE) [ARGS...]"
+USAGE = "usage: {prog} [python] (SCRIPT | -m MODULE) [ARGS...]"
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], prog: str = "python -m uhop_onnx.exec") -> int:
     """Run the program `argv` names (`["app.py", ...]`, `["-m", "pkg.app", ...]`, a leading `python` or
     `--` dropped) under the patch; its exit status (1 and its traceback when it raises)."""
     args = list(argv)
@@ -29,13 +29,13 @@ def main(argv: list[str]) -> int:
     if args and _is_python(args[0]):
         args.pop(0)
     if args[:1] in (["-h"], ["--help"]):
-        print(USAGE)
+        print(USAGE.format(prog=prog))
         return 0
     try:
         defaults = env_defaults(os.environ)
         run = _runner(args)
     except InputError as error:
-        print(f"uhop-onnx exec: {error}\n{USAGE}", file=sys.stderr)
+        print(f"{prog}: {error}\n{USAGE.format(prog=prog)}", file=sys.stderr)
         return 2
     try:
         with patch_onnxruntime(**defaults):

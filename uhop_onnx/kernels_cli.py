@@ -18,9 +18,13 @@ err = Console(stderr=True)
 
 @app.command()
 def bench(threads: Annotated[str, typer.Option(help="Comma-separated thread counts.")] = "1,2",
-          rounds: Annotated[int, typer.Option(min=1, help="Rounds; each figure is the min of round medians.")] = 3,
+          rounds: Annotated[int, typer.Option(min=1, help="Rounds. Each figure is the minimum of the round "
+                                                          "medians.")] = 3,
           as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False) -> None:
-    """GFLOP/s of our MatMul and ResNet-18 / MobileNetV2 convolutions beside numpy, ONNX Runtime and a naive loop."""
+    """Measure our kernels' GFLOP/s beside numpy and ONNX Runtime.
+
+    The cases are MatMuls and the convolutions of ResNet-18 and MobileNetV2; a naive loop runs them too.
+    Each library runs in its own process."""
     from .kernels_bench import LIBRARIES, measure
 
     counts = tuple(int(t) for t in threads.split(",") if t.strip())
@@ -46,7 +50,9 @@ def bench(threads: Annotated[str, typer.Option(help="Comma-separated thread coun
 def tune(model: Annotated[Path, typer.Argument(help="An ONNX model file.", exists=True, dir_okay=False)],
          threads: Annotated[int | None, typer.Option(min=1, help="Threads to tune for (default: all cores).")] = None,
          as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False) -> None:
-    """Tune every Conv/Gemm/MatMul of MODEL that `kernels` would run, and cache the winners for this device."""
+    """Tune each Conv, Gemm and MatMul of MODEL that kernels would run.
+
+    The fastest schedules are cached for this device."""
     from .kernels_tune import tune_model
 
     with err.status(f"tuning {model.name}"):
