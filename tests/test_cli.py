@@ -81,8 +81,11 @@ def test_bench_counts_only_whole_runners_as_single_providers(tmp_path):
     assert [s.split(" x")[0] for s in figures["litert alone"]["stages"]] == ["ort-cpu", "litert"]  # LiteRT has no GRU
     assert figures["onnxruntime (raw)"]["stages"] == [] and figures["uhop-onnx plan"]["stages"]
     assert report["best_single"] in {"openvino alone", "ort-cpu alone"}
-    best = figures[report["best_single"]]["ms"]
-    assert figures["uhop-onnx plan"]["ratio_to_best_single"] == pytest.approx(figures["uhop-onnx plan"]["ms"] / best)
+    best, plan = figures[report["best_single"]]["ms"], figures["uhop-onnx plan"]
+    if plan["ms"] is None:  # optimize timed no whole plan within its 5 s: the row says why, with no figure
+        assert plan["unmeasured"] and "ratio_to_best_single" not in plan and not report["failed"]
+    else:
+        assert plan["ratio_to_best_single"] == pytest.approx(plan["ms"] / best)
 
 
 def reflect_front_end() -> onnx.ModelProto:

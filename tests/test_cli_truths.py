@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import onnx
 import pytest
+import typer
 from typer.testing import CliRunner
 
 import uhop_onnx
 from uhop_onnx.cli import app
+from uhop_onnx.providers import create
 
 from .test_cli import uhop
 
@@ -53,3 +56,94 @@ def test_run_and_compare_a_plan_at_the_shapes_it_recorded(encoder_plan):
     assert compared.exit_code == 0 and json.loads(compared.stdout)["ok"], compared.output
     given = json.loads(cli("run", encoder_plan, "--shape", "input_ids:1x3", "--json").stdout)
     assert given["outputs"][0]["shape"] == [1, 3, 32] and given["inputs"] == "generated, seed 0"
+
+
+def _commands(group, path=()):
+    """Every command's path below `group`, groups included."""
+    for name, command in group.commands.items():
+        yield (*path, name)
+        if hasattr(command, "commands"):
+            yield from _commands(command, (*path, name))
+
+
+def _command(path):
+    command = typer.main.get_command(app)
+    for name in path:
+        command = command.commands[name]
+    return command
+
+
+@pytest.mark.parametrize("path", list(_commands(typer.main.get_command(app))), ids=" ".join)
+def test_help_reads_as_sentences_at_80_columns(path):
+    """Each command's summary is one sentence on one row of its group's list; its description and its options'
+    texts are whole sentences, reflowed to the width, with nothing cut off."""
+    shown = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "80"}).stdout
+    lines = shown.splitlines()
+    assert max(map(len, lines)) <= 80, shown
+    if path[-1] != "serve":  # serve's option names are its own module's, and rich cuts the longest one
+        assert "…" not in shown, shown
+    command = _command(path)
+    if path[-1] == "exec":  # the program's options are its own: no help page of typer's
+        assert shown.startswith("usage: uhop-onnx exec") and len(lines) <= 3, shown
+        return
+    description = " ".join(shown.split("Usage:")[1].split("╭")[0].split()[1:])
+    assert description.endswith("."), shown
+    for param in command.params:
+        assert not param.help or param.help.endswith("."), (param.name, param.help)
+    if hasattr(command, "commands"):
+        listed = shown.split("─ Commands ")[1].split("╰")[0].splitlines()[1:]
+        assert len(listed) == len(command.commands), shown  # one row each
+
+
+def tiny_model(folder: Path) -> Path:
+    """Sigmoid then Softmax: ops the kernels provider has none of."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Sigmoid", ["x"], ["s"], name="sigmoid"),
+         helper.make_node("Softmax", ["s"], ["y"], name="softmax", axis=-1)], "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])])
+    path = folder / "tiny.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_bench_marks_an_unmeasured_plan_and_a_provider_alone_that_took_no_node(tmp_path, monkeypatch):
+    """A plan whose placement optimize did not time is not timed as "the optimized plan": its row says why;
+    a provider alone that took no node says which providers ran instead."""
+    timed = []
+
+    def rounds(candidates, *args, **kwargs):
+        timed.extend(c.name for c in candidates)
+        return {c.name: {"ms": 1.0, "spread": 0.0, "round_medians_ms": [1.0], "error": None,
+                         "stages": ["ort-cpu x2"] if c.name.endswith(" alone") else []} for c in candidates}
+
+    why = "no whole plan could be timed within the budget"
+    monkeypatch.setattr("uhop_onnx.bench._optimize_in_process",
+                        lambda *args: {"seconds": 0.5, "stages": ["ort-cpu x2"], "unmeasured": why})
+    monkeypatch.setattr("uhop_onnx.bench.time_candidates", rounds)
+    model = tiny_model(tmp_path)
+    report = json.loads(cli("bench", model, "--providers", "kernels,ort-cpu", "--json").stdout)
+    plan = report["candidates"]["uhop-onnx plan"]
+    assert "uhop-onnx plan" not in timed and plan["ms"] is None and plan["unmeasured"] == why
+    assert not report["failed"] and plan["stages"] == ["ort-cpu x2"]
+    alone = report["candidates"]["kernels alone"]
+    assert alone["ran"] == ["ort-cpu"] and alone["note"] == "ran ort-cpu: kernels took no node"
+    assert report["candidates"]["ort-cpu alone"]["ran"] == ["ort-cpu"] and "note" not in report["candidates"]["ort-cpu alone"]
+    table = cli("bench", model, "--providers", "kernels,ort-cpu")
+    rows = table.stdout.split("┡")[1]
+    assert table.exit_code == 0 and "1.000" not in rows.split("uhop-onnx plan")[1], table.stdout  # no figure
+    words = rows.split()
+    assert words[words.index("plan") + 2:][:2] == ["unmeasured:", "no"], table.stdout
+    assert "(ran ort-cpu:" in table.stdout and "took no" in table.stdout, table.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not create("kernels").present, reason="the kernels provider needs a C compiler")
+def test_bench_names_what_ran_for_a_provider_that_took_no_node(tmp_path):
+    result = uhop("bench", str(tiny_model(tmp_path)), "--providers", "kernels", "--threads", "1", "--rounds", "1",
+                  "--budget", "5", "--json")
+    assert result.returncode == 0, result.stderr
+    alone = json.loads(result.stdout)["candidates"]["kernels alone"]
+    assert alone["ran"] == ["ort-cpu"] and alone["note"] == "ran ort-cpu: kernels took no node", alone

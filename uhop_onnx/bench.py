@@ -8,7 +8,10 @@ single provider is the fastest that runs every node alone: a provider alone that
 nodes is listed with its stages, as the greedy plan it is.
 
 A candidate that fails (to build, or in any round) has no figure: its `error` is one line naming the
-stage and provider that raised it, as the worker reported it.
+stage and provider that raised it, as the worker reported it. A plan whose placement `optimize` did not
+measure (its `profile["unmeasured"]`) is not timed either: its row says why, as `unmeasured`. Each
+provider alone names the providers its plan really used (`ran`), and says so in a `note` where the
+provider took no node.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from .measure import Candidate, last_line, stage_labels, time_candidates
 
 RAW = {"onnxruntime": "ort-cpu", "openvino": "openvino"}  # raw runtime -> the provider that wraps it
 RAW_BUILD, ALONE_BUILD = "uhop_onnx.bench:raw_runtime", "uhop_onnx.bench:provider_alone"
+PLAN = "uhop-onnx plan"
 
 
 def raw(name: str, runtime: str) -> Candidate:
@@ -74,19 +78,24 @@ def bench(model: str | os.PathLike, providers: list[str] | None = None, threads:
                                         work / "feeds.npz", reduced)
         candidates = [raw(f"{r} (raw)", r) for r, w in RAW.items() if w in present]
         candidates += [alone(f"{p} alone", p) for p in present]
-        if "error" not in cold:
-            candidates.append(Candidate("uhop-onnx plan", str(work / "plan")))
+        timed = "error" not in cold and not cold.get("unmeasured")
+        if timed:
+            candidates.append(Candidate(PLAN, str(work / "plan")))
         progress(f"timing {len(candidates)} candidates, {rounds} rounds")
         figures = time_candidates(candidates, model, feeds, threads, rounds, calls)
-        if "error" in cold:  # no plan to time: its figure is optimize's error
-            figures["uhop-onnx plan"] = {"ms": None, "spread": None, "round_medians_ms": [], "stages": [],
-                                         "error": cold["error"]}
+        if not timed:  # no plan to time, or none optimize measured: its row says why
+            figures[PLAN] = {"ms": None, "spread": None, "round_medians_ms": [], "stages": cold.get("stages", []),
+                             "error": cold.get("error"), "unmeasured": cold.get("unmeasured")}
     singles = {c.name: figures[c.name] for c in candidates if c.build == ALONE_BUILD
                and figures[c.name]["ms"] is not None
                and all(stage.startswith(f"{c.target} x") for stage in figures[c.name]["stages"])}
     best_single = min(singles.values(), key=lambda f: f["ms"])["ms"] if singles else None
     for c in candidates:
         f = figures[c.name]
+        if c.build == ALONE_BUILD and f["stages"]:
+            f["ran"] = list(dict.fromkeys(stage.rsplit(" x", 1)[0] for stage in f["stages"]))
+            if c.target not in f["ran"]:
+                f["note"] = f"ran {', '.join(f['ran'])}: {c.target} took no node"
         if f["ms"] is not None and best_single:
             f["ratio_to_best_single"] = f["ms"] / best_single
         wraps = RAW.get(c.target) if c.build == RAW_BUILD else None
@@ -102,7 +111,8 @@ def bench(model: str | os.PathLike, providers: list[str] | None = None, threads:
 def _optimize_in_process(model: str, providers, threads, budget, cache: Path, out: Path, feeds: Path,
                          reduced: dict[str, Any]) -> dict[str, Any]:
     """Time `optimize` on `feeds` in a fresh process with its own cache folder, as a user's first and second
-    run: `{"seconds", "stages"}`, or `{"error"}` when it failed (the plan folder is then not written)."""
+    run: `{"seconds", "stages", "unmeasured"}` (why its placement was not measured, else None), or `{"error"}`
+    when it failed (the plan folder is then not written)."""
     env = {**os.environ, "UHOP_CACHE_DIR": str(cache)}
     request = json.dumps({"model": model, "providers": providers, "threads": threads, "budget": budget, "out": str(out),
                           "inputs": str(feeds), **reduced})
@@ -177,7 +187,8 @@ def _optimize(request: dict) -> None:
         return
     seconds = time.perf_counter() - start
     plan.save(request["out"], report=False)
-    print(json.dumps({"seconds": seconds, "stages": stage_labels(plan)}))
+    print(json.dumps({"seconds": seconds, "stages": stage_labels(plan),
+                      "unmeasured": (plan.profile or {}).get("unmeasured")}))
 
 
 if __name__ == "__main__":

@@ -643,7 +643,7 @@ def _print_bench(result: dict, threads: int | None) -> None:
     for name, f in sorted(result["candidates"].items(), key=lambda kv: ms_order(kv[1]["ms"])):
         ratio = f.get("ratio_to_best_single")
         overhead = f.get("overhead_vs_raw")
-        table.add_row(escape(name), ms_text(f["ms"]) if f["ms"] is not None else f"[red]failed:[/] {_short(f['error'])}",
+        table.add_row(escape(name) + (f" [yellow]({escape(f['note'])})[/]" if f.get("note") else ""), _figure(f),
                       "" if ratio is None else f"{ratio:.3f}", "" if overhead is None else f"{overhead:+.1%}",
                       "" if len(f["stages"]) <= 1 else escape(stages_summary(" > ".join(f["stages"]))))
     out.print(table)
@@ -654,6 +654,15 @@ def _print_bench(result: dict, threads: int | None) -> None:
     if seconds["cold"] is not None:
         out.print(f"optimize: {seconds['cold']:.1f} s with a cold cache, {seconds['warm']:.1f} s warm; "
                   f"plan: {escape(' > '.join(result['plan']))}")
+
+
+def _figure(candidate: dict) -> str:
+    """A bench row's figure: its ms, else why it has none (it failed, or optimize did not measure the plan)."""
+    if candidate["ms"] is not None:
+        return ms_text(candidate["ms"])
+    if candidate.get("unmeasured"):
+        return f"[yellow]unmeasured:[/] {_short(candidate['unmeasured'])}"
+    return f"[red]failed:[/] {_short(candidate['error'])}"
 
 
 def _short(error: str | None, limit: int = 160) -> str:
