@@ -147,3 +147,16 @@ def test_bench_names_what_ran_for_a_provider_that_took_no_node(tmp_path):
     assert result.returncode == 0, result.stderr
     alone = json.loads(result.stdout)["candidates"]["kernels alone"]
     assert alone["ran"] == ["ort-cpu"] and alone["note"] == "ran ort-cpu: kernels took no node", alone
+
+
+def test_explain_says_why_a_plan_is_unmeasured(tmp_path):
+    why = "no whole plan could be timed within the budget (3.6 s); first-supported was kept untimed"
+    folder = tmp_path / "plan"
+    uhop_onnx.optimize(str(tiny_model(tmp_path)), providers=["ort-cpu"], profile=False).save(folder)
+    data = json.loads((folder / "plan.json").read_text())
+    data["profile"] = {"chosen": "first-supported", "measured": 0, "cached": 0, "seconds": 0.01, "unmeasured": why,
+                       "candidates": {"first-supported": {"ms": None, "spread": 0.0, "stages": "ort-cpu x2",
+                                                          "error": "not timed: the budget ran out"}}}
+    (folder / "plan.json").write_text(json.dumps(data))
+    shown = cli("explain", folder)
+    assert shown.exit_code == 0 and f"this plan is unmeasured: {why}" in " ".join(shown.stdout.split()), shown.stdout

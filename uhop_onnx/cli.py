@@ -407,7 +407,8 @@ def _print_adaptation(plan) -> None:
 def _print_candidates(profile: dict) -> None:
     """One line per whole plan timed, at the console's width: its figure, the range of its round medians, its
     stages (a long plan summarised) and, in a column of its own, why it failed or its error against fp32;
-    stages and errors that do not fit are cut with an ellipsis (`--json` has them whole)."""
+    stages and errors that do not fit are cut with an ellipsis (`--json` has them whole). Then why the plan
+    chosen is unmeasured, where it is."""
     rows = sorted(profile["candidates"].items(), key=lambda kv: ms_order(kv[1]["ms"]))
     cells = [[("* " if name == profile["chosen"] else "") + name, ms_text(c["ms"]), interval_text(c),
               stages_summary(c["stages"]), candidate_error(c)] for name, c in rows]
@@ -425,6 +426,8 @@ def _print_candidates(profile: dict) -> None:
     for column, width in zip(table.columns, widths):
         column.no_wrap, column.width = True, width
     out.print(table)
+    if profile.get("unmeasured"):
+        out.print(f"[yellow]this plan is unmeasured:[/] {escape(profile['unmeasured'])}", highlight=False)
 
 
 def _cut(text: str, width: int) -> str:
