@@ -7,8 +7,8 @@ that stops at its deadline with the best plan found so far. What settles the mos
    stages, then ONNX Runtime alone, then fastest) is the best so far, and the budget goes first to the
    decision that can change it: a plan faster beyond the noise (`measure.faster`: round by round, in the
    same rounds), the fastest first, is timed again with it, the two alternating round by round, and takes
-   its place when faster beyond the noise again (timed afresh, in fresh processes when the timer makes
-   processes: one process may run a plan 10-20% slower than the next).
+   its place when faster beyond the noise in two of (at most) three timings (afresh, in fresh processes
+   when the timer makes processes: one process may run a plan 10-20% slower than the next).
 2. Blocks (`blocks.py`) are timed on the providers that can run them whole, the providers whose own plans
    were fastest first, a few blocks at a time; then each provider's cost of entering a stage, and for each
    ordered pair of providers the cost of a stage on the second right after one on the first (the tensor
@@ -267,19 +267,23 @@ class _Searching:
 
     def _decided(self, candidates: Mapping[str, Choice], whole: dict[str, Measurement], challenger: str,
                  best: str, wins: int) -> str:
-        """`challenger` once it was faster than `best` beyond the noise in two timings of the two together in a
-        row (`wins` of them done already), `best` once a timing finds it not faster; `whole` keeps their
-        latest figures of the same rounds. When the budget ends first, `best` stands and the decision is
-        recorded as undecided."""
+        """`challenger` once two timings of the two together found it faster than `best` beyond the noise
+        (`wins` of them done already), `best` once two found it not faster, or the first did; `whole` keeps
+        their latest figures of the same rounds. When the budget ends first, `best` stands and the decision
+        is recorded as undecided."""
+        losses = 0
         while wins < 2:
             result = self._timed({challenger: candidates[challenger], best: candidates[best]})
             if result is None:
-                self.undecided = self.undecided or self._undecided(whole, challenger, best, 2 - wins)
+                self.undecided = self.undecided or self._undecided(whole, challenger, best, 3 - wins - losses)
                 return best
             whole.update(result)
-            if not faster(result[challenger], result[best]):
+            if faster(result[challenger], result[best]):
+                wins += 1
+                continue
+            losses += 1
+            if wins == 0 or losses == 2:
                 return best
-            wins += 1
         return challenger
 
     def _timed(self, choices: Mapping[str, Choice]) -> dict[str, Measurement] | None:
@@ -298,8 +302,8 @@ class _Searching:
 
     def _undecided(self, whole: Mapping[str, Measurement], challenger: str, best: str, timings: int
                    ) -> Undecided | None:
-        """The record of the decision between `challenger` and `best` that `timings` more timings of the two
-        would settle, from their latest figures; None when one has none."""
+        """The record of the decision between `challenger` and `best` that at most `timings` more timings of
+        the two would settle, from their latest figures; None when one has none."""
         a, b = whole.get(challenger), whole.get(best)
         if a is None or b is None or not (a.ok and b.ok):
             return None

@@ -150,6 +150,19 @@ def test_with_time_the_decision_is_settled_by_a_second_timing(monkeypatch, clock
     assert report["chosen"] != "ort-cpu first" and "undecided" not in report
 
 
+def test_a_timing_within_the_noise_after_a_win_is_settled_by_a_third(monkeypatch, clock):
+    """Faster, then within the noise, then faster again: two of three timings make the decision."""
+    script = [(figure(20.0, 20.0, 20.0), figure(30.0, 30.0, 30.0)), (figure(29.0, 29.5, 30.0), figure(30.0, 30.0, 30.0)),
+              (figure(20.0, 20.0, 20.0), figure(30.0, 30.0, 30.0))]
+
+    def timer(choices):
+        fast, slow = script.pop(0) if len(script) > 1 else script[0]
+        return scripted(fast, slow)(choices)
+
+    report = search_with(monkeypatch, clock, timer, 60)
+    assert report["chosen"] != "ort-cpu first" and "undecided" not in report
+
+
 def test_a_clearly_faster_runtime_wins_at_budget_zero(monkeypatch, clock):
     """Through `optimize`, on the fake clock: ONNX Runtime costs 100 ms a call, fake-conv well under 1 ms; at
     budget 0 only one round of each is timed, and fake-conv's plan is chosen, not the simplest."""
