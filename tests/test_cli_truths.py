@@ -4,6 +4,8 @@ that reads at 80 columns, bench rows that name what ran, kept decisions shown, a
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import onnx
@@ -160,3 +162,43 @@ def test_explain_says_why_a_plan_is_unmeasured(tmp_path):
     (folder / "plan.json").write_text(json.dumps(data))
     shown = cli("explain", folder)
     assert shown.exit_code == 0 and f"this plan is unmeasured: {why}" in " ".join(shown.stdout.split()), shown.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not create("openvino").present, reason="openvino is not installed")
+def test_explain_shows_the_decision_that_kept_a_plan(tmp_path, monkeypatch):
+    """A candidate found faster is kept at once, while another is still prepared: its plan folder holds no
+    trials yet, and explain shows the decision kept beside it."""
+    from uhop_onnx.adapt import EXPLORE_AFTER, Decisions, Serving
+    from uhop_onnx.models import cnn
+    from uhop_onnx.runtime import compile_plan
+
+    from .conftest import random_feeds
+    from .test_adapt import _Slowed
+
+    monkeypatch.setattr("uhop_onnx.adapt.ROUND_S", 0.0)  # rounds of ROUND calls, however short
+    model, released = cnn(), threading.Event()
+    feeds = random_feeds(model)
+    starter = uhop_onnx.optimize(model, providers=["ort-cpu"], profile=False)
+    faster = uhop_onnx.optimize(model, providers=["openvino"], profile=False)
+
+    def later(sample):
+        released.wait(120)
+        return faster
+
+    decisions = Decisions(tmp_path / "decisions")
+    serving = Serving(starter, lambda plan: _Slowed(compile_plan(plan), 0.03 if plan is starter else 0.0), "ort-cpu",
+                      lambda stopped, sample: {"openvino": lambda sample: faster, "later": later},
+                      explore_after_s=0.0, decisions=decisions)
+    try:
+        deadline = time.monotonic() + 120
+        while not decisions.table.read() and time.monotonic() < deadline:
+            serving.run(None, feeds)
+        [(bucket, entry)] = decisions.table.read().items()
+    finally:
+        released.set()
+        serving.close()
+    shown = cli("explain", tmp_path / "decisions" / entry["plan"])
+    said = " ".join(shown.stdout.split())
+    assert f"kept for {bucket} by an adapting session after {entry['calls']} calls: openvino serves it" in said, said
+    assert json.loads(cli("explain", tmp_path / "decisions" / entry["plan"], "--json").stdout)["kept"] == {bucket: entry}

@@ -392,8 +392,8 @@ def _print_adaptation(plan) -> None:
     its figure (its time over the serving plan's, a 95% interval), where it stood and what ONNX Runtime held it
     to."""
     for key, bucket in (plan.adaptation or {}).items():
-        out.print(f"[bold]adapted at {escape(key)}[/] ({bucket['calls']} calls): {escape(bucket['decision'] or '')}",
-                  highlight=False)
+        out.print(f"[bold]adapted at {escape(key)}[/] ({bucket['calls']} calls): "
+                  f"{escape(bucket['decision'] or 'not decided yet')}", highlight=False)
         for trial in bucket["candidates"]:
             low, high = trial["interval"] or (None, None)
             figure = f", {low:.3f}-{high:.3f}x the serving plan's time" if low is not None else ""
@@ -600,16 +600,46 @@ def explain(plan_dir: Annotated[Path, typer.Argument(help="A plan folder written
     if (plan_dir / "manifest.json").is_file() or plan_dir.name.endswith(".tar.gz"):
         return _print_bundle(plan_dir, "bundle", as_json)
     plan = Plan.load(plan_dir)
+    kept = _kept_for(plan_dir)
     if as_json:
-        return _print_json(plan.to_json())
+        return _print_json(plan.to_json() | ({"kept": kept} if kept else {}))
     out.print(escape(plan.summary()))
     if plan.tolerance is not None:
         out.print(escape(precision_text(plan)), highlight=False)
     _print_stages(plan, title=str(plan_dir), wide=wide)
     if plan.profile:
         _print_candidates(plan.profile)
+    _print_kept(kept, plan)
     _print_adaptation(plan)
     _print_replaced(plan)
+
+
+def _kept_for(plan_dir: Path) -> dict[str, dict]:
+    """Shape bucket -> the decision that keeps this plan folder, where an adapting session kept it in the cache
+    (`adapt.Decisions`: beside their `decisions.json`); {} for any other folder."""
+    from .adapt import Decisions
+
+    folder = plan_dir.resolve()
+    decisions = folder.parent / "decisions.json"
+    if not decisions.is_file():
+        return {}
+    return {bucket: entry for bucket, entry in Decisions(folder.parent).table.read().items()
+            if entry["plan"] == folder.name}
+
+
+def _print_kept(kept: dict[str, dict], plan) -> None:
+    """Each decision keeping the plan: the bucket, the calls it was made after, what serves, what ONNX Runtime
+    refused and what the next session tries again; and where the plan records no trials there, why."""
+    for bucket, entry in kept.items():
+        out.print(f"[bold]kept for {escape(bucket)}[/] by an adapting session after {entry['calls']} calls: "
+                  f"{escape(entry['label'])} serves it", highlight=False)
+        for label, why in entry.get("refused", {}).items():
+            out.print(f"  {escape(label)}: refused: {escape(why)}", highlight=False)
+        if entry.get("retry"):
+            out.print(f"  the next session tries {escape(', '.join(entry['retry']))} again", highlight=False)
+        if bucket not in (plan.adaptation or {}):
+            out.print("  [dim]the plan records no trials there: it was kept once found faster, before the other "
+                      "candidates were tried[/]")
 
 
 @app.command()
