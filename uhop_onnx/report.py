@@ -138,9 +138,10 @@ def undecided_text(undecided: dict) -> str:
     why = ("it was chosen: its slowest round beat the other's fastest" if chosen == faster else
            f"{slower} stands: their rounds overlap" if chosen == slower else
            f"{chosen} was chosen: no plan's rounds lie wholly below its own")
+    rounds = undecided["rounds"]
     return (f"stopped at the budget before a decision was settled: {faster} looked {undecided['ratio']:.2f}x as "
-            f"fast as {slower} over {undecided['rounds']} rounds; {why}; --budget {undecided['budget_s']:g} would "
-            "settle it")
+            f"fast as {slower} over {rounds} round{'s' * (rounds != 1)}; {why}; --budget {undecided['budget_s']:g} "
+            "would settle it")
 
 
 def stages_summary(stages: str, limit: int = 3) -> str:
