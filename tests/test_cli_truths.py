@@ -132,7 +132,8 @@ def test_bench_marks_an_unmeasured_plan_and_a_provider_alone_that_took_no_node(t
     assert not report["failed"] and plan["stages"] == ["ort-cpu x2"]
     alone = report["candidates"]["kernels alone"]
     assert alone["ran"] == ["ort-cpu"] and alone["note"] == "ran ort-cpu: kernels took no node"
-    assert report["candidates"]["ort-cpu alone"]["ran"] == ["ort-cpu"] and "note" not in report["candidates"]["ort-cpu alone"]
+    ort = report["candidates"]["ort-cpu alone"]
+    assert ort["ran"] == ["ort-cpu"] and "note" not in ort
     table = cli("bench", model, "--providers", "kernels,ort-cpu")
     rows = table.stdout.split("┡")[1]
     assert table.exit_code == 0 and "1.000" not in rows.split("uhop-onnx plan")[1], table.stdout  # no figure
@@ -198,7 +199,20 @@ def test_explain_shows_the_decision_that_kept_a_plan(tmp_path, monkeypatch):
     finally:
         released.set()
         serving.close()
-    shown = cli("explain", tmp_path / "decisions" / entry["plan"])
-    said = " ".join(shown.stdout.split())
+    folder = tmp_path / "decisions" / entry["plan"]
+    said = " ".join(cli("explain", folder).stdout.split())
     assert f"kept for {bucket} by an adapting session after {entry['calls']} calls: openvino serves it" in said, said
-    assert json.loads(cli("explain", tmp_path / "decisions" / entry["plan"], "--json").stdout)["kept"] == {bucket: entry}
+    assert json.loads(cli("explain", folder, "--json").stdout)["kept"] == {bucket: entry}
+
+
+@pytest.mark.skipif(not create("litert").present, reason="litert is not installed")
+def test_inspect_checks_a_model_at_the_shapes_given():
+    """LiteRT needs static shapes: at the encoder's free sizes it refuses most nodes; at --shape's, none."""
+    free = json.loads(cli("inspect", ENCODER, "--providers", "litert", "--json").stdout)
+    fixed = json.loads(cli("inspect", ENCODER, "--providers", "litert", "--shape", "input_ids:1x16", "--json").stdout)
+    kept = sum(n["support"]["litert"]["ok"] is not None for n in fixed["nodes"])
+    assert fixed["shapes"] == {"input_ids": [1, 16]} and fixed["supported"]["litert"] == kept
+    assert free["shapes"] == {} and free["supported"]["litert"] < kept
+    assert "checked at input_ids: 1x16" in " ".join(cli("inspect", ENCODER, "--shape", "input_ids:1x16").stdout.split())
+    with pytest.raises(uhop_onnx.InputError, match="the model has no input 'nope'"):
+        cli("inspect", ENCODER, "--shape", "nope:1x16")

@@ -264,15 +264,20 @@ def _fit(table: Table, *long: int) -> Table:
 def inspect(model: Path, providers: ProvidersOption = None, threads: ThreadsOption = None,
             unsupported: Annotated[bool, typer.Option("--unsupported", help="List the nodes some provider cannot "
                                                       "run, with the reason.")] = False,
+            shape: Annotated[list[str] | None, typer.Option("--shape", help="NAME:1x3x640x640, the shape to check an "
+                                                            "input at (repeatable). Fixed-shape runtimes answer for "
+                                                            "it.")] = None,
             wide: WideOption = False, as_json: JsonOption = False, quiet: QuietOption = False) -> None:
     """Show a model's ops and how many nodes each provider can run.
 
     --unsupported lists the nodes some provider cannot run, and why. --wide shows every node against every
-    provider."""
+    provider. --shape gives the input shapes to check at."""
+    from .inputs import parse_shapes
     from .optimizer import analyze
 
+    shapes = parse_shapes(shape)
     with _steps("inspecting", not (as_json or quiet)) as step:
-        a = analyze(model, _providers(providers), threads=threads, progress=step)
+        a = analyze(model, _providers(providers), threads=threads, progress=step, shapes=shapes)
     labels = [p.label for p in a.providers]
     nodes = []
     for node in a.loaded.graph.node:
@@ -288,6 +293,7 @@ def inspect(model: Path, providers: ProvidersOption = None, threads: ThreadsOpti
         "model": str(model),
         "ir_version": a.loaded.ir_version,
         "opsets": {o.domain or "ai.onnx": o.version for o in a.loaded.opset_import},
+        "shapes": {name: list(dims) for name, dims in (shapes or {}).items()},
         "ops": dict(Counter(n["op"] for n in nodes).most_common()),
         "providers": labels,
         "supported": {label: sum(bool(n["support"][label]["ok"]) for n in nodes) for label in labels},
@@ -296,7 +302,8 @@ def inspect(model: Path, providers: ProvidersOption = None, threads: ThreadsOpti
     if as_json:
         return _print_json(report)
     kept = sum(n["support"][labels[0]]["ok"] is not None for n in nodes) if labels else 0
-    out.print(f"{escape(model.name)}: {len(nodes)} nodes, {kept} after simplification")
+    at = f", checked at {shapes_text(report['shapes'])}" if shapes else ""
+    out.print(f"{escape(model.name)}: {len(nodes)} nodes, {kept} after simplification{escape(at)}")
     counts = Table("provider", "can run")
     for label, count in report["supported"].items():
         counts.add_row(escape(label), f"{count} of {kept}")
