@@ -1,6 +1,7 @@
 """Files: writes that land whole or not at all (a file or a folder is built beside its target and renamed onto
 it, with the modes the user's umask gives: mkstemp and mkdtemp would leave them private to the owner), staging
-left by a killed process removed on the next write, `.npz` arrays read without pickles, the external-data
+left by a killed process removed on the next write, temporary folders kept in one run folder per process
+(one a killed process left is removed by the next), `.npz` arrays read without pickles, the external-data
 files an ONNX model names checked to lie inside its own folder, and a serialized model's structure without its
 tensors' values (both read from the protobuf wire format: a board has no onnx)."""
 
@@ -12,6 +13,8 @@ import re
 import shutil
 import tarfile
 import tempfile
+import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,8 +23,12 @@ from typing import IO, TypeVar
 from .errors import InputError, ModelError, OutputError, UhopError
 
 _STAGING = re.compile(r"\..+\.uhop-(\d+)-[a-z0-9_]{8}")  # `.NAME.uhop-PID-XXXXXXXX`, beside its target
-_SCRATCH = re.compile(r"uhop-[a-z0-9]+-(\d+)-[a-z0-9_]{8}(\.npz)?")  # `uhop-KIND-PID-XXXXXXXX`, in the temp folder
+# `uhop-run-PID-XXXXXXXX` in the temporary folder (and `uhop-KIND-PID-XXXXXXXX`, as older versions named theirs)
+_SCRATCH = re.compile(r"uhop-[a-z0-9]+-(\d+)-[a-z0-9_]{8}(\.npz)?")
+_RUN = re.compile(r"uhop-run-(\d+)-[a-z0-9_]{8}")
 _swept: set[str] = set()
+_runs: dict[tuple[int, str], list] = {}  # (process, temporary folder) -> [its run folder, folders in use there]
+_locks: dict[int, threading.Lock] = {}  # per process: a child forked while a thread held the lock gets its own
 
 
 def umask() -> int:
@@ -91,12 +98,96 @@ def check_writable(target: Path) -> None:
         raise _unwritable(target, error) from None
 
 
-def temporary_folder(kind: str) -> tempfile.TemporaryDirectory:
-    """A temporary folder `uhop-KIND-PID-XXXXXXXX` in the system's temporary folder (removed by the object's
-    `cleanup`, or at the end of a `with` block), once the ones a killed process left there are removed."""
-    folder = Path(tempfile.gettempdir())
-    sweep(folder, _SCRATCH)
-    return tempfile.TemporaryDirectory(prefix=f"uhop-{kind}-{os.getpid()}-", dir=folder)
+class TemporaryFolder:
+    """A folder `KIND-XXXXXXXX` in this process's run folder `uhop-run-PID-XXXXXXXX`, in the system's temporary
+    folder: `name` is its path; removed by `cleanup`, at the end of a `with` block, or at exit. The run folder
+    is made for the first such folder (once the ones a killed process left there are removed) and removed with
+    the last; a process killed before that leaves it to the next (`sweep`)."""
+
+    def __init__(self, kind: str) -> None:
+        key = _run_entered()
+        try:
+            self.name = tempfile.mkdtemp(prefix=f"{kind}-", dir=_runs[key][0])
+        except BaseException:
+            _run_left(key)
+            raise
+        self._finalizer = weakref.finalize(self, _removed, self.name, key)
+
+    def cleanup(self) -> None:
+        self._finalizer()
+
+    def __enter__(self) -> str:
+        return self.name
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.cleanup()
+
+
+def temporary_folder(kind: str) -> TemporaryFolder:
+    """A temporary folder of this process's run folder (`TemporaryFolder`)."""
+    return TemporaryFolder(kind)
+
+
+def _lock() -> threading.Lock:
+    return _locks.setdefault(os.getpid(), threading.Lock())
+
+
+def _run_entered() -> tuple[int, str]:
+    """The key of this process's run folder in the temporary folder (in `_runs`), made when absent, with one
+    more folder in use."""
+    key = (os.getpid(), tempfile.gettempdir())
+    with _lock():
+        if key not in _runs:
+            sweep(Path(key[1]), _SCRATCH)
+            _runs[key] = [tempfile.mkdtemp(prefix=f"uhop-run-{key[0]}-", dir=key[1]), 0]
+        _runs[key][1] += 1
+    return key
+
+
+def _run_left(key: tuple[int, str]) -> None:
+    """One folder fewer in use in the run folder of `key`; the last one removes it."""
+    with _lock():
+        _runs[key][1] -= 1
+        if _runs[key][1] == 0:
+            shutil.rmtree(_runs.pop(key)[0], ignore_errors=True)
+
+
+def _removed(name: str, key: tuple[int, str]) -> None:
+    """Remove the temporary folder `name`, in the process that made it (not in a forked child)."""
+    if os.getpid() == key[0]:
+        shutil.rmtree(name, ignore_errors=True)
+        _run_left(key)
+
+
+def dead_run(path: str | os.PathLike) -> Path | None:
+    """The outermost run folder (`TemporaryFolder`) holding `path` whose process runs no more, if any: what a
+    killed process's workers leave, to be removed once they are gone too."""
+    found = None
+    for folder in Path(path).parents:
+        match = _RUN.fullmatch(folder.name)
+        if match and not _running(int(match[1])):
+            found = folder
+    return found
+
+
+def run_process(path: str | os.PathLike) -> int | None:
+    """The process whose run folder (`TemporaryFolder`) holds `path` directly (`path` is one of its temporary
+    folders), if it does."""
+    match = _RUN.fullmatch(Path(path).parent.name)
+    return int(match[1]) if match else None
+
+
+@contextmanager
+def scratch_beside(target: Path) -> Iterator[Path]:
+    """A folder beside `target` for the work that makes it (a compiler's files), removed when the block ends;
+    one a killed process left there is removed by the next (`sweep`)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    sweep(target.parent)
+    folder = Path(tempfile.mkdtemp(prefix=_staging(target.name), dir=target.parent))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def sweep(folder: Path, pattern: re.Pattern = _STAGING) -> None:
@@ -125,14 +216,17 @@ def sweep(folder: Path, pattern: re.Pattern = _STAGING) -> None:
 
 
 def _running(pid: int) -> bool:
-    """Whether a process with this id runs on this host."""
+    """Whether a process with this id runs on this host (a zombie, dead but not yet waited for, does not)."""
     try:
         os.kill(pid, 0)
     except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:  # another user's
         pass
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):  # no /proc here
+        return True
 
 
 def _staging(name: str) -> str:

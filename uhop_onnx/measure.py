@@ -22,7 +22,10 @@ failure names the signal) or the question; what the runtimes held leaves with th
 is replaced for what is still to do, and so is one whose call outlives its deadline (it is stopped).
 
 Workers read requests on stdin and reply on a pipe of their own (its descriptor their last argument), never on
-stdout, where the native runtimes they load may print anything.
+stdout, where the native runtimes they load may print anything. Each worker leads a process group of its own
+(what it starts, a compiler say, joins it), is stopped with that group, and dies with it once its stdin has no
+writer left unless it was told to exit: however its coordinator ends, its workers end too (`_Lifeline`). Their
+temporary files, and their compilers', go to a folder of the coordinator's run folder (`files.TemporaryFolder`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import math
 import os
 import pickle
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -48,7 +52,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .errors import InputError, first_line
-from .files import temporary_folder
+from .files import dead_run, run_process, temporary_folder
 from .timing import Clock, Deadline, calls_per_round, round_median
 
 K = TypeVar("K", bound=Hashable)
@@ -224,19 +228,15 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
     minimum of the round medians), `spread`, `round_medians_ms`, `stages` (`openvino x12` per stage) and
     `error` (one line, or None)."""
     workers, replies, logs = {}, {}, {}
-    shared = tempfile.NamedTemporaryFile(prefix=f"uhop-feeds-{os.getpid()}-", suffix=".npz", delete=False)
-    with shared:
-        np.savez(shared, **feeds)
+    scratch = temporary_folder("candidates")  # the feeds, and the workers' temporary files
+    shared = os.path.join(scratch.name, "feeds.npz")
 
     def spawn(c: Candidate) -> None:
-        request = json.dumps({"candidate": asdict(c), "model": model, "feeds": shared.name, "threads": threads,
-                              "calls": calls})
+        request = json.dumps({"candidate": asdict(c), "model": model, "feeds": shared, "threads": threads,
+                              "calls": calls, "scratch": scratch.name})
         logs[c.name] = tempfile.TemporaryFile(mode="w+")
         workers[c.name], replies[c.name] = _spawn(["worker", request], logs[c.name])
 
-    if not one_by_one:
-        for c in candidates:
-            spawn(c)
     medians: dict[str, list[float]] = {c.name: [] for c in candidates}
     stages: dict[str, list[str]] = {c.name: [] for c in candidates}
     errors: dict[str, str] = {}
@@ -246,11 +246,15 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
         for name, worker in list(workers.items()):
             if name not in stages_told and worker.poll() is None:
                 late.add(name)
-                worker.kill()
+                _kill(worker)
 
     stages_told: set[str] = set()
     watchdog = _watchdog(deadline, deadline.left(), stop_the_unready) if deadline else None
+    ended = False  # the rounds ran to their end (no exception)
     try:
+        np.savez(shared, **feeds)
+        for c in candidates if not one_by_one else ():
+            spawn(c)
         for c in candidates:
             if one_by_one:
                 if deadline is not None and deadline.passed:
@@ -286,24 +290,28 @@ def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[
                 except (WorkerFailed, BrokenPipeError) as failure:
                     errors[name] = LATE if name in late else str(failure) if isinstance(failure, WorkerFailed) \
                         else "the worker exited"
+        ended = True
     finally:
         if watchdog:
             watchdog.set()
         for worker in workers.values():
-            if worker.poll() is None:
+            if not ended:  # an exception (a signal's, say) ends the run: nothing to release gently
+                _kill(worker)
+            elif worker.poll() is None:
                 with suppress(BrokenPipeError):  # it ended meanwhile
-                    worker.stdin.close()  # the worker's cue to release what it compiled and exit
+                    worker.stdin.write("exit\n")  # the worker's cue to release what it compiled and exit
+                    worker.stdin.close()
         for name, worker in workers.items():
             try:
                 worker.wait(timeout=0 if deadline is not None and deadline.abandoned else EXIT_SECONDS)
             except subprocess.TimeoutExpired:  # a runtime slow to tear down holds nothing we need
-                worker.kill()
+                _kill(worker)
                 worker.wait()
             with suppress(BrokenPipeError):  # a round it was stopped before reading
                 worker.stdin.close()
             replies[name].close()
             logs[name].close()
-        os.unlink(shared.name)
+        scratch.cleanup()
     return {name: {"ms": min(m) if m and name not in errors else None,
                    "spread": _spread(m) if m and name not in errors else None,
                    "round_medians_ms": m, "stages": stages[name], "error": errors.get(name)}
@@ -335,20 +343,103 @@ class Unsendable(TypeError):
 
 def _spawn(arguments: list[str], log: Any) -> tuple[subprocess.Popen, Any]:
     """A worker, `python -P -m uhop_onnx.measure ARGUMENTS... FD` (`-P`: a `uhop_onnx` folder in the working
-    directory, a source checkout's, is not imported instead of the installed package): its requests on its
-    stdin, its replies on a pipe of their own (FD), so that nothing a runtime prints can pass for one; its stdout
-    is dropped, its stderr written to `log`. The process, and the pipe's end to read its replies from (text)."""
+    directory, a source checkout's, is not imported instead of the installed package), leading a process group
+    of its own (`_kill` stops it): its requests on its stdin, its replies on a pipe of their own (FD), so that
+    nothing a runtime prints can pass for one; its stdout is dropped, its stderr written to `log`. The process,
+    and the pipe's end to read its replies from (text)."""
     reading, writing = os.pipe()
     try:
         worker = subprocess.Popen([sys.executable, "-P", "-m", "uhop_onnx.measure", *arguments, str(writing)],
                                   stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, text=True,
-                                  pass_fds=(writing,))
+                                  pass_fds=(writing,), process_group=0)
     except BaseException:
         os.close(reading)
         raise
     finally:
         os.close(writing)
     return worker, os.fdopen(reading)
+
+
+def _kill(worker: subprocess.Popen) -> None:
+    """Kill a worker `_spawn` started with what it started (its process group), unless it was waited for
+    already (its id may then be another process's)."""
+    if worker.returncode is None:
+        with suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)
+
+
+ORPHAN_SECONDS = 0.5  # a worker whose stdin lost its writer dies within this long if its coordinator lives on
+
+# Run apart from a dying worker: once no live process is left in the group (argv[1]), remove the folder (argv[2]).
+_JANITOR = """
+import os, shutil, sys, time
+group, folder, end = sys.argv[1], sys.argv[2], time.monotonic() + 10
+
+def member(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state, _, pgrp = f.read().rpartition(")")[2].split()[:3]
+    except (OSError, ValueError):
+        return False
+    return pgrp == group and state not in "ZX"
+
+def alive():
+    try:
+        return any(member(p) for p in os.listdir("/proc") if p.isdigit())
+    except OSError:  # no /proc: the group as kill sees it (its zombies too)
+        try:
+            os.killpg(int(group), 0)
+        except OSError:
+            return False
+        return True
+
+while alive() and time.monotonic() < end:
+    time.sleep(0.01)
+shutil.rmtree(folder, ignore_errors=True)
+"""
+
+
+class _Lifeline:
+    """In a worker `_spawn` started: its temporary files, and those of what it runs (a compiler's), go to
+    `scratch`, a folder of its coordinator's run folder; a thread watches its stdin. Once no process holds that
+    open (the coordinator stopped the worker or ended, however it ended) and the worker was not `told` to exit,
+    the worker's process group (itself and what it started) is killed; when the coordinator is gone, a janitor
+    outside that group then removes the coordinator's run folder (the outermost one whose process is gone)."""
+
+    def __init__(self, scratch: str) -> None:
+        os.environ["TMPDIR"] = scratch
+        tempfile.tempdir = None
+        self.scratch, self.coordinator = scratch, run_process(scratch)
+        self.told = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="uhop-lifeline", daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        hangup = select.poll()
+        hangup.register(sys.stdin.fileno(), 0)  # no events asked: it answers when the last writer is gone
+        hangup.poll()
+        end = time.monotonic() + ORPHAN_SECONDS
+        while not self.told.is_set() and os.getppid() == self.coordinator and time.monotonic() < end:
+            time.sleep(0.005)
+        if self.told.is_set():
+            return
+        folder = dead_run(self.scratch) if os.getppid() != self.coordinator else None
+        if folder is not None:
+            subprocess.Popen([sys.executable, "-I", "-S", "-c", _JANITOR, str(os.getpgrp()), str(folder)],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             process_group=0)
+        if os.getpgrp() == os.getpid():
+            os.killpg(os.getpid(), signal.SIGKILL)
+        os._exit(1)
+
+    def ended(self) -> None:
+        """The requests ended without a cue to exit (stdin closed): the watching thread ends the worker."""
+        self.thread.join()
+
+
+def _attached(scratch: str | None) -> _Lifeline | None:
+    """The lifeline of a worker `_spawn` started with a `scratch` folder (none for one started by hand)."""
+    return _Lifeline(scratch) if scratch is not None else None
 
 
 def _channel(fd: str | None) -> Any:
@@ -462,7 +553,7 @@ class SearchWorker:
         worker = self._started()
         limit = CALL_SECONDS if self.deadline is None else max(self.deadline.left(), 0.0) + self.grace
         expired = threading.Event()
-        watchdog = _watchdog(self.deadline, limit, lambda: (expired.set(), worker.kill()))
+        watchdog = _watchdog(self.deadline, limit, lambda: (expired.set(), _kill(worker)))
         try:
             worker.stdin.write(json.dumps({"call": str(path)}) + "\n")
             worker.stdin.flush()
@@ -531,7 +622,7 @@ class SearchWorker:
         """The worker's figures of `blocks`, or None and the block it was building when it ended (None when
         it ended while timing them all)."""
         worker = self._started()
-        watchdog = _watchdog(deadline, deadline.left() + HANG_SECONDS, worker.kill)
+        watchdog = _watchdog(deadline, deadline.left() + HANG_SECONDS, lambda: _kill(worker))
         building = None
         try:
             settings = {f.name: getattr(profiler, f.name) for f in fields(profiler) if f.name != "clock"}
@@ -555,7 +646,7 @@ class SearchWorker:
     def _started(self) -> subprocess.Popen:
         if self.worker is None:
             self.log = tempfile.TemporaryFile(mode="w+")
-            self.worker, self.replies = _spawn(["search"], self.log)
+            self.worker, self.replies = _spawn(["search", str(self.folder)], self.log)
         return self.worker
 
     def takes(self, provider: Any) -> bool:
@@ -577,7 +668,7 @@ class SearchWorker:
 
     def _ended(self) -> str:
         """How the worker ended (`exit_reason`, with its log's last line); the next request starts another."""
-        self.worker.kill()
+        _kill(self.worker)
         code = self.worker.wait()
         self.log.seek(0)
         said = last_line(self.log.read())
@@ -587,7 +678,7 @@ class SearchWorker:
     def _stop(self) -> None:
         """Kill the worker (what it holds is needed no more, and runtimes can be slow to tear down)."""
         if self.worker is not None:
-            self.worker.kill()
+            _kill(self.worker)
             self.worker.wait()
             with suppress(BrokenPipeError):  # a request it was killed reading
                 self.worker.stdin.close()
@@ -634,7 +725,7 @@ class _ModelUnpickler(pickle.Unpickler):
         return self.models[pid]
 
 
-def _search_worker(replies: Any) -> None:
+def _search_worker(replies: Any, lifeline: _Lifeline | None = None) -> None:
     """Answer each line on stdin, saying what it says on `replies`. `{"call": PICKLE}`: run the pickled
     `(function, args)`, write `(raised, result or exception)` to `PICKLE.out`, say `done`. `{"provider": PICKLE, "blocks": {KEY: [MODEL, FEEDS]},
     "profiler": SETTINGS, "seconds": S}`: say `at KEY` before lowering, compiling and first running each block,
@@ -666,6 +757,8 @@ def _search_worker(replies: Any) -> None:
             print("rounds", file=replies)
             figures = Profiler(**ask["profiler"]).measure(calls, Deadline.after(ask["seconds"])) | failed
         print("figures", json.dumps({k: _named(provider.label, m).to_json() for k, m in figures.items()}), file=replies)
+    if lifeline is not None:
+        lifeline.ended()
 
 
 def _answer(path: str, models: dict[str, Any]) -> None:
@@ -705,9 +798,9 @@ def _named(label: str, m: Measurement) -> Measurement:
     return Measurement.failed(f"{label}: {m.error}")
 
 
-def _worker(request: dict, replies: Any) -> None:
-    """Build the candidate, say `ready STAGES` on `replies`, then answer each `round` line with `median MS`; any
-    failure is one `failed "REASON"` line."""
+def _worker(request: dict, replies: Any, lifeline: _Lifeline | None = None) -> None:
+    """Build the candidate, say `ready STAGES` on `replies`, then answer each `round` line with `median MS`
+    until another line (`exit`); any failure is one `failed "REASON"` line."""
     from .inputs import read_inputs
 
     candidate = request["candidate"]
@@ -719,14 +812,21 @@ def _worker(request: dict, replies: Any) -> None:
             print("ready", json.dumps(stages), file=replies)
             for line in sys.stdin:
                 if line.strip() != "round":
+                    if lifeline is not None:
+                        lifeline.told.set()
                     break
                 print("median", round_median(call, calls) * 1e3, file=replies)
+            else:
+                if lifeline is not None:
+                    lifeline.ended()
     except Exception as error:  # noqa: BLE001 - any failure is this candidate's result, told in one line
         print("failed", json.dumps(first_line(error)), file=replies)
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "search":
-        _search_worker(_channel(sys.argv[2] if len(sys.argv) > 2 else None))
-    elif sys.argv[1] == "worker":
-        _worker(json.loads(sys.argv[2]), _channel(sys.argv[3] if len(sys.argv) > 3 else None))
+    if sys.argv[1] == "search":  # search [SCRATCH FD]
+        scratch, fd = sys.argv[2:4] if len(sys.argv) > 3 else (None, None)
+        _search_worker(_channel(fd), _attached(scratch))
+    elif sys.argv[1] == "worker":  # worker REQUEST [FD]
+        ask = json.loads(sys.argv[2])
+        _worker(ask, _channel(sys.argv[3] if len(sys.argv) > 3 else None), _attached(ask.get("scratch")))
