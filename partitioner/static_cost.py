@@ -1,5 +1,6 @@
 """A static cost model, for placing on a board that is not here: FLOPs and bytes moved per node, counted at
-the shapes the plan is built for; and, under it, why a node is off the board's preferred accelerator."""
+the shapes the plan is built for; the choice it makes cheapest; and, under it, why a node is off the board's
+preferred accelerator."""
 
 from __future__ import annotations
 
@@ -77,7 +78,54 @@ def moved(graph: Graph, node: Node) -> float:
 
 def estimate_ms(model: CostModel, graph: Graph, nodes: Sequence[Node]) -> float:
     """`nodes` as one stage under `model`: its stage cost plus each node's FLOPs and bytes moved."""
-    return model.stage_ms + sum(model.cost_ms(flops(graph, n), moved(graph, n)) for n in nodes)
+    return model.stage_ms + sum(node_ms(model, graph, n) for n in nodes)
+
+
+def node_ms(model: CostModel, graph: Graph, node: Node) -> float:
+    """One node's estimated cost under `model`, its stage's cost aside."""
+    return model.cost_ms(flops(graph, node), moved(graph, node))
+
+
+def runs(choice: Sequence[str]) -> list[tuple[str, list[int]]]:
+    """The stages a choice (a label per node, in the graph's order) is estimated as: its runs of one label."""
+    out: list[tuple[str, list[int]]] = []
+    for i, label in enumerate(choice):
+        if out and out[-1][0] == label:
+            out[-1][1].append(i)
+        else:
+            out.append((label, [i]))
+    return out
+
+
+def plan_ms(graph: Graph, choice: Sequence[str], models: Mapping[str, CostModel]) -> float:
+    """A choice's estimated end-to-end time: each node on its provider, and each stage (`runs`: each run of one
+    label in the graph's order) its provider's `stage_ms`."""
+    return sum(estimate_ms(models[label], graph, [graph.nodes[i] for i in nodes]) for label, nodes in runs(choice))
+
+
+def cheapest(allowed: Sequence[Sequence[str]], costs: Sequence[Mapping[str, float]],
+             stage_ms: Mapping[str, float]) -> list[str]:
+    """The label of each node (in the graph's order) that minimises `plan_ms`: `allowed` and `costs` (ms) per
+    node, `stage_ms` per label. A dynamic programme over the node order, its state the label of the node
+    before: every assignment, NPU stages contiguous or not, is among those it weighs."""
+    best: dict[str, float] = {}
+    back: list[dict[str, str | None]] = []
+    for labels, cost in zip(allowed, costs):
+        step, came = {}, {}
+        for p in labels:
+            options = [(best[q] + cost[p] + (0.0 if q == p else stage_ms[p]), q) for q in best] or [
+                (cost[p] + stage_ms[p], None)]
+            step[p], came[p] = min(options, key=lambda o: o[0])
+        best = step
+        back.append(came)
+    if not best:
+        return []
+    label = min(best, key=best.get)
+    choice = [label]
+    for came in reversed(back[1:]):
+        label = came[label]
+        choice.append(label)
+    return choice[::-1]
 
 
 def off_preferred(a: Analysis, stages: Sequence[PlacedStage], models: Mapping[str, CostModel],
@@ -85,19 +133,19 @@ def off_preferred(a: Analysis, stages: Sequence[PlacedStage], models: Mapping[st
     """Each node of `stages` (a plan's, placed by the cost `models` over `a`, best `sized`) that is not on one
     of the `preferred` labels (a provider and its precision variants), with why: `kind` "assign" (the user's),
     "capability" (the provider's table or its runtime's own query said no), "build check" (the provider's build
-    check refused it) or "cost" (the
-    cost model's `ms` for the node's stage where it went and, for the nodes the preferred provider runs,
-    there)."""
+    check refused it) or "cost" (`plan_ms` of the plan as placed, and with the nodes of the node's stage that a
+    preferred label runs moved to the one that makes it fastest: never faster, as the placement minimised it)."""
     mine = list(preferred)
     graph, out = a.graph, []
+    label_of = {name: stage.label for stage in stages for name in stage.nodes}
+    choice = [label_of[n.name] for n in graph.nodes]
+    placed = plan_ms(graph, choice, models)
     for stage in stages:
         if stage.label in mine:
             continue
         nodes = [graph.nodes[graph.index_of[name]] for name in stage.nodes]
-        able = [n for n in nodes if any(a.support[label][n.name] for label in mine)]
-        ms = {stage.label: estimate_ms(models[stage.label], graph, nodes)}
-        if able:
-            ms.update({label: estimate_ms(models[label], graph, able) for label in mine})
+        able = [n for n in nodes if n.name not in a.pinned and any(a.support[label][n.name] for label in mine)]
+        moved_ms = {label: plan_ms(graph, _moved(choice, able, label, a), models) for label in mine}
         for node in nodes:
             entry = {"node": node.name, "op": node.op_type, "on": stage.label}
             if node.name in a.pinned:
@@ -106,14 +154,24 @@ def off_preferred(a: Analysis, stages: Sequence[PlacedStage], models: Mapping[st
                 answer = a.support[mine[0]][node.name]
                 entry.update(kind="build check" if answer.source == "check" else "capability", reason=answer.reason)
             else:
-                entry.update(kind="cost", reason=_cost_text(stage.label, len(nodes), len(able), ms, models),
-                             ms={label: round(v, 4) for label, v in ms.items()})
+                best = min(moved_ms, key=moved_ms.get)
+                entry.update(kind="cost", reason=_cost_text(stage.label, len(able), best, placed, moved_ms[best],
+                                                            models[best].stage_ms),
+                             ms={stage.label: round(placed, 4), best: round(moved_ms[best], 4)})
             out.append(entry)
     return out
 
 
-def _cost_text(on: str, count: int, able: int, ms: Mapping[str, float], models: Mapping[str, CostModel]) -> str:
-    best = min((label for label in ms if label != on), key=ms.get)
-    part = "" if able == count else f" (the {able} nodes it runs)"
-    return (f"estimated {ms[on]:.3g} ms for its stage of {count} on {on}, {ms[best]:.3g} ms on {best}{part}, "
-            f"{models[best].stage_ms:g} ms of it per stage")
+def _moved(choice: Sequence[str], nodes: Sequence[Node], label: str, a: Analysis) -> list[str]:
+    """`choice` with those of `nodes` that `label` runs on `label`."""
+    moved = list(choice)
+    for node in nodes:
+        if a.support[label][node.name]:
+            moved[node.index] = label
+    return moved
+
+
+def _cost_text(on: str, able: int, best: str, placed: float, moved_ms: float, stage_ms: float) -> str:
+    return (f"estimated {placed:.3g} ms end to end as placed, {moved_ms:.3g} ms with the {able} node"
+            f"{'s' if able != 1 else ''} of its {on} stage that {best} runs moved there "
+            f"({stage_ms:g} ms per {best} stage)")

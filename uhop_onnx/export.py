@@ -42,17 +42,20 @@ from .errors import BundleError, InputError, ProviderError, TooLargeError, UhopE
 from .executor import Executor
 from .files import check_writable, new_folder, read_npz, temporary_folder, write_archive, writing
 from .graph import Graph, declared_outputs
-from .inputs import Inputs, Shapes, at_shapes, free_inputs, read_inputs
+from .inputs import Inputs, Shapes, at_shapes, free_inputs, measured_shapes, profile_feeds, read_inputs
+from .loader import load, sha256
 from .optimizer import analyze, build_plan, place_measured, with_precisions
+from .partitioner.capabilities import capabilities
 from .partitioner.placer import Analysis
 from .partitioner.static_placer import StaticCost
 from .partitioner.static_cost import off_preferred, sized
 from .plan import Plan
-from .precision import FP32_TOLERANCE, lowest, read_choice, sample_error, wanted
-from .providers import Provider, Runner, create
+from .precision import FP32_TOLERANCE, compare, lowest, read_choice, sample_error, wanted
+from .providers import Provider, Runner, Support, create
 from .providers.base import Artifact
-from .samples import reference_outputs
-from .simplify import at_fixed_shapes
+from .providers.capability import ANY_OPSET
+from .samples import reference_outputs, shapes_text
+from .simplify import at_fixed_shapes, opset, within_opsets
 from .targets import Target, TargetProvider, load_target, target_from_json
 
 log = logging.getLogger(__name__)
@@ -88,12 +91,15 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
     profile = target if isinstance(target, Target) else load_target(target)
     entries, chosen = _providers(profile, providers, threads, present=measure)
     try:
-        a = analyze(model, assign=assign, threads=threads, progress=progress, chosen=chosen, shapes=shapes,
-                    inputs=measure_on, sample=True)
+        loaded = load(model)
+        fixed = _at_export_shapes(loaded, shapes, measure_on) if any(p.static_shapes for p in chosen) else None
+        a = analyze(model if fixed is None else fixed.model, assign=_kept(assign, fixed), threads=threads,
+                    progress=progress, chosen=chosen, shapes=shapes, inputs=measure_on, sample=True)
     except InputError as error:
         if measure_on is inputs or isinstance(error, TooLargeError):  # not the samples' form
             raise
         raise sample_error(error) from None
+    a = _opsets_converted(replace(a, source=model))  # the bundle's model is named after the source
     gated, off = None, {}
     if measure:
         if precision != "fp32":
@@ -118,15 +124,74 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
             off = {"off_accelerator": {"provider": preferred[0],
                                        "nodes": off_preferred(sized(a), plan.stages, models, preferred)}}
         plan = replace(plan, placement=f"static cost model of target {profile.name}")
+    plan = replace(plan, model_hash=sha256(loaded))  # the source's, even where the bundle's is fixed at its shapes
     with writing(out), (temporary_folder("export") if archive else new_folder(out)) as staging:
         staging = Path(staging)
-        manifest = {**_write(staging, a, plan, profile, _entries(a, entries), progress, gated), **off}
+        manifest = {**_write(staging, a, plan, profile, _entries(a, entries), progress, gated, fixed is not None),
+                    **off,
+                    **({"fixed_shapes": fixed.shapes} if fixed else {})}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         if signer is not None:
             signer(staging)
         if archive:
             write_archive(staging, out, first=(MANIFEST, SIGNATURE))
     return out
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """The model at the export's input shapes, everything computed from shapes folded, and those shapes."""
+
+    model: onnx.ModelProto
+    shapes: dict[str, list[int]]
+    folded: frozenset[str]  # the names of the source's nodes folded away
+
+
+def _at_export_shapes(loaded: onnx.ModelProto, shapes: Shapes | None, inputs: Inputs | None) -> Fixed | None:
+    """`loaded` fixed at the export's input shapes (`shapes`, `inputs`, or the declared ones) and simplified
+    there (`at_fixed_shapes`), for a target whose runtimes build for fixed shapes; checked against ONNX Runtime
+    running `loaded` on the same seeded inputs. None, with a warning, where the two differ."""
+    graph = Graph.from_model(loaded)
+    feeds = profile_feeds([graph.signature(name) for name in graph.inputs], shapes, inputs)
+    model = at_fixed_shapes(loaded, measured_shapes(feeds))
+    fixed = Fixed(model, measured_shapes(feeds),
+                  frozenset(n.name for n in loaded.graph.node) - {n.name for n in model.graph.node})
+    want = reference_outputs(loaded.SerializeToString(), feeds)
+    got = reference_outputs(fixed.model.SerializeToString(), feeds)
+    wrong = [name for name, value in want.items() if not compare(got[name], value, FP32_TOLERANCE)["ok"]]
+    if wrong:
+        log.warning("the model folded at %s differs from ONNX Runtime's results on output(s) %s; it is placed "
+                    "unfolded", shapes_text(fixed.shapes), ", ".join(wrong))
+        return None
+    return fixed
+
+
+def _opsets_converted(a: Analysis) -> Analysis:
+    """`a` where a provider's table refuses the model's ai.onnx opset: that provider asked again about the model
+    converted into its range (`within_opsets`, checked against ONNX Runtime on the original), each node the
+    converter cannot move left off with its reason. Its stages are converted when it builds them."""
+    version, support = opset(a.simplified), dict(a.support)
+    for provider in a.providers:
+        low, high = provider.table.domains.get("", ANY_OPSET)
+        if version is None or low <= version <= high:
+            continue
+        try:
+            converted, failed = within_opsets(a.simplified, low, high, a.feeds)
+        except UhopError as error:
+            log.warning("%s: the model's opset %d is outside its %d..%d and converting it failed: %s", provider.label,
+                        version, low, high, error)
+            continue
+        answers = capabilities(converted, Graph.from_model(converted), provider, query=provider.availability.present)
+        support[provider.label] = {n.name: Support(False, failed[n.name]) if n.name in failed else answers[n.name]
+                                   for n in a.graph.nodes}
+    return replace(a, support=support)
+
+
+def _kept(assign: Mapping[str, str] | None, fixed: Fixed | None) -> Mapping[str, str] | None:
+    """`assign` without the nodes folded away at the export's shapes (as simplification's are ignored)."""
+    if assign is None or fixed is None:
+        return assign
+    return {name: spec for name, spec in assign.items() if name not in fixed.folded}
 
 
 @dataclass(frozen=True)
@@ -296,7 +361,7 @@ def _providers(profile: Target, only: Sequence[str] | None, threads: int | None,
 
 
 def _write(folder: Path, a: Analysis, plan: Plan, profile: Target, entries: Mapping[str, TargetProvider],
-           progress: Callable[[str], None], gated: Gated | None) -> dict[str, Any]:
+           progress: Callable[[str], None], gated: Gated | None, fixed: bool) -> dict[str, Any]:
     for sub in ("stages", "reference", "samples"):
         (folder / sub).mkdir()
     stages = []
@@ -305,11 +370,11 @@ def _write(folder: Path, a: Analysis, plan: Plan, profile: Target, entries: Mapp
         provider, entry = a.provider(stage.label), entries[stage.label]
         progress(f"writing stage {k} for {stage.label}")
         model = plan.stage_model(stage)  # as its provider lowered it to its precision
-        built_for = None
-        if provider.static_shapes and free_inputs(model):
+        built_for, free = None, free_inputs(model)
+        if provider.static_shapes and (free or fixed):  # a fixed bundle's stages record their shapes too
             sized = sized or Graph.from_model(at_shapes(a.simplified, plan.shapes))
-            built_for = _stage_shapes(sized, free_inputs(model), k)
-        built = at_fixed_shapes(model, built_for) if built_for else model
+            built_for = _stage_shapes(sized, free or [i.name for i in model.graph.input], k)
+        built = at_fixed_shapes(model, built_for) if built_for and free else model
         stem = f"stage_{k:02d}_{provider.id}"
         artifact = provider.export(built, folder / "stages", stem)
         reference = f"reference/stage_{k:02d}.onnx"

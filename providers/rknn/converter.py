@@ -25,7 +25,7 @@ from uhop_onnx.errors import ProviderError, logger
 from ..base import Runner, output_dtypes
 from .runner import named_outputs
 from .setup import is_ready, venv_path, venv_python
-from .table import DTYPES, FP16_TOLERANCE, TARGETS
+from .table import DTYPES, FP16_TOLERANCE, RKNN_TABLE, TARGETS
 
 if TYPE_CHECKING:
     import onnx
@@ -178,14 +178,28 @@ def suggested_rule(text: str) -> str | None:
 
 
 def _for_toolkit(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with an IR version the toolkit's onnx (<= 1.18) reads; its opsets stop at 19 anyway."""
-    if model.ir_version <= IR_VERSION:
-        return model
+    """The model as the toolkit reads it: an IR version its onnx (<= 1.18) reads; its ai.onnx opset moved into
+    Rockchip's range by onnx's version converter (`simplify.within_opsets`; a node the converter cannot move
+    raises `ProviderError` with its reason); and every output left out before a named one (an LSTM's unused
+    `Y`, as onnx-ir writes it) named, since the toolkit's ONNX Runtime cannot plan an unnamed one."""
     import onnx
 
+    from uhop_onnx.simplify import within_opsets
+
+    low, high = RKNN_TABLE.domains[""]
+    converted, failed = within_opsets(model, low, high)
+    if failed:
+        raise ProviderError("rknn: " + "; ".join(f"node {name!r}: {why}" for name, why in failed.items()))
+    gaps = [(k, i) for k, node in enumerate(converted.graph.node) for i, name in enumerate(node.output)
+            if not name and any(node.output[i + 1:])]
+    if converted.ir_version <= IR_VERSION and not gaps:
+        return converted
     copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    copy.ir_version = IR_VERSION
+    copy.CopyFrom(converted)
+    copy.ir_version = min(copy.ir_version, IR_VERSION)
+    for k, i in gaps:
+        node = copy.graph.node[k]
+        node.output[i] = f"{node.name or k}.unused_output_{i}"
     return copy
 
 

@@ -29,6 +29,9 @@ CONSTRAINED = (
     OpRule("RoiAlign", attributes={"mode": (b"avg",)}, defaults={"mode": b"avg"}),  # pool type average
     OpRule("EyeLike", constant_inputs=(0,)),  # only constant input
     OpRule("If", constant_inputs=(0,)),  # only constant input
+    # Not on the list, but rewritten by the toolkit into ops that are (its rule `convert_reciprocal_to_div`);
+    # the simulator matches ONNX Runtime on it.
+    OpRule("Reciprocal"),
 )
 
 # Ops the list restricts to batch size 1 (the first dimension of the first input).

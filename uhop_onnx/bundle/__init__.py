@@ -53,9 +53,13 @@ class Bundle:
         except BaseException:
             self._remove_scratch()
             raise
-        # Stages whose runtime built them for fixed shapes (`.rknn`, `.tflite` of a model with free dimensions)
-        # run only at the shapes the bundle was exported at.
-        self._fixed = sorted({s["provider"] for s in stages if s.get("built_for")})
+        # A bundle exported at fixed shapes (what it computes from shapes folded there), or with stages whose
+        # runtime built them for fixed shapes (`.rknn`, `.tflite` of a model with free dimensions), runs only at
+        # the shapes it was exported at.
+        fixed = self.manifest.get("fixed_shapes")
+        built = sorted({s["provider"] for s in stages if s.get("built_for")})
+        self._fixed = (fixed, "this bundle was") if fixed else (
+            (self.manifest["shapes"], f"this bundle's {', '.join(built)} stages were") if built else None)
 
     def close(self) -> None:
         """Close every stage's runner and remove an archive's unpacked files; do not run the bundle after."""
@@ -84,18 +88,17 @@ class Bundle:
 
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any]) -> list[np.ndarray]:
         if self._fixed:
-            self._check_built_shapes(input_feed)
+            self._check_fixed_shapes(input_feed, *self._fixed)
         return self._executor.run(output_names, input_feed)
 
-    def _check_built_shapes(self, feeds: Mapping[str, Any]) -> None:
-        built = self.manifest["shapes"]
-        for name, shape in built.items():
+    @staticmethod
+    def _check_fixed_shapes(feeds: Mapping[str, Any], shapes: Mapping[str, list[int]], why: str) -> None:
+        for name, shape in shapes.items():
             got = list(np.shape(feeds[name])) if name in feeds else shape
             if got != shape:
-                at = ", ".join(f"{n} {'x'.join(map(str, dims))}" for n, dims in built.items())
-                raise InputError(f"input {name!r} has shape {got}, but this bundle's {', '.join(self._fixed)} "
-                                 f"stages were built for {at}; export it again with "
-                                 f"--shape {name}:{'x'.join(map(str, got))} to run at that shape")
+                at = ", ".join(f"{n} {'x'.join(map(str, dims))}" for n, dims in shapes.items())
+                raise InputError(f"input {name!r} has shape {got}, but {why} built for {at}; export it again "
+                                 f"with --shape {name}:{'x'.join(map(str, got))} to run at that shape")
 
 
 def open_checked(folder: Path, path: str | os.PathLike, key: KeySource | None) -> tuple[dict[str, Any], bool]:

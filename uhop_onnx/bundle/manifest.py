@@ -224,6 +224,10 @@ def validate(manifest: Mapping[str, Any], where: object) -> None:
                 _field(entry if isinstance(entry, dict) else {}, key, str, f"{top}.off_accelerator.nodes[{n}]")
     _signatures(manifest, "inputs", top)
     _signatures(manifest, "outputs", top)
+    fixed = _field(manifest, "fixed_shapes", dict, top, optional=True)  # the input shapes it was exported at
+    for name, dims in (fixed or {}).items():
+        if not (isinstance(dims, list) and all(isinstance(d, int) and not isinstance(d, bool) for d in dims)):
+            raise BundleError(f"{top}.fixed_shapes[{name!r}] must be a list of integers")
     _tolerance(manifest, "tolerance", top)
     constants = _field(manifest, "constants", str, top, optional=True)
     if constants is not None:
