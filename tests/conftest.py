@@ -13,7 +13,10 @@ import pytest
 
 from uhop_onnx.cache import cache_dir
 from uhop_onnx.models import BUILDERS
+from uhop_onnx.partitioner.placer import Placement
 from uhop_onnx.precision import FP32_TOLERANCE, compare
+
+from .support import plans_below_the_chosen
 
 RTOL, ATOL = FP32_TOLERANCE["rtol"], FP32_TOLERANCE["atol"]
 
@@ -72,3 +75,23 @@ def tests_in_workers(monkeypatch, pytestconfig):
     module would be."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(pytestconfig.rootpath),
                                                                     os.environ.get("PYTHONPATH")])))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def every_report_checked():
+    """Every measured placement's report that any test makes is checked as it is made: no timed plan the gate
+    accepted lies wholly below the chosen one (and again at the end, for one made where a failure is caught: a
+    background thread's)."""
+    original, seen = Placement.to_json, []
+
+    def checked(self):
+        report = original(self)
+        wrong = plans_below_the_chosen(report) if report else []
+        seen.extend(wrong)
+        assert not wrong, "; ".join(wrong)
+        return report
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Placement, "to_json", checked)
+        yield
+    assert not seen, "; ".join(seen)

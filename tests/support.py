@@ -157,3 +157,23 @@ def broadcast_pair(draw):
     drop = draw(st.integers(0, len(shape) - 1))
     other = tuple(1 if draw(st.booleans()) else d for d in shape[drop:])
     return (shape, other) if draw(st.booleans()) else (other, shape)
+
+
+MARGIN = 0.01  # what `measure.faster` allows the noise
+
+
+def plans_below_the_chosen(profile: dict) -> list[str]:
+    """The timed plans the gate did not reject whose every round median was faster, beyond the noise margin,
+    than the chosen plan's fastest: what a report must never show beside its choice."""
+    chosen = profile["candidates"][profile["chosen"]]
+    if chosen["ms"] is None:
+        return []
+    return [f"{name} ({c['interval']}) lies below the chosen {profile['chosen']} ({chosen['interval']})"
+            for name, c in profile["candidates"].items()
+            if c["ms"] is not None and not c.get("rejected") and c["interval"][1] < chosen["interval"][0] * (1 - MARGIN)]
+
+
+def assert_no_plan_below_the_chosen(profile: dict | None) -> None:
+    """Fails when a report (a plan's `profile`) shows a plan below its chosen one (`plans_below_the_chosen`)."""
+    wrong = plans_below_the_chosen(profile) if profile else []
+    assert not wrong, "; ".join(wrong)

@@ -2,17 +2,12 @@
 says so, a plan chosen untimed says so, and a runtime that compiles the whole model competes where our rules
 lack a rank.
 
-`assert_no_plan_below_the_chosen` is the check every report must pass. Loaded as a plugin, this module applies
-it to every measured placement any test makes: `python -m pytest -p tests.test_search_budget tests/...`
-(collected as a test module, to its own tests' placements).
+`support.assert_no_plan_below_the_chosen` is the check every report must pass; conftest applies it to every
+measured placement any test makes.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -23,58 +18,18 @@ import uhop_onnx
 from uhop_onnx.measure import LATE, Measurement, Profiler
 from uhop_onnx.models import cnn
 from uhop_onnx.optimizer import analyze
-from uhop_onnx.partitioner.placer import Placement
 from uhop_onnx.partitioner.search import Search
 from uhop_onnx.providers import REGISTRY, Support
 from uhop_onnx.report import markdown
 
-ROOT = Path(__file__).resolve().parent.parent
-MARGIN = 0.01  # what `measure.faster` allows the noise
-SEEN: list[str] = []  # what the check found wrong in the placements made while this module is loaded
-
-
-def plans_below_the_chosen(profile: dict) -> list[str]:
-    """The timed plans the gate did not reject whose every round median was faster, beyond the noise margin,
-    than the chosen plan's fastest: what a report must never show beside its choice."""
-    chosen = profile["candidates"][profile["chosen"]]
-    if chosen["ms"] is None:
-        return []
-    return [f"{name} ({c['interval']}) lies below the chosen {profile['chosen']} ({chosen['interval']})"
-            for name, c in profile["candidates"].items()
-            if c["ms"] is not None and not c.get("rejected") and c["interval"][1] < chosen["interval"][0] * (1 - MARGIN)]
-
-
-def assert_no_plan_below_the_chosen(profile: dict | None) -> None:
-    """Fails when a report (a plan's `profile`) shows a plan below its chosen one (`plans_below_the_chosen`)."""
-    wrong = plans_below_the_chosen(profile) if profile else []
-    assert not wrong, "; ".join(wrong)
-
-
-@pytest.fixture(autouse=True, scope="session")
-def every_report_checked():
-    """Every measured placement's report is checked as it is made (and again at the end, for one made where a
-    failure is caught: a background thread's)."""
-    original = Placement.to_json
-
-    def checked(self):
-        report = original(self)
-        wrong = plans_below_the_chosen(report) if report else []
-        SEEN.extend(wrong)
-        assert not wrong, "; ".join(wrong)
-        return report
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Placement, "to_json", checked)
-        yield
-    assert not SEEN, "; ".join(SEEN)
-
+from .support import assert_no_plan_below_the_chosen, plans_below_the_chosen
 
 @pytest.fixture
 def own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path / "cache"))
 
 
-pytestmark = pytest.mark.usefixtures("own_cache")  # this module's tests only, also where it is a plugin
+pytestmark = pytest.mark.usefixtures("own_cache")
 
 
 @pytest.fixture
@@ -268,14 +223,3 @@ def test_a_whole_model_plan_outside_fp32_tolerance_is_never_chosen(monkeypatch, 
 
 def test_a_gate_that_could_not_run_the_plan_is_reported_in_one_line():
     assert uhop_onnx.report.candidate_accuracy({"accuracy": {"error": "boom"}, "rejected": True}) == "rejected: error: boom"
-
-
-@pytest.mark.slow
-def test_no_report_of_the_search_tests_shows_a_plan_below_the_chosen():
-    """tests/test_search.py and tests/test_placer.py, run with this module as a plugin: every measured
-    placement they make passes the check."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.test_search_budget",
-                           "tests/test_search.py", "tests/test_placer.py"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=1200)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
