@@ -4,6 +4,9 @@ that reads at 80 columns, bench rows that name what ran, kept decisions shown, a
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -216,3 +219,50 @@ def test_inspect_checks_a_model_at_the_shapes_given():
     assert "checked at input_ids: 1x16" in " ".join(cli("inspect", ENCODER, "--shape", "input_ids:1x16").stdout.split())
     with pytest.raises(uhop_onnx.InputError, match="the model has no input 'nope'"):
         cli("inspect", ENCODER, "--shape", "nope:1x16")
+
+
+def python(*args: str, cwd: Path) -> str:
+    """What `args` print, run by this interpreter in `cwd`; fails on a non-zero exit."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE")}
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd, timeout=300,
+                          env={**env, "UHOP_CACHE_DIR": str(cwd / "cache")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+EXEC_FORMS = [("-m", "uhop_onnx.exec"), ("-m", "uhop_onnx.cli", "exec", "--", "python")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", [EXEC_FORMS[0], EXEC_FORMS[1][:-1]],
+                         ids=["python -m uhop_onnx.exec", "uhop-onnx exec"])
+def test_exec_runs_a_script_named_python_something_as_the_script(form, tmp_path):
+    """An interpreter is known by what it is (this one's path here), not by its name."""
+    (tmp_path / "python3-tool").write_text("import sys\nprint(sys.argv)\n")
+    assert python(*form, "python3-tool", "z", cwd=tmp_path) == "['python3-tool', 'z']\n"
+    assert python(*form, sys.executable, "python3-tool", "z", cwd=tmp_path) == "['python3-tool', 'z']\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", EXEC_FORMS, ids=["python -m uhop_onnx.exec", "uhop-onnx exec python"])
+def test_exec_passes_the_interpreters_options_on(form, tmp_path):
+    code = ("import sys; print(sys.argv, sys.flags.optimize, sys.flags.dev_mode, sys.stdout.write_through, "
+            "sys.dont_write_bytecode, sys.warnoptions[-1], sys.flags.isolated)")
+    assert python(*form, "-u", "-X", "dev", "-O", "-B", "-W", "error::UserWarning", "-c", code, "arg",
+                  cwd=tmp_path) == "['-c', 'arg'] 1 True True True error::UserWarning 0\n"
+    (tmp_path / "flags.py").write_text(f"import sys\n{code.replace('; ', chr(10))}\n")
+    assert python(*form, "-OWdefault", "-m", "flags", cwd=tmp_path).endswith("1 False False False default 0\n")
+    isolated = ("-I", "-c", "import sys; print(sys.flags.isolated, sys.path[0])")
+    assert python(*form, *isolated, cwd=tmp_path) == python(*isolated, cwd=tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", EXEC_FORMS, ids=["python -m uhop_onnx.exec", "uhop-onnx exec python"])
+def test_exec_puts_the_scripts_folder_first_on_the_path_as_python_does(form, tmp_path):
+    """The working folder is not on the program's path: its tabnanny.py does not shadow the standard one."""
+    (tmp_path / "tabnanny.py").write_text("SHADOW = True\n")
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "main.py").write_text(
+        "import os, sys, tabnanny\nprint(sys.path[0], os.getcwd() in sys.path, hasattr(tabnanny, 'SHADOW'))\n")
+    assert python(*form, "app/main.py", cwd=tmp_path) == python("app/main.py", cwd=tmp_path)
+    assert python("app/main.py", cwd=tmp_path) == f"{(tmp_path / 'app').resolve()} False False\n"
