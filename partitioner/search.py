@@ -66,8 +66,9 @@ from uhop_onnx.errors import MeasurementError, ProviderError, StageError, first_
 from uhop_onnx.executor import Executor, hand_over
 from uhop_onnx.inputs import feeds_digest
 from uhop_onnx.loader import saved, sha256
-from uhop_onnx.measure import LATE, Measurement, Profiler, SearchWorker, Unsendable, WorkerFailed, build, faster
+from uhop_onnx.measure import LATE, SearchWorker, Unsendable, WorkerFailed
 from uhop_onnx.plan import Stage
+from uhop_onnx.profiler import Measurement, Profiler, build, faster
 from uhop_onnx.providers import LAST_RESORT, Provider, Runner, create
 from uhop_onnx.report import stages_summary
 from uhop_onnx.samples import shapes_text

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 import uhop_onnx
 from uhop_onnx.models import cnn, mlp, resnet
-from uhop_onnx.measure import Measurement, Profiler
-from uhop_onnx.measure import faster as uhop_faster
 from uhop_onnx.errors import CheckError, MeasurementError
 from uhop_onnx.partitioner.path import cheapest_path
 from uhop_onnx.partitioner.search import _moves
+from uhop_onnx.profiler import Measurement, Profiler
+from uhop_onnx.profiler import faster as uhop_faster
 from uhop_onnx.providers import REGISTRY, Runner, Support
 from uhop_onnx.providers.ort import OrtCpu
 

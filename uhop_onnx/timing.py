@@ -1,10 +1,4 @@
-"""Timing one callable: the seconds of a call, how many calls make a round of a given length, a round's median;
-and the `Deadline` a bounded search stops at.
-
-The one calibration rule of the project (the profiler, the measuring workers and the kernel tuner use it):
-warm up, take the fastest warm-up call, and fill the round's target length with calls of that length, within
-`low` and `high` calls.
-"""
+"""The timing rules: a call's seconds, the calls a round holds, a round's median, medians' spread, a Deadline."""
 
 from __future__ import annotations
 
@@ -26,7 +20,8 @@ def seconds(call: Callable[[], object], clock: Clock = time.perf_counter) -> flo
 def calls_per_round(call: Callable[[], object], target: float, low: int, high: int, warmup: int = 1,
                     clock: Clock = time.perf_counter) -> int:
     """Warm `call` up (`warmup` calls, at least one), then the number of calls that last about `target`
-    seconds at the fastest warm-up call's pace, within [`low`, `high`]."""
+    seconds at the fastest warm-up call's pace, within [`low`, `high`]: the one calibration rule of the
+    project (the profiler, the measuring workers and the kernel tuner use it)."""
     fastest = min(seconds(call, clock) for _ in range(max(warmup, 1)))
     return max(low, min(high, int(target / max(fastest, 1e-9))))
 
@@ -34,6 +29,12 @@ def calls_per_round(call: Callable[[], object], target: float, low: int, high: i
 def round_median(call: Callable[[], object], calls: int, clock: Clock = time.perf_counter) -> float:
     """The median seconds of `calls` calls of `call()`."""
     return statistics.median(seconds(call, clock) for _ in range(calls))
+
+
+def spread(medians: list[float]) -> float:
+    """How far a candidate's round medians scattered, relative to the lowest: the noise a decision must beat."""
+    low = min(medians)
+    return (max(medians) - low) / low if low > 0 else 0.0
 
 
 @dataclass(frozen=True)
