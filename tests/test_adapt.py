@@ -113,6 +113,7 @@ def test_a_faster_candidate_replaces_the_serving_plan_and_is_kept(tmp_path):
     serving.close()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "getpriority") or os.getpriority(os.PRIO_PROCESS, 0) >= 10,
                     reason="niceness is POSIX's; a caller at nice 10 or above has its background at its own")
 @pytest.mark.parametrize("renew_fails", [False, True])
@@ -212,6 +213,7 @@ def test_openvinos_shared_threads_primed_first_serve_at_the_callers_priority():
     assert niced_ticks("primed") == 0
 
 
+@pytest.mark.slow
 def test_a_faster_candidate_serves_at_once_while_later_ones_are_still_prepared(tmp_path):
     model = BUILDERS["cnn"]()
     feeds = random_feeds(model)
@@ -338,6 +340,7 @@ def _decide(serving: Serving, feeds) -> dict:
     return next(iter(serving.adaptation.values()))
 
 
+@pytest.mark.slow
 def test_a_candidate_dropped_on_its_first_rounds_at_a_ratio_noise_can_reach_is_tried_once_more_next_time(tmp_path):
     """Dropped at 2x after two rounds (a burst of noise can do that: LiteRT was dropped at 1.66x on a MobileNetV3
     it runs in 0.6x ONNX Runtime's time), the candidate is named in the decision kept; the next process, served as
@@ -468,6 +471,7 @@ serving.close()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("configured", ["none", "WARNING", "INFO"])
 def test_the_background_warns_at_info_off_a_programs_stderr(configured, tmp_path):
     """What the background warns of (a search whose budget ran out) is said at INFO: on stderr only where the
@@ -528,6 +532,7 @@ def test_a_call_of_several_inputs_is_bucketed_by_each():
     serving.close()
 
 
+@pytest.mark.slow
 def test_a_search_at_another_buckets_shapes_gets_its_own_plan():
     """A candidate whose plan depends on the bucket's sample (the measured search) is made again at each
     bucket: the plan found at one bucket's shapes is not served at another's just because they share a label."""
@@ -586,6 +591,7 @@ def test_a_plan_another_bucket_is_warming_up_is_not_closed_by_this_buckets_verdi
     serving.close()
 
 
+@pytest.mark.slow
 def test_session_starts_on_onnx_runtime_then_adapts_and_stays_correct_from_many_threads():
     model = BUILDERS["mobilenet"]()
     feeds = [random_feeds(model, seed) for seed in range(4)]
@@ -741,6 +747,7 @@ def test_a_decision_settled_as_the_program_ends_is_not_an_error(tmp_path):
     serving.close()
 
 
+@pytest.mark.slow
 def test_a_model_of_a_size_nothing_was_kept_for_starts_before_its_digest_and_keeps_its_decision(tmp_path,
                                                                                                   monkeypatch):
     """On a cold cache the starter compiles and serves before the model is hashed (on the background thread,

@@ -73,6 +73,7 @@ def broken_path(tmp_path, looks_whole: bool = False) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("looks_whole", [False, True], ids=["bare", "native-files-present"])
 def test_a_runtime_that_raises_on_import_is_absent_and_the_rest_works(tmp_path, looks_whole):
     env = broken_path(tmp_path, looks_whole)
@@ -102,6 +103,7 @@ def _broken_openvino(monkeypatch) -> None:
     monkeypatch.setattr(OpenVino, "probe", probe)
 
 
+@pytest.mark.slow
 def test_a_cached_plan_on_a_runtime_that_no_longer_imports_is_measured_again_without_it(monkeypatch, tmp_path,
                                                                                        caplog):
     monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path))

@@ -132,6 +132,7 @@ def test_gpu_stages_are_said_not_to_run_here(tmp_path):
     assert report["unrun"] and not uhop_onnx.verify_bundle(bundle)["ok"], "nothing ran: only --allow-unrun accepts it"
 
 
+@pytest.mark.slow
 def test_tune_places_the_bundle_again_by_measurement(x86_bundle, tmp_path):
     tuned = uhop_onnx.tune_bundle(x86_bundle, tmp_path / "tuned", budget=300)
     manifest = json.loads((tuned / "manifest.json").read_text())
@@ -231,6 +232,7 @@ def test_export_refuses_an_existing_output(tmp_path):
     assert (tmp_path / "taken" / "file").read_text() == "keep"
 
 
+@pytest.mark.slow
 def test_runner_needs_only_numpy_and_the_named_runtime(x86_bundle, tmp_path):
     """Our wheel installed with --no-deps beside numpy and onnxruntime alone runs the bundle, and a bundle of
     int8 stages (QDQ `.onnx`) within the tolerance it was gated with."""

@@ -293,6 +293,7 @@ def test_tensorrt_int8_carries_its_calibration_table(tmp_path, monkeypatch):
     assert placed.read_bytes() == (bundle / table).read_bytes() and placed.stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_tune_competes_the_bundles_precision_again(tmp_path):
     """On the board, `tune` measures again at the bundle's precision and tolerance."""
     bundle = uhop_onnx.export_bundle(cnn(), "x86-64-v4", tmp_path / "b", providers=["openvino"], precision="bf16",

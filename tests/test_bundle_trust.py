@@ -104,6 +104,7 @@ def test_keygen_writes_a_pem_pair_and_never_overwrites(tmp_path):
     assert private.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_a_wrong_key_file_is_named_before_any_work(keys, model_file, small_bundle, tmp_path):
     done = _cli("export", model_file, "-t", "x86-64", "-o", tmp_path / "b", "--sign", keys[1])
     assert done.returncode == 2 and "not an unencrypted PEM private key" in done.stderr, done.stderr
@@ -255,6 +256,7 @@ print(len(lib.path.read_bytes()))
 """
 
 
+@pytest.mark.slow
 def test_a_truncated_cached_library_cannot_kill_the_caller(tmp_path):
     env = {**os.environ, "UHOP_CACHE_DIR": str(tmp_path / "cache")}
     run = [sys.executable, "-c", CACHE_DRIVER]
@@ -353,6 +355,7 @@ def _break(field: str):
     return change
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field, message", [
     ("format", r"stages\[0\]\.artifact\.format 'elf' is unknown"), ("sha256", r"\.sha256 must be 64"),
     ("inputs", r"manifest\.inputs must be list"), ("reference", r"stages\[0\]\.reference names '\.\./\.\./etc/passwd'"),
@@ -494,6 +497,7 @@ def _set(path: str, value):
     return change
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path, value, message", [
     ("stages", {}, r"field stages: Input should be a valid array"),
     ("stages", [], r"field plan: no stage, constant or input gives output\(s\) 'output'"),
@@ -550,6 +554,7 @@ def model_file(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["optimize", "export", "export-archive"])
 def test_unwritable_outputs_exit_2_and_full_disks_exit_1_leaving_nothing(command, model_file, tmp_path):
     (tmp_path / "a-file").write_text("")

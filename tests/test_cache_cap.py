@@ -176,6 +176,7 @@ plan = uhop_onnx.optimize(sys.argv[1], providers=["ort-cpu"], budget=1)
 """
 
 
+@pytest.mark.slow
 def test_plans_written_by_several_processes_at_once_stay_whole(tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(mlp(), path)

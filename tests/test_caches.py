@@ -44,6 +44,7 @@ def test_a_table_ignores_and_reports_invalid_entries_once(tmp_path, caplog):
     assert set(json.loads(path.read_text())) == {"good", "new"}  # the invalid ones are gone from the file
 
 
+@pytest.mark.slow
 def test_invalid_profile_entries_are_measured_again(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path))
     first = optimize(mlp())

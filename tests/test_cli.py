@@ -61,6 +61,7 @@ def test_optimize_run_explain(model_path, tmp_path):
     assert result.returncode == 0 and json.loads(result.stdout)["stages"][0]["provider"] == "openvino"
 
 
+@pytest.mark.slow
 def test_export_tune_verify(model_path, tmp_path):
     result = uhop("export", str(model_path), "--target", "x86-64", "-o", str(tmp_path / "b"))
     assert result.returncode == 0, result.stderr
@@ -71,6 +72,7 @@ def test_export_tune_verify(model_path, tmp_path):
     assert result.returncode == 0 and json.loads(result.stdout)["ok"], result.stdout
 
 
+@pytest.mark.slow
 def test_bench_counts_only_whole_runners_as_single_providers(tmp_path):
     onnx.save(speech(), tmp_path / "speech.onnx")
     result = uhop("bench", str(tmp_path / "speech.onnx"), "--providers", "litert,openvino", "--threads", "1",
@@ -103,6 +105,7 @@ def reflect_front_end() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+@pytest.mark.slow
 def test_optimize_fails_with_each_candidates_error_when_no_plan_runs(tmp_path):
     onnx.save(reflect_front_end(), tmp_path / "reflect.onnx")
     result = uhop("optimize", str(tmp_path / "reflect.onnx"), "-o", str(tmp_path / "plan"), "--providers",
@@ -124,6 +127,7 @@ def test_export_of_a_model_that_cannot_run_at_its_sample_shape_is_one_message(tm
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_bench_exits_1_with_clean_reasons_when_candidates_fail(tmp_path):
     onnx.save(reflect_front_end(), tmp_path / "reflect.onnx")
     args = ["bench", str(tmp_path / "reflect.onnx"), "--providers", "ort-cpu", "--rounds", "1", "--budget", "30"]
@@ -141,6 +145,7 @@ def test_bench_exits_1_with_clean_reasons_when_candidates_fail(tmp_path):
     assert 'File "' not in table.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["optimize", "absent.onnx", "-o", "out"], "no such file"),
     (["inspect", "{model}", "--providers", "warp-drive"], "unknown provider 'warp-drive'"),
@@ -174,6 +179,7 @@ def test_the_command_runs_without_the_serve_extra_and_serve_names_it(tmp_path):
     assert "pip install 'uhop-onnx[serve]'" in said and "starlette is not installed" in said
 
 
+@pytest.mark.slow
 def test_quiet_optimize_says_nothing_and_the_runtimes_speak_only_with_v(model_path, tmp_path):
     """`optimize --quiet` writes nothing on stderr (no progress, no runtime's line); running a LiteRT plan
     shows LiteRT's own "XNNPACK delegate" line only with -v."""

@@ -28,6 +28,7 @@ def model_path(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_run_generates_seeded_inputs_and_times_the_stages(model_path):
     result = uhop("run", str(model_path), "--providers", "openvino,ort-cpu", "--iterations", "20", "--warmup", "2",
                   "--json")
@@ -46,6 +47,7 @@ def test_run_generates_seeded_inputs_and_times_the_stages(model_path):
     assert "p50" in text.stdout and "p99" in text.stdout and "share" in text.stdout
 
 
+@pytest.mark.slow
 def test_run_reads_npy_npz_and_onnx_test_data_sets(model_path, tmp_path):
     x = np.random.default_rng(3).standard_normal((1, 3, 32, 32)).astype(np.float32)
     expected = reference(cnn(), {"input": x})
@@ -79,6 +81,7 @@ def test_input_files_and_shapes_errors(tmp_path):
         read_inputs(tmp_path / "bad.npz")
 
 
+@pytest.mark.slow
 def test_run_with_a_shape_of_a_free_dimension(tmp_path):
     model = mlp()
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
@@ -113,6 +116,7 @@ def test_compare_reports_each_output_and_fails_outside_the_tolerance(model_path,
     assert json.loads(strict.stdout)["ok"] is False
 
 
+@pytest.mark.slow
 def test_one_exit_code_rule(tmp_path):
     assert uhop("verify", str(tmp_path / "missing.tar.gz")).returncode == 2
     assert uhop("run", str(tmp_path / "missing.onnx")).returncode == 2
@@ -120,6 +124,7 @@ def test_one_exit_code_rule(tmp_path):
     assert uhop("run").returncode == 2  # click's usage error
 
 
+@pytest.mark.slow
 def test_verbose_anywhere_on_the_line_shows_the_logs(model_path):
     quiet = uhop("run", str(model_path), "--providers", "ort-cpu")
     assert quiet.returncode == 0 and "INFO" not in quiet.stderr
@@ -128,6 +133,7 @@ def test_verbose_anywhere_on_the_line_shows_the_logs(model_path):
         assert loud.returncode == 0 and "INFO uhop_onnx" in loud.stderr, loud.stderr
 
 
+@pytest.mark.slow
 def test_tables_fit_80_columns_and_text_is_not_markup(model_path):
     devices = uhop("devices")
     assert devices.returncode == 0

@@ -300,6 +300,7 @@ def test_threads_past_the_hosts_cores_are_bounded(tmp_path):
     executor.close()
 
 
+@pytest.mark.slow
 def test_inputs_too_large_for_this_host_are_named_before_allocating(tmp_path):
     dims = [100000, 100000, 1000]
     model = _model([helper.make_node("Relu", ["x"], ["y"])],

@@ -88,12 +88,14 @@ def _shapes_option(s) -> dict:
     return {"shapes": s.shapes(0)} if "shapes" in inspect.signature(uhop_onnx.optimize).parameters else {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,exporter", list(_params("default")))
 def test_the_default_plan_matches_onnxruntime_at_two_shapes(name, exporter):
     path, s, tolerance = _model(name, exporter)
     _check(uhop_onnx.InferenceSession(str(path), profile=False), path, s, tolerance)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,exporter", list(_params("measured")))
 def test_the_measured_plan_matches_onnxruntime_at_two_shapes(name, exporter):
     path, s, tolerance = _model(name, exporter)

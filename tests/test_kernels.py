@@ -181,6 +181,7 @@ def _broken(spec: LibrarySpec, generate=codegen.generate) -> str:
     return source.replace("c_0_0 = VFMA(a_, b_0, c_0_0);", "c_0_0 = VADD(b_0, c_0_0);", 1)
 
 
+@pytest.mark.slow
 def test_a_wrong_build_is_rejected_and_evicted(lib):
     spec = LibrarySpec(host_target())
     source = _broken(spec)
@@ -201,6 +202,7 @@ def test_a_corrupted_cached_library_is_rebuilt(lib):
     np.testing.assert_allclose(loaded.gemm_naive(np.eye(3, dtype=np.float32), np.eye(3, dtype=np.float32)), np.eye(3))
 
 
+@pytest.mark.slow
 def test_the_provider_never_uses_a_library_that_failed(lib, monkeypatch):
     """With the native lowering broken, the provider runs on the verified portable C and stays correct."""
     native = host_target()

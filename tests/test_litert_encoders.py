@@ -115,6 +115,7 @@ def exporter(request) -> str:
     return request.param
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ENCODERS)
 def test_encoder_runs_as_one_litert_stage(kind, exporter, tmp_path_factory):
     path = tmp_path_factory.mktemp("encoders") / f"{kind}-{exporter}.onnx"

@@ -18,6 +18,7 @@ from uhop_onnx.models import resnet50
 BUDGET = 6.0  # seconds of measured search (its peak comes early: loading, asking the providers, the first plans)
 
 
+@pytest.mark.slow
 def test_optimize_holds_at_most_twice_onnx_runtimes_peak_above_its_imports(tmp_path):
     path = tmp_path / "resnet50.onnx"
     onnx.save(resnet50(), path)

@@ -211,6 +211,7 @@ def test_free_dimensions_nobody_sized_are_placed_without_measuring():
         uhop_onnx.optimize(attention(), providers=["ort-cpu"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("adapt", [True, False])
 @pytest.mark.parametrize("names", [[], ()])
 def test_no_output_names_means_every_output_as_in_onnxruntime(adapt, names):

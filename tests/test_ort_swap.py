@@ -29,6 +29,7 @@ def _run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedPro
                           env=environment)
 
 
+@pytest.mark.slow
 def test_after_the_plain_swap_every_provider_precision_bundle_and_bench_still_work(tmp_path):
     run = _run([str(ROOT / "tests" / "ort_swap_script.py"), str(tmp_path)], tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
@@ -115,6 +116,7 @@ sys.exit(3)
 """
 
 
+@pytest.mark.slow
 def test_exec_runs_a_script_or_a_module_under_the_patch(tmp_path):
     onnx.save(cnn(), tmp_path / "cnn.onnx")
     (tmp_path / "app.py").write_text(APP)

@@ -238,6 +238,7 @@ def test_ort_cpu_int8_is_static_and_dynamic_and_dynamic_keeps_an_encoder_closer(
     assert [v.label for v in OrtCpu({"quantization": "dynamic"}).variants("int8")] == ["ort-cpu[int8-dynamic]"]
 
 
+@pytest.mark.slow
 def test_an_int8_search_times_both_ort_quantizations_and_the_plan_says_which(tmp_path):
     model = encoder(layers=1, seq=16, hidden=64)
     cal = encoder_calibration(model, 4)
@@ -302,6 +303,7 @@ def test_without_nncf_openvino_int8_is_the_onnx_runtime_qdq_model(monkeypatch, c
     assert "openvino int8 by NNCF is not offered" in caplog.text and "pip install 'uhop-onnx[quantize]'" in caplog.text
 
 
+@pytest.mark.slow
 def test_cli_optimize_int8_on_ort_and_explain_shows_the_errors(tmp_path):
     import onnx
     from typer.testing import CliRunner

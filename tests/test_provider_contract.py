@@ -122,6 +122,7 @@ def test_capability_answers_carry_reasons(ident):
         assert verdict.ok or verdict.reason, name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("known", KNOWN, ids=_known_id)
 def test_compiles_runs_as_onnx_runtime_from_many_threads_and_closes(known):
     provider = _present(*known)
@@ -134,6 +135,7 @@ def test_compiles_runs_as_onnx_runtime_from_many_threads_and_closes(known):
             _assert_close(provider, model, {k: runner.to_host(v) for k, v in got.items()}, feeds)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("known", KNOWN, ids=_known_id)
 def test_free_batch_runs_at_each_shape(known):
     """A stage with a free batch dimension runs at two batch sizes, on a fixed-shape runtime too."""
@@ -155,6 +157,7 @@ def _offset(batch: int = 4) -> onnx.ModelProto:
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("known", KNOWN, ids=_known_id)
 def test_arrays_as_numpy_hands_them_run_as_plain_ones(known):
     """Arrays a runtime cannot read in place (read-only, strided, int64 typed `longlong` as ONNX Runtime's
@@ -197,6 +200,7 @@ def test_exports_and_loads_its_format(known, tmp_path):
         _assert_close(provider, model, {k: runner.to_host(v) for k, v in runner.run(feeds).items()}, feeds)
 
 
+@pytest.mark.slow
 def test_openvino_offers_only_precisions_it_compiles_with_onednn_held_to_avx2():
     """Held below AVX-512 BF16, OpenVINO's CPU plugin still reports BF16 but fails to compile bf16: not offered
     there, and every precision it does offer compiles (in a process of its own, as oneDNN reads the variable

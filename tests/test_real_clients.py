@@ -84,6 +84,7 @@ def assert_same(got, want, where: str = "", pixels: bool = False) -> None:
         assert got == want, f"{where}: {got!r} != {want!r}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("client", list(LIBRARIES))
 def test_results_are_onnxruntimes(client, mode, stock, cache, tmp_path):

@@ -241,6 +241,7 @@ KEEPER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_two_processes_keeping_decisions_at_once_lose_none_and_orphan_no_plan(tmp_path, tests_in_workers):
     folder = tmp_path / "decisions"
     start = time.time() + 4
@@ -251,6 +252,7 @@ def test_two_processes_keeping_decisions_at_once_lose_none_and_orphan_no_plan(tm
     assert {p.name for p in folder.iterdir() if p.is_dir()} == {e["plan"] for e in table.values()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, kind", [("int8-qdq", "qdq"), ("fp16", "fp16")])
 def test_a_quantized_or_fp16_model_is_held_to_its_own_precision_and_its_candidates_compete(name, kind):
     """An onnxruntime.quantization QDQ model and an onnxconverter-common fp16 model (of timm's ResNet-18): each

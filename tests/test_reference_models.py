@@ -32,6 +32,7 @@ def test_each_provider_alone(reference_model, provider):
     assert sum(len(s.nodes) for s in session.plan.stages) == len(model.graph.node)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("every", [1, 3])
 def test_alternating_providers(reference_model, every):
     if len(SPLITTABLE) < 2:
@@ -45,6 +46,7 @@ def test_alternating_providers(reference_model, every):
     assert len(session.plan.stages) > 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_random_assignment(reference_model, seed):
     if len(SPLITTABLE) < 2:

@@ -101,6 +101,7 @@ def test_a_stage_whose_runtime_returns_another_shape_or_drops_an_output_fails_na
             executor.run(None, {"input": x.astype(np.float64)})
 
 
+@pytest.mark.slow
 def test_a_big_endian_feed_gives_what_its_values_give_on_one_stage_and_on_many():
     """ONNX Runtime reads a big-endian array's bytes as native ones; the session hands the runtimes the values."""
     model = mlp()

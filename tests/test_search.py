@@ -407,6 +407,7 @@ def test_inspect_says_why_the_unlisted_last_resort_does_not_take_a_node():
     assert all(s.ok for s in analyze(cnn(), ["kernels", "ort-cpu"]).support["ort-cpu"].values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("provider, model", [("litert", resnet), ("kernels", lambda: matmul(1024))])
 def test_a_listed_provider_that_runs_every_node_keeps_them_all(provider, model):
     """Real runtimes, timed for real (one round): a ResNet on LiteRT and a 1024 MatMul on our kernels stay
@@ -507,6 +508,7 @@ def test_with_no_time_left_the_search_keeps_a_whole_plan(monkeypatch, clock, tmp
     assert "searched" not in plan.profile["candidates"]
 
 
+@pytest.mark.slow
 def test_the_budget_bounds_the_whole_call():
     """Real providers and clock, a cold cache: optimize(budget=5) returns well within three times the budget
     (it aims at 5 s plus the measurement under way) with a plan that runs."""

@@ -63,12 +63,14 @@ def hanging_gate(choice):
     time.sleep(3600)
 
 
+@pytest.mark.slow
 def test_what_a_call_prints_on_stdout_is_not_taken_for_its_reply():
     with SearchWorker() as worker:
         assert worker.call(chatty, {"answer": 42}) == {"answer": 42}
         assert worker.call(chatty, "again") == "again"
 
 
+@pytest.mark.slow
 def test_what_a_runtime_prints_while_blocks_are_timed_is_not_taken_for_figures(tmp_path):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
@@ -81,6 +83,7 @@ def test_what_a_runtime_prints_while_blocks_are_timed_is_not_taken_for_figures(t
     assert set(figures) == {"b"} and figures["b"].ok and figures["b"].rounds == 2, figures
 
 
+@pytest.mark.slow
 def test_a_call_that_hangs_is_stopped_past_its_deadline_and_the_next_call_gets_a_new_worker():
     with SearchWorker(Deadline.after(0.0), grace=1.0) as worker:
         started = time.monotonic()

@@ -257,6 +257,7 @@ def test_the_local_app_closes_every_stage_runner_of_its_replicas(plan, monkeypat
     assert len(closed) == 2 * len(plan.stages) == len(set(map(id, closed)))
 
 
+@pytest.mark.slow
 def test_serve_command_on_a_model_file_names_the_model_after_its_stem(tmp_path, model):
     path = tmp_path / "tiny_mlp.onnx"
     onnx.save(model, path)
@@ -447,6 +448,7 @@ def deploy_in_time(app, name: str) -> None:
         pool.shutdown(wait=False)
 
 
+@pytest.mark.slow
 def test_ray_whole_plan_replicas_batch_and_an_npu_stage_lands_on_its_node(two_nodes, batch_model):
     import ray
     from ray import serve
@@ -476,6 +478,7 @@ def test_ray_whole_plan_replicas_batch_and_an_npu_stage_lands_on_its_node(two_no
         serve.delete("tower")
 
 
+@pytest.mark.slow
 def test_ray_full_queue_answers_503_and_stays_up(two_nodes, slow_plan):
     from uhop_onnx.serve.ray_engine import ray_app
 
@@ -494,6 +497,7 @@ def test_ray_full_queue_answers_503_and_stays_up(two_nodes, slow_plan):
         serve.delete("tower")
 
 
+@pytest.mark.slow
 def test_ray_slow_bodies_hold_no_place_an_honest_request_needs(two_nodes, batch_model):
     """Ray Serve hands a request to a replica before its body has arrived: twelve bodies that never finish,
     against a queue of one, leave honest requests answered, and each slow one is cut off or timed out."""

@@ -95,6 +95,7 @@ def test_slow_bodies_hold_no_place_an_honest_request_needs(tower_plan):
     assert set(statuses) <= {408, 503} and statuses.count(408) >= 3 and statuses.count(503) >= 4, statuses
 
 
+@pytest.mark.slow
 def test_health_answers_at_once_while_a_large_json_request_is_decoded():
     """A 23 MiB JSON request (and its 12 MiB JSON answer): the event loop decodes and encodes none of it, so
     /v2/health/live keeps answering within milliseconds."""

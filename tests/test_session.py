@@ -180,6 +180,7 @@ def test_arrays_copied_out_of_an_io_binding_own_their_memory(provider):
     assert_matches(kept, expected)
 
 
+@pytest.mark.slow
 def test_a_script_run_in_the_source_checkout_finds_the_subpackages_kept_beside_uhop_onnx():
     """After a plain `pip install .`, a script run in the checkout's root (`python -`, `python -c`, a notebook)
     imports the checkout's `uhop_onnx/`, ahead of the installed copy; its providers/ and partitioner/ lie beside
@@ -197,6 +198,7 @@ def test_a_script_run_in_the_source_checkout_finds_the_subpackages_kept_beside_u
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_call_missing_an_input_raises_and_onnx_runtime_prints_nothing():
     """ONNX Runtime's native run, which a one-stage plan on it calls, finds a missing input only when a node reads
     it, and logged that at its error severity beside the `InputError` raised: a program's stderr gets nothing

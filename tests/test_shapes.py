@@ -148,6 +148,7 @@ def test_the_encoder_runs_whole_at_any_batch_and_sequence(provider):
         assert_matches(session.run(None, {"input_ids": ids}), reference.run(None, {"input_ids": ids}))
 
 
+@pytest.mark.slow
 def test_measured_plan_records_its_shapes_and_runs_at_another(tmp_path):
     model = detector()
     with pytest.raises(InputError, match=r"'images' axis 2 \('height'\), input 'images' axis 3 \('width'\)"):
@@ -163,6 +164,7 @@ def test_measured_plan_records_its_shapes_and_runs_at_another(tmp_path):
     assert_matches(uhop_onnx.InferenceSession(loaded).run(None, {"images": y}), expected)
 
 
+@pytest.mark.slow
 def test_cli_stops_on_free_dims_and_measures_at_the_given_shape(tmp_path):
     from .test_cli import uhop
 
@@ -206,6 +208,7 @@ def test_a_bundle_built_for_fixed_shapes_records_them_and_names_them_for_any_oth
         bundle.run(None, {"images": np.zeros((1, 3, 16, 16), np.float32)})
 
 
+@pytest.mark.slow
 def test_rknn_in_the_simulator_builds_once_per_shape():
     from uhop_onnx.providers.rknn.setup import is_ready
     from uhop_onnx.providers.rknn.table import FP16_TOLERANCE
