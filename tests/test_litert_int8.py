@@ -21,7 +21,7 @@ from uhop_onnx.providers.litert.runner import interpreter_module
 from uhop_onnx.providers.quantize import Calibration
 
 from .conftest import reference
-from .test_search import Charging, FakeClock, fake_provider
+from .support import Charging, FakeClock, fake_provider
 
 pytestmark = pytest.mark.skipif(not LiteRt().present, reason=LiteRt().availability.reason)
 

@@ -17,7 +17,7 @@ from uhop_onnx.providers import REGISTRY, create
 from uhop_onnx.targets import TargetProvider
 
 from .conftest import assert_matches, random_feeds, reference
-from .test_search import FakeClock, fake_provider
+from .support import FakeClock, fake_provider
 
 PROFILE_KEYS = {"placement", "chosen", "candidates", "blocks", "entry_ms", "boundary_ms", "failures", "measured",
                 "cached", "seconds", "budget_s", "threads", "complete"}

@@ -22,7 +22,7 @@ from uhop_onnx.providers.quantize import Calibration, quantize_int8
 
 from .conftest import reference
 from .host import INT8_COSINE, cpu_features, int8_saturates, openvino_capabilities
-from .test_search import FakeClock, fake_provider
+from .support import FakeClock, fake_provider
 
 
 @pytest.fixture(autouse=True)

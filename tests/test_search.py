@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -13,89 +12,20 @@ from hypothesis import strategies as st
 
 import uhop_onnx
 from uhop_onnx.models import cnn, mlp, resnet
-from uhop_onnx.errors import CheckError, MeasurementError
+from uhop_onnx.errors import MeasurementError
 from uhop_onnx.partitioner.path import cheapest_path
 from uhop_onnx.partitioner.search import _moves
 from uhop_onnx.profiler import Measurement, Profiler
 from uhop_onnx.profiler import faster as uhop_faster
-from uhop_onnx.providers import REGISTRY, Runner, Support
-from uhop_onnx.providers.ort import OrtCpu
+from uhop_onnx.providers import REGISTRY
 
 from .conftest import assert_matches, random_feeds, reference
-
-
-@dataclass
-class FakeClock:
-    now: float = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Charging(Runner):
-    """A runner that computes for real (ONNX Runtime) and charges the fake clock per op and per call; with
-    `fails`, it raises instead, as a runtime that cannot run its stage does."""
-
-    def __init__(self, inner, cost: float, clock: FakeClock, fails: str | None = None):
-        self.inner, self.cost, self.clock, self.device, self.fails = inner, cost, clock, "cpu", fails
-
-    def run(self, feeds):
-        if self.fails:
-            raise RuntimeError(self.fails)
-        self.clock.now += self.cost
-        return self.inner.run(feeds)
-
-    def to_host(self, value):
-        return value
-
-    def close(self):
-        self.closed = True
-        self.inner.close()
-
-
-def fake_provider(ident: str, op_ms: dict[str, float], call_ms: float, clock: FakeClock, version: str = "1",
-                  fails: Callable[[onnx.ModelProto], bool] = lambda model: False, refuses: frozenset = frozenset(),
-                  miscompiles: frozenset = frozenset()):
-    """A provider that runs everything ONNX Runtime does but the ops it `refuses`, at the given cost; its runner
-    raises, at run time, on the models `fails` picks; its build check (in `compile`, as LiteRT's) fails on
-    every model with an op it `miscompiles`."""
-
-    class Fake(OrtCpu):
-        id = ident
-
-        def query(self, model):
-            return {n.name: Support(False, f"{ident} has no {n.op_type}", "runtime")
-                    for n in model.graph.node if n.op_type in refuses}
-
-        def check(self, model):
-            wrong = sorted({n.op_type for n in model.graph.node} & miscompiles)
-            if wrong:
-                raise CheckError(f"{ident}: the built stage differs from ONNX Runtime ({', '.join(wrong)})")
-
-        @property
-        def availability(self):
-            available = super().availability
-            return type(available)(ident, True, version, "CPU")
-
-        def compile(self, model, *, exclusive=True):
-            self.check(model)
-            cost = call_ms + sum(op_ms.get(n.op_type, 0.01) for n in model.graph.node)
-            failure = f"{ident} cannot run {model.graph.name}" if fails(model) else None
-            return Charging(super().compile(model, exclusive=exclusive), cost / 1e3, clock, failure)
-
-    return Fake
+from .support import FakeClock, fake_provider, install
 
 
 @pytest.fixture
 def clock():
     return FakeClock()
-
-
-def install(monkeypatch, clock, conv: dict, gemm: dict, call_ms: float = 0.05):
-    """Two fake providers, and a last resort that charges the clock too (and is slow at everything)."""
-    monkeypatch.setitem(REGISTRY, "fake-conv", fake_provider("fake-conv", conv, call_ms, clock))
-    monkeypatch.setitem(REGISTRY, "fake-gemm", fake_provider("fake-gemm", gemm, call_ms, clock))
-    monkeypatch.setitem(REGISTRY, "ort-cpu", fake_provider("ort-cpu", {}, 100.0, clock))
 
 
 def optimize(model, clock, tmp_path, **kwargs):

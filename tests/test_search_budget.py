@@ -22,7 +22,7 @@ from uhop_onnx.partitioner.search import Search
 from uhop_onnx.providers import REGISTRY, Support
 from uhop_onnx.report import markdown
 
-from .support import assert_no_plan_below_the_chosen, plans_below_the_chosen
+from .support import FakeClock, assert_no_plan_below_the_chosen, fake_provider, install, plans_below_the_chosen
 
 @pytest.fixture
 def own_cache(tmp_path, monkeypatch):
@@ -34,10 +34,6 @@ pytestmark = pytest.mark.usefixtures("own_cache")
 
 @pytest.fixture
 def clock():
-    """test_search's fake clock, imported when first needed: as a plugin, this module loads before any test
-    module is collected (and rewritten)."""
-    from .test_search import FakeClock
-
     return FakeClock()
 
 
@@ -52,8 +48,6 @@ def scripted(fast: Measurement, slow: Measurement):
 
 def search_with(monkeypatch, clock, timer, budget: float):
     """The search over fake-conv and a listed ONNX Runtime (the simplest plan: ONNX Runtime alone) with `timer`."""
-    from .test_search import install
-
     install(monkeypatch, clock, conv={"Conv": 1.0, "Gemm": 1.0}, gemm={})
     a = analyze(cnn(), ["fake-conv", "ort-cpu"], sample=True)
     return Search(timer, budget_s=budget).place(a).to_json()
@@ -121,8 +115,6 @@ def test_a_timing_within_the_noise_after_a_win_is_settled_by_a_third(monkeypatch
 def test_a_clearly_faster_runtime_wins_at_budget_zero(monkeypatch, clock):
     """Through `optimize`, on the fake clock: ONNX Runtime costs 100 ms a call, fake-conv well under 1 ms; at
     budget 0 only one round of each is timed, and fake-conv's plan is chosen, not the simplest."""
-    from .test_search import install
-
     install(monkeypatch, clock, conv={"Conv": 1.0, "Gemm": 1.0}, gemm={})
     plan = uhop_onnx.optimize(cnn(), providers=["fake-conv", "ort-cpu"], profiler=Profiler(clock=clock, warmup=1),
                               budget=0)
@@ -133,8 +125,6 @@ def test_a_clearly_faster_runtime_wins_at_budget_zero(monkeypatch, clock):
 def test_a_plan_chosen_untimed_says_so(monkeypatch, clock, tmp_path):
     """No whole plan is timed before the budget ends: the plan kept says why it is unmeasured, in its profile
     and its report; a measured plan has no such entry."""
-    from .test_search import install
-
     install(monkeypatch, clock, conv={"Conv": 1.0, "Gemm": 1.0}, gemm={})
     measured = uhop_onnx.optimize(cnn(), providers=["fake-conv"], profiler=Profiler(clock=clock, warmup=1))
     assert "unmeasured" not in measured.profile
@@ -197,8 +187,6 @@ def test_openvino_competes_with_the_whole_model_where_our_rules_lack_a_rank():
 def test_a_whole_model_plan_outside_fp32_tolerance_is_never_chosen(monkeypatch, clock):
     """A runtime our rules refuse the Gemm for want of a rank, which compiles the whole model but computes it
     wrong: its whole-model plan, the fastest, is rejected by the check against ONNX Runtime."""
-    from .test_search import fake_provider, install
-
     install(monkeypatch, clock, conv={}, gemm={})
     base = fake_provider("fake-unranked", {}, 0.05, clock)
 
