@@ -556,6 +556,7 @@ class Serving:
             self._promote(bucket, trial)
         self._settle(bucket)
         if trial.state == "faster" and not bucket.settled:  # kept now too, should the program end first
+            bucket.decided()  # the plan kept records the trials so far (`explain`), its decision still to come
             self._keep(bucket)
 
     def _promote(self, bucket: Bucket, trial: Trial) -> None:
