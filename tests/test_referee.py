@@ -293,3 +293,25 @@ def test_a_quantized_or_fp16_model_is_held_to_its_own_precision_and_its_candidat
         assert entry["state"] != "refused" or "differs" not in entry.get("error", ""), entry
         if "max_abs_error" in entry:
             assert entry["tolerance"] == own.describe(rule), entry
+
+
+def test_a_candidate_whose_rounds_straddle_the_serving_plans_is_within_noise_and_the_decision_says_so():
+    """The fourth outcome: after `MAX_PAIRS` paired rounds whose interval holds 1, `within noise`, and the
+    decision names each candidate's outcome (not a blanket 'no candidate was faster')."""
+    from uhop_onnx.adapt import MAX_PAIRS, Bucket, Trial
+
+    model = _adds(1.0)
+    serving = Serving(optimize(model, providers=["ort-cpu"], profile=False), compile_plan, "ort-cpu",
+                      lambda stopped, sample: {})
+    bucket = Bucket("x: 1x4", serving.starter)
+    trial = Trial("openvino", state="trying", pairs=[(1.0 + (-0.02 if k % 2 else 0.02), 1.0) for k in range(MAX_PAIRS)])
+    refused = Trial("litert", state="refused", error="output 'y' differs from ONNX Runtime's (max abs error 1)",
+                    tolerance="|y - ref| <= 2e-05 + 0.0002 x |ref|")
+    bucket.trials = {"litert": refused, "openvino": trial}
+    serving._judge(bucket, trial)
+    record = bucket.to_json()
+    assert [c["state"] for c in record["candidates"]] == ["refused", "within noise"], record
+    assert record["decision"] == ("kept ort-cpu: litert refused (output 'y' differs from ONNX Runtime's (max abs "
+                                  "error 1); held to |y - ref| <= 2e-05 + 0.0002 x |ref|); openvino within noise "
+                                  "(1.00x its time)"), record
+    serving.close()
