@@ -8,6 +8,7 @@ import json
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -252,3 +253,23 @@ def install(monkeypatch, clock, conv: dict, gemm: dict, call_ms: float = 0.05):
     monkeypatch.setitem(REGISTRY, "fake-conv", fake_provider("fake-conv", conv, call_ms, clock))
     monkeypatch.setitem(REGISTRY, "fake-gemm", fake_provider("fake-gemm", gemm, call_ms, clock))
     monkeypatch.setitem(REGISTRY, "ort-cpu", fake_provider("ort-cpu", {}, 100.0, clock))
+
+
+def uhop(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    """`uhop-onnx ARGS` in a process of its own, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "uhop_onnx.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+class Slowed:
+    """An executor whose calls take `delay` seconds longer: a known difference for the decision rule."""
+
+    def __init__(self, executor, delay: float):
+        self._executor, self._delay = executor, delay
+
+    def run(self, *args, **kwargs):
+        time.sleep(self._delay)
+        return self._executor.run(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._executor, name)

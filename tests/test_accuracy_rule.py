@@ -14,7 +14,7 @@ from uhop_onnx.compare import tolerance_for
 from uhop_onnx.models import cnn
 from uhop_onnx.precision import FP32_TOLERANCE, compare, errors, gate, scaled
 
-from .test_cli import uhop
+from .support import uhop
 
 NAN = np.array([[1.0, np.nan, np.inf, -2.0]])
 

@@ -27,6 +27,7 @@ from uhop_onnx.runtime import compile_plan
 from uhop_onnx.session import adaptive, decisions_for
 
 from .conftest import assert_matches, random_feeds, reference
+from .support import Slowed
 
 ENCODER = str(Path(__file__).parents[1] / "models" / "example_encoder.onnx")  # free batch and sequence axes
 
@@ -49,20 +50,6 @@ def _settled(serving_or_session) -> bool:
     return bool(buckets) and all(b["decision"] for b in buckets)
 
 
-class _Slowed:
-    """An executor whose calls take `delay` seconds longer: a known difference for the decision rule."""
-
-    def __init__(self, executor, delay: float):
-        self._executor, self._delay = executor, delay
-
-    def run(self, *args, **kwargs):
-        time.sleep(self._delay)
-        return self._executor.run(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._executor, name)
-
-
 def _serving(model, starter_delay: float, candidate_delay: float, tmp_path, **options) -> Serving:
     """A `Serving` whose starter (ort-cpu) and one candidate (the same model on openvino) are slowed by the
     given delays."""
@@ -71,7 +58,7 @@ def _serving(model, starter_delay: float, candidate_delay: float, tmp_path, **op
 
     def compile(plan):
         delay = starter_delay if plan is starter else candidate_delay
-        return _Slowed(compile_plan(plan), delay)
+        return Slowed(compile_plan(plan), delay)
 
     return Serving(starter, compile, "ort-cpu", lambda stopped, sample: {"openvino": lambda sample: candidate},
                    explore_after_s=0.0, **options)
@@ -129,7 +116,7 @@ def test_a_promoted_plan_is_compiled_again_at_the_callers_priority(renew_fails):
 
     def compile(plan):
         if plan is starter:
-            return _Slowed(compile_plan(plan), 0.03)
+            return Slowed(compile_plan(plan), 0.03)
         niceness = os.getpriority(os.PRIO_PROCESS, 0)
         if renew_fails and compiled:
             compiled.append((None, niceness))
@@ -226,7 +213,7 @@ def test_a_faster_candidate_serves_at_once_while_later_ones_are_still_prepared(t
         return optimize(model, providers=["litert"], profile=False)
 
     def compile(plan):
-        return _Slowed(compile_plan(plan), 0.03 if plan is starter else 0.0)
+        return Slowed(compile_plan(plan), 0.03 if plan is starter else 0.0)
 
     serving = Serving(starter, compile, "ort-cpu", lambda stopped, sample: {"openvino": lambda sample: candidate,
                                                                     "later": later}, explore_after_s=0.0)
@@ -541,7 +528,7 @@ def test_a_search_at_another_buckets_shapes_gets_its_own_plan():
              8: optimize(ENCODER, providers=["litert"], profile=False)}
 
     def compile(plan):
-        return _Slowed(compile_plan(plan), 0.02 if plan is starter else 0.0)
+        return Slowed(compile_plan(plan), 0.02 if plan is starter else 0.0)
 
     serving = Serving(starter, compile, "ort-cpu",
                       lambda stopped, sample: {"search": lambda sample: found[sample["input_ids"].shape[1]]},
@@ -566,7 +553,7 @@ def test_a_plan_another_bucket_is_warming_up_is_not_closed_by_this_buckets_verdi
     candidate = optimize(ENCODER, providers=["openvino"], profile=False)
     warming, release = threading.Event(), threading.Event()
 
-    class Held(_Slowed):
+    class Held(Slowed):
         def run(self, output_names, feeds, **kwargs):
             if threading.current_thread().name == "uhop-adapt" and feeds["input_ids"].shape[1] == 8:
                 warming.set()
@@ -574,7 +561,7 @@ def test_a_plan_another_bucket_is_warming_up_is_not_closed_by_this_buckets_verdi
             return super().run(output_names, feeds, **kwargs)
 
     def compile(plan):
-        return _Slowed(compile_plan(plan), 0.0) if plan is starter else Held(compile_plan(plan), 0.05)
+        return Slowed(compile_plan(plan), 0.0) if plan is starter else Held(compile_plan(plan), 0.05)
 
     serving = Serving(starter, compile, "ort-cpu", lambda stopped, sample: {"x": lambda sample: candidate},
                       explore_after_s=0.0)

@@ -13,11 +13,7 @@ import pytest
 from uhop_onnx.models import EXAMPLE, cnn, speech
 
 from .conftest import assert_matches, reference
-
-
-def uhop(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "uhop_onnx.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
+from .support import uhop
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from uhop_onnx.inputs import parse_shape, read_inputs
 from uhop_onnx.models import cnn, mlp
 
 from .conftest import assert_matches, reference
-from .test_cli import uhop
+from .support import uhop
 
 
 @pytest.fixture(scope="module")

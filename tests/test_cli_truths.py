@@ -20,7 +20,7 @@ import uhop_onnx
 from uhop_onnx.cli import app
 from uhop_onnx.providers import create
 
-from .test_cli import uhop
+from .support import uhop
 
 MODELS = Path(__file__).parents[1] / "models"
 ENCODER = MODELS / "example_encoder.onnx"  # input_ids: batch x sequence, both free
@@ -171,14 +171,14 @@ def test_explain_says_why_a_plan_is_unmeasured(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not create("openvino").present, reason="openvino is not installed")
 def test_explain_shows_the_decision_that_kept_a_plan(tmp_path, monkeypatch):
-    """A candidate found faster is kept at once, while another is still prepared: its plan folder holds no
-    trials yet, and explain shows the decision kept beside it."""
-    from uhop_onnx.adapt import EXPLORE_AFTER, Decisions, Serving
+    """A candidate found faster is kept at once, while another is still prepared: its plan folder holds the
+    trials so far, and explain shows the decision kept beside it."""
+    from uhop_onnx.adapt import Decisions, Serving
     from uhop_onnx.models import cnn
     from uhop_onnx.runtime import compile_plan
 
     from .conftest import random_feeds
-    from .test_adapt import _Slowed
+    from .support import Slowed
 
     monkeypatch.setattr("uhop_onnx.adapt.ROUND_S", 0.0)  # rounds of ROUND calls, however short
     model, released = cnn(), threading.Event()
@@ -191,7 +191,7 @@ def test_explain_shows_the_decision_that_kept_a_plan(tmp_path, monkeypatch):
         return faster
 
     decisions = Decisions(tmp_path / "decisions")
-    serving = Serving(starter, lambda plan: _Slowed(compile_plan(plan), 0.03 if plan is starter else 0.0), "ort-cpu",
+    serving = Serving(starter, lambda plan: Slowed(compile_plan(plan), 0.03 if plan is starter else 0.0), "ort-cpu",
                       lambda stopped, sample: {"openvino": lambda sample: faster, "later": later},
                       explore_after_s=0.0, decisions=decisions)
     try:

@@ -166,7 +166,7 @@ def test_measured_plan_records_its_shapes_and_runs_at_another(tmp_path):
 
 @pytest.mark.slow
 def test_cli_stops_on_free_dims_and_measures_at_the_given_shape(tmp_path):
-    from .test_cli import uhop
+    from .support import uhop
 
     onnx.save(detector(), tmp_path / "det.onnx")
     result = uhop("optimize", str(tmp_path / "det.onnx"), "-o", str(tmp_path / "plan"), cwd=tmp_path)
@@ -227,7 +227,7 @@ def test_rknn_in_the_simulator_builds_once_per_shape():
 
 
 def test_triton_export_says_where_shapes_go(tmp_path):
-    from .test_cli import uhop
+    from .support import uhop
 
     onnx.save(detector(), tmp_path / "det.onnx")
     result = uhop("export", str(tmp_path / "det.onnx"), "--format", "triton", "-o", str(tmp_path / "repo"),
