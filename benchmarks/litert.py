@@ -33,12 +33,10 @@ CANDIDATES = ("onnxruntime", "ort-cpu", "litert")
 
 
 def models() -> dict:
-    from uhop_onnx.models import BUILDERS, mobilenet, transformer
+    from uhop_onnx.models import BUILDERS, mobilenet, transformer, yolo_like
 
     sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]
     from kernels import resnet18
-
-    from tests.test_litert import yolo_like
 
     return {
         **{name: build for name, build in BUILDERS.items()},

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from .builders import BUILDERS, cnn, encoder, hybrid, mlp, mobilenet, mobilenetv2, resnet, resnet50, speech, transformer
+from .builders import BUILDERS, cnn, encoder, hybrid, mlp, mobilenet, mobilenetv2, resnet, resnet50, speech, transformer, yolo_like
 
 EXAMPLE = Path(__file__).with_name("example_mobilenet.onnx")
 EXAMPLE_INPUTS = Path(__file__).with_name("example_mobilenet_inputs.npz")
@@ -10,4 +10,4 @@ EXAMPLE_ENCODER = Path(__file__).with_name("example_encoder.onnx")  # made by ma
 
 __all__ = ["BUILDERS", "EXAMPLE", "EXAMPLE_ENCODER", "EXAMPLE_INPUTS", "cnn", "encoder", "hybrid", "mlp", "mobilenet",
            "mobilenetv2", "resnet",
-           "resnet50", "speech", "transformer"]
+           "resnet50", "speech", "transformer", "yolo_like"]

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 pytest.importorskip("ai_edge_litert")
 pytest.importorskip("tflite")
 
-from uhop_onnx.models import BUILDERS
+from uhop_onnx.models import BUILDERS, yolo_like
 from uhop_onnx.providers.capability import check as table_check
 from uhop_onnx.providers.litert import FP16_TOLERANCE, LiteRt, verify
 from uhop_onnx.providers.litert.converter import convert, unconvertible
@@ -84,77 +84,6 @@ def test_max_pool_after_relu_pads_with_zeros():
         assert ("PAD" if relu else "PADV2") in litert_ops(model)
         feeds = random_feeds(model)
         assert_matches(session_on(model, ["litert"]).run(None, feeds), reference(model, feeds))
-
-
-def yolo_like(size: int = 32, anchors: int = 2, classes: int = 3) -> onnx.ModelProto:
-    """A YOLOv5-style detector: Conv+SiLU backbone with a split/concat block, SPPF max pools, nearest
-    upsampling into a second scale, and heads decoded with sigmoid, grid and anchors; a TopK picks the
-    best scores at the end."""
-    rng = np.random.default_rng(5)
-    nodes, inits = [], []
-
-    def const(name, value):
-        inits.append(numpy_helper.from_array(np.asarray(value), name))
-        return name
-
-    def node(op, inputs, name, **attrs):
-        nodes.append(helper.make_node(op, inputs, [name], name=name, **attrs))
-        return name
-
-    def conv(x, name, cin, cout, k=3, stride=1):
-        w = const(f"{name}.w", (rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32))
-        b = const(f"{name}.b", (rng.standard_normal(cout) * 0.1).astype(np.float32))
-        y = node("Conv", [x, w, b], f"{name}/conv", kernel_shape=[k, k], strides=[stride] * 2, pads=[k // 2] * 4)
-        return node("Mul", [y, node("Sigmoid", [y], f"{name}/sigmoid")], f"{name}/silu")
-
-    x = conv("images", "stem", 3, 16, stride=2)
-    x = conv(x, "down1", 16, 32, stride=2)
-    nodes.append(helper.make_node("Split", ["down1/silu", const("split", np.array([16, 16], np.int64))],
-                                  ["c3/a", "c3/b"], name="c3/split", axis=1))
-    x = node("Concat", [conv("c3/a", "c3/m", 16, 16), "c3/b"], "c3/concat", axis=1)
-    p3 = conv(x, "c3/out", 32, 32, k=1)
-    x = conv(p3, "down2", 32, 32, stride=2)
-    pools = [x]
-    for i in range(3):
-        pools.append(node("MaxPool", [pools[-1]], f"sppf/pool{i}", kernel_shape=[5, 5], pads=[2] * 4))
-    p4 = conv(node("Concat", pools, "sppf/concat", axis=1), "sppf/out", 128, 32, k=1)
-    up = node("Resize", [p4, "", const("scales", np.array([1, 1, 2, 2], np.float32))], "up", mode="nearest")
-    p3 = conv(node("Concat", [up, p3], "fpn/concat", axis=1), "fpn/out", 64, 32)
-    outputs = []
-    for level, (feature, stride) in enumerate(((p3, 4), (p4, 8))):
-        grid_size = size // stride
-        fields = 5 + classes
-        w = const(f"head{level}.w", (rng.standard_normal((anchors * fields, 32, 1, 1)) * 0.2).astype(np.float32))
-        y = node("Conv", [feature, w], f"head{level}/conv")
-        y = node("Reshape", [y, const(f"head{level}.shape", np.array([1, anchors, fields, grid_size, grid_size]))],
-                 f"head{level}/reshape")
-        y = node("Sigmoid", [node("Transpose", [y], f"head{level}/transpose", perm=[0, 1, 3, 4, 2])],
-                 f"head{level}/sigmoid")
-        nodes.append(helper.make_node("Split", [y, const(f"head{level}.parts", np.array([2, 2, fields - 4]))],
-                                      [f"head{level}/xy", f"head{level}/wh", f"head{level}/conf"],
-                                      name=f"head{level}/split", axis=4))
-        gy, gx = np.meshgrid(np.arange(grid_size), np.arange(grid_size), indexing="ij")
-        grid = np.stack([gx, gy], -1).reshape(1, 1, grid_size, grid_size, 2).astype(np.float32) - 0.5
-        xy = node("Mul", [node("Add", [node("Mul", [f"head{level}/xy", const(f"two{level}", np.float32(2))],
-                                             f"head{level}/xy2"), const(f"grid{level}", grid)], f"head{level}/xyg"),
-                          const(f"stride{level}", np.float32(stride))], f"head{level}/xyout")
-        anchor = (rng.uniform(1, 3, (1, anchors, 1, 1, 2)) * stride).astype(np.float32)
-        wh = node("Mul", [node("Pow", [node("Mul", [f"head{level}/wh", const(f"two_{level}", np.float32(2))],
-                                             f"head{level}/wh2"), const(f"sq{level}", np.float32(2))],
-                               f"head{level}/whsq"), const(f"anchor{level}", anchor)], f"head{level}/whout")
-        box = node("Concat", [xy, wh, f"head{level}/conf"], f"head{level}/box", axis=4)
-        outputs.append(node("Reshape", [box, const(f"flat{level}", np.array([1, -1, fields]))], f"head{level}/flat"))
-    detections = node("Concat", outputs, "detections", axis=1)
-    score = node("ReduceMax", [detections, const("last", np.array([2]))], "score", keepdims=0)
-    nodes.append(helper.make_node("TopK", [score, const("k", np.array([5]))], ["best", "best_index"], name="topk",
-                                  axis=1))
-    graph = helper.make_graph(nodes, "yolo_like", [helper.make_tensor_value_info("images", TensorProto.FLOAT,
-                                                                                   [1, 3, size, size])],
-                              [helper.make_tensor_value_info("detections", TensorProto.FLOAT, None),
-                               helper.make_tensor_value_info("best", TensorProto.FLOAT, None),
-                               helper.make_tensor_value_info("best_index", TensorProto.INT64, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
-    return onnx.shape_inference.infer_shapes(model, strict_mode=True)
 
 
 def test_yolo_like_detector_runs_mostly_on_litert():
