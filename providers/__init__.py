@@ -7,7 +7,8 @@ from typing import Any
 
 from uhop_onnx.errors import InputError, ProviderError
 
-from .base import DEVICE_KINDS, ArtifactFormat, Availability, Lowering, Provider, Runner
+from .base import DEVICE_KINDS, ArtifactFormat, Availability, Lowering, Provider
+from .runner import Runner
 from .capability import CapabilityTable, OpRule, Support
 from .kernels import KernelsProvider
 from .litert import LiteRt

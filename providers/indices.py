@@ -15,7 +15,7 @@ import numpy as np
 
 from uhop_onnx.errors import InputError
 
-from .base import Runner
+from .runner import Runner
 
 if TYPE_CHECKING:
     import onnx

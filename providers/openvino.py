@@ -16,8 +16,9 @@ from uhop_onnx.errors import InputError, first_line, missing_module
 from . import indices
 from uhop_onnx.host import cpu_features, host_arch
 
-from .base import (FP32, Absent, Artifact, ArtifactFormat, Lowering, Pool, Provider, Runner, installed, output_dtypes,
-                   probe_model, quantized)
+from .base import (FP32, Absent, Artifact, ArtifactFormat, Lowering, Provider, installed, output_dtypes, probe_model,
+                   quantized)
+from .runner import Pool, Runner
 from .capability import CapabilityTable, OpRule, Support
 
 if TYPE_CHECKING:

@@ -26,7 +26,8 @@ from uhop_onnx.cache import JsonTable, cache_dir
 from uhop_onnx.errors import ProviderError, first_line, logger
 from uhop_onnx.files import atomic_file
 
-from .base import FP32, Absent, Artifact, ArtifactFormat, Lowering, Provider, Runner, probe_model, quantized
+from .base import FP32, Absent, Artifact, ArtifactFormat, Lowering, Provider, probe_model, quantized
+from .runner import Runner
 from .capability import CapabilityTable, Support
 from .quantize import offers, to_fp16
 

@@ -63,7 +63,7 @@ def test_an_empty_batch_on_openvino_leaves_every_later_request_served():
 
 
 def test_a_runner_pool_never_hands_out_what_a_failed_call_used():
-    from uhop_onnx.providers.base import Pool
+    from uhop_onnx.providers.runner import Pool
 
     made = iter(range(100))
     pool = Pool(lambda: next(made))

@@ -15,7 +15,7 @@ import numpy as np
 
 from .dtypes import TensorSig, onnx_type
 from .errors import CheckError, InputError, ProviderError, StageError, first_line, logger
-from .providers.base import Runner
+from .providers.runner import Runner
 
 if TYPE_CHECKING:
     from .plan import Stage

@@ -21,7 +21,8 @@ import numpy as np
 from uhop_onnx.errors import ProviderError
 from uhop_onnx.host import host_arch
 
-from ..base import Absent, Artifact, ArtifactFormat, Provider, Runner
+from ..base import Absent, Artifact, ArtifactFormat, Provider
+from ..runner import Runner
 from ..capability import Support
 from .lowering import KERNELS_TABLE, lower, refusals
 from .runner import KernelsRunner

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..base import Runner
+from ..runner import Runner
 from .lowering import PRODUCTS, bias_axis
 
 if TYPE_CHECKING:

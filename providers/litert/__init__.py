@@ -23,7 +23,8 @@ from uhop_onnx.inputs import free_inputs
 from uhop_onnx.precision import FP32_TOLERANCE, compare
 
 from .. import indices
-from ..base import FP32, Absent, Artifact, ArtifactFormat, Lowering, Provider, Runner, installed
+from ..base import FP32, Absent, Artifact, ArtifactFormat, Lowering, Provider, installed
+from ..runner import Runner
 from ..capability import Support
 from . import delegates
 from .runner import LiteRtRunner, empty_runner, interpreter_module

@@ -15,7 +15,7 @@ import numpy as np
 from uhop_onnx import ortlib
 from uhop_onnx.errors import ProviderError, logger
 
-from ..base import Pool, Runner
+from ..runner import Pool, Runner
 from . import delegates
 
 log = logger(__name__)

@@ -37,7 +37,8 @@ import numpy as np
 
 from uhop_onnx.errors import ProviderError, logger
 
-from ..base import FP32, Absent, Artifact, ArtifactFormat, Lowering, Provider, Runner, output_dtypes
+from ..base import FP32, Absent, Artifact, ArtifactFormat, Lowering, Provider, output_dtypes
+from ..runner import Runner
 from . import cores
 from .runner import CORE_MASKS, RUNTIME_LIBRARY, data_formats
 from .setup import TOOLKIT, is_ready, venv_path

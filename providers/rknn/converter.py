@@ -22,7 +22,8 @@ import numpy as np
 from uhop_onnx import ortlib
 from uhop_onnx.errors import ProviderError, logger
 
-from ..base import Runner, output_dtypes
+from ..base import output_dtypes
+from ..runner import Runner
 from .runner import named_outputs
 from .setup import is_ready, venv_path, venv_python
 from .table import DTYPES, FP16_TOLERANCE, RKNN_TABLE, TARGETS

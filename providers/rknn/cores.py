@@ -17,7 +17,7 @@ from uhop_onnx.timing import round_median
 if TYPE_CHECKING:
     import onnx
 
-    from ..base import Runner
+    from ..runner import Runner
 
 CORES = {"rk3588": 3, "rk3576": 2}  # NPU cores per target; the others have one
 SPREAD = {3: "0_1_2", 2: "0_1"}

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import Runner
+from ..runner import Runner
 
 # `core_mask` option -> RKNNLite's NPU_CORE_* constant: one core, a pair, all three cores of an RK3588,
 # or the runtime's choice.

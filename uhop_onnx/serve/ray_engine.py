@@ -26,7 +26,7 @@ from ray import serve
 from ..errors import UhopError
 from ..plan import Plan, Stage
 from ..providers import REGISTRY, device_kind
-from ..providers.base import Runner
+from ..providers.runner import Runner
 from ..runtime import compile_stage
 from .app import RETRY_AFTER_S, create_app
 from .limits import Limits

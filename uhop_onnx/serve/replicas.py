@@ -21,7 +21,7 @@ import numpy as np
 from ..dtypes import TensorSig
 from ..executor import Executor
 from ..plan import Plan
-from ..providers.base import PerShapeRunner, Runner
+from ..providers.runner import PerShapeRunner, Runner
 from .batching import Job, batchable, run_together
 from .metrics import Metrics, span
 
