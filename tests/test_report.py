@@ -84,19 +84,18 @@ def test_a_long_plan_is_summarised():
         "kernels x5, openvino x5 over 4 stages"
 
 
-def test_whole_plans_are_one_line_each_at_80_columns(monkeypatch):
+def test_whole_plans_are_one_line_each_at_80_columns():
     """A failed candidate's error has a column of its own, and no row wraps; the report says the search
     stopped at its budget."""
     import io
 
     from rich.console import Console
 
-    from uhop_onnx import cli
+    from uhop_onnx.cli.render import print_candidates
     from uhop_onnx.report import effort_text
 
     printed = io.StringIO()
-    monkeypatch.setattr(cli, "out", Console(file=printed, width=80))
-    cli._print_candidates(PROFILE)
+    print_candidates(PROFILE, Console(file=printed, width=80))
     lines = printed.getvalue().splitlines()
     assert max(map(len, lines)) <= 80
     rows = [line for line in lines if line.startswith("│")]

@@ -24,7 +24,6 @@ from . import bench, edge, plans, render, serve, shell
 app = typer.Typer(name="uhop-onnx", help="Place ONNX models on the fastest mix of providers, and run them.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
                   rich_markup_mode="markdown")
-out = render.out  # the console `_print_candidates` prints on
 
 
 def main() -> None:
@@ -66,11 +65,6 @@ def _options(verbose: Annotated[bool, typer.Option(*shell.VERBOSE, help="Show th
     from ..ortlib import set_log_severity
 
     set_log_severity(2 if verbose else 4)  # not verbose: its errors are raised to us, not logged
-
-
-def _print_candidates(profile: dict) -> None:
-    """The whole plans timed, on this module's console (`out`)."""
-    render.print_candidates(profile, out)
 
 
 for command in (plans.devices, plans.inspect, plans.optimize, plans.run, plans.compare, plans.explain, bench.bench,
