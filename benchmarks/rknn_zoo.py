@@ -203,24 +203,35 @@ def shipped_row(model: Shipped, folder: Path, int8: bool = False) -> dict:
         bundle = uhop_onnx.export_bundle(model.path(), "rk3588", folder / f"{model.name}-int8", inputs=samples[0],
                                          precision="int8", calibration=stacked, tolerance=0.05)
         int8 = json.loads((bundle / "manifest.json").read_text())
-        errors = ((int8.get("precision") or {}).get("accuracy") or {}).values()
+        gate = int8.get("precision") or {}
         result["int8_stages"] = sorted({s["precision"] for s in int8["stages"] if s["provider"] == "rknn"})
-        result["int8_scaled_error"] = max((e["max_abs_error"] / e["scale"] for e in errors
-                                           if e.get("max_abs_error") is not None), default=None)
+        checked = gate.get("accuracy") if result["int8_stages"] == ["int8"] else next(
+            (r["accuracy"] for r in gate.get("rejected", []) if r.get("gave_up") == "int8"), None)
+        result["int8_rel_error"], result["int8_cosine"] = worst_of(checked or {})
+        result["int8_failed"] = (checked or {}).get("error")
     return result
+
+
+def worst_of(accuracy: dict) -> tuple[float | None, float | None]:
+    """The precision gate's worst error of any output, relative to its largest reference value, and lowest
+    cosine."""
+    figures = [e for e in accuracy.values() if isinstance(e, dict) and e.get("max_rel_error") is not None]
+    return (max((e["max_rel_error"] for e in figures), default=None),
+            min((e["cosine"] for e in figures), default=None))
 
 
 def table(rows: list[dict]) -> str:
     """The shipped corpus's rows as a Markdown table."""
     lines = ["| model | nodes on NPU | FLOPs on NPU | GFLOPs | est. fp16 ms | est. int8 ms | fp16 scaled error "
-             "(cosine) | int8 scaled error | off the NPU |", "|" + "---|" * 9]
+             "(cosine) | int8 relative error (cosine) | off the NPU |", "|" + "---|" * 9]
     for r in rows:
         if "skipped" in r:
             lines.append(f"| {r['model']} | skipped: {r['skipped']} |" + " |" * 7)
             continue
         off = ", ".join(sorted({f"{e['op']} ({e['kind']})" for e in r["off_npu"]})) or "none"
-        int8 = "" if "int8_stages" not in r else (
-            f"{r['int8_scaled_error']:.3g}" if r["int8_stages"] == ["int8"] else f"rejected ({r['int8_stages']})")
+        int8 = "" if r.get("int8_rel_error") is None else (
+            f"{'' if r['int8_stages'] == ['int8'] else 'rejected: '}{r['int8_rel_error']:.2g} ({r['int8_cosine']:.4f})")
+        int8 = f"failed: {r['int8_failed'][:60]}" if r.get("int8_failed") else int8
         lines.append(
             f"| {r['model']} {'x'.join(map(str, next(iter(r['shapes'].values()))))} | {r['npu_nodes']}/{r['nodes']} "
             f"(shipped {r['shipped_nodes']}) | {100 * r['npu_flops_share']:.1f}% | {r['gflops']:.3g} | "

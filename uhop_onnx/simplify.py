@@ -66,7 +66,7 @@ class FoldShapeArithmeticPass(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         ops = {node.op_type for node in ir.traversal.RecursiveGraphIterator(model.graph)}
-        derived = from_shapes(model.graph) if self.fixed else frozenset()
+        derived = _from_shapes(model.graph) if self.fixed else frozenset()
 
         def taken(value: ir.Value) -> bool:
             return value.dtype in SHAPE_TYPES or value.name in derived
@@ -103,7 +103,7 @@ class FoldShapeArithmeticPass(ir.passes.InPlacePass):
 SHAPE_SOURCES = frozenset({"Shape", "Size", "Range", "ConstantOfShape", "EyeLike"})
 
 
-def from_shapes(graph: ir.Graph) -> frozenset[str]:
+def _from_shapes(graph: ir.Graph) -> frozenset[str]:
     """Names of the values of `graph` that a `SHAPE_SOURCES` op computes, or that are computed from one (in
     part: whether the rest is constant is the folder's to find)."""
     names: set[str] = set()
