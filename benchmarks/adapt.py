@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import corpus_models as corpus  # noqa: E402
-from uhop_onnx.measure import Candidate, time_candidates  # noqa: E402
+from uhop_onnx.runtime.measure import Candidate, time_candidates  # noqa: E402
 
 
 def _shipped(package: str, relative: str) -> Path | None:
@@ -79,7 +79,7 @@ def start(mode: str, model: str, feeds_path: str) -> dict:
     import onnxruntime
 
     if mode == "uhop":
-        import uhop_onnx.session  # noqa: F401 - its import counted apart, as ONNX Runtime's
+        import uhop_onnx.products.session  # noqa: F401 - its import counted apart, as ONNX Runtime's
     imported = time.perf_counter()
     feeds = dict(np.load(feeds_path))
     if mode == "uhop":
@@ -177,10 +177,10 @@ def compare(name: str, rounds: int, settle: float, start_only: bool, processes: 
             print(f"    {bucket['bucket']}: {bucket['decision']} [{tried}]")
     os.environ["UHOP_CACHE_DIR"] = str(work / "kept")  # the steady session starts on what the curve kept
     # the session warms up (and re-checks what the curve kept) first, alone: the others build after it
-    runtimes = [("uhop adaptive", str(settle), "uhop_onnx.bench:adapted"),
-                ("onnxruntime", "onnxruntime", "uhop_onnx.bench:raw_runtime"),
-                ("openvino", "openvino", "uhop_onnx.bench:raw_runtime"),
-                ("litert", "litert", "uhop_onnx.bench:provider_alone")]
+    runtimes = [("uhop adaptive", str(settle), "uhop_onnx.products.bench:adapted"),
+                ("onnxruntime", "onnxruntime", "uhop_onnx.products.bench:raw_runtime"),
+                ("openvino", "openvino", "uhop_onnx.products.bench:raw_runtime"),
+                ("litert", "litert", "uhop_onnx.products.bench:provider_alone")]
     steady = _steady(runtimes, path, feeds, rounds, processes)
     singles = {n: f["ms"] for n, f in steady.items() if n != "uhop adaptive" and f["ms"] is not None}
     for n, f in steady.items():

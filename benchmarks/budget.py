@@ -28,11 +28,11 @@ from pathlib import Path
 import numpy as np
 import typer
 
-from uhop_onnx.bench import alone
-from uhop_onnx.measure import Candidate, time_candidates
-from uhop_onnx.plan import Plan
+from uhop_onnx.products.bench import alone
+from uhop_onnx.runtime.measure import Candidate, time_candidates
+from uhop_onnx.runtime.plan import Plan
 from uhop_onnx.providers import resolve
-from uhop_onnx.report import stages_summary
+from uhop_onnx.runtime.report import stages_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 UNBOUNDED = 100000.0  # seconds: the search runs to its end

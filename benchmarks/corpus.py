@@ -4,7 +4,7 @@
                                 [--threads 2] [--rounds 7] [--budget 10] [--json out.json] [--markdown out.md]
 
 Per model: its nodes, the candidate the measured search chose, the plan's stages, and the plan's latency over
-ONNX Runtime's. The plan and raw ONNX Runtime are timed by `uhop_onnx.measure.time_candidates`, each in its own
+ONNX Runtime's. The plan and raw ONNX Runtime are timed by `uhop_onnx.runtime.measure.time_candidates`, each in its own
 process, in alternating rounds, the minimum of the round medians. Models come from
 `benchmarks/corpus_models.py` (cached exports; the first run builds them).
 """
@@ -24,8 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 import uhop_onnx
-from uhop_onnx.bench import raw
-from uhop_onnx.measure import Candidate, time_candidates
+from uhop_onnx.products.bench import raw
+from uhop_onnx.runtime.measure import Candidate, time_candidates
 
 sys.path.insert(0, str(Path(__file__).parent))
 import corpus_models as corpus  # noqa: E402 -- beside this script

@@ -6,7 +6,7 @@ with dynamic batch (and sequence) axes. Beside them, files that other tools writ
 `onnxruntime.quantization`, an fp16 model from `onnxconverter-common`, a model saved with external data, a
 model with `If` and `Loop`, and a Paddle-style model whose free dimensions are `dim_value: -1`.
 
-An export is cached under `uhop_onnx.cache.cache_dir()/corpus/` (`$UHOP_CORPUS_CACHE` where set), in a folder named by the model, the exporter
+An export is cached under `uhop_onnx.foundation.cache.cache_dir()/corpus/` (`$UHOP_CORPUS_CACHE` where set), in a folder named by the model, the exporter
 and a hash of its spec and the libraries' versions; a failed export is cached as its error (`error.txt`), the
 exporter's limit. Folders are written beside their target and renamed, so a cache entry is whole or absent.
 """
@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from uhop_onnx.cache import cache_dir
-from uhop_onnx.files import new_folder
+from uhop_onnx.foundation.cache import cache_dir
+from uhop_onnx.foundation.files import new_folder
 
 EXPORTERS = {"torchscript": 17, "dynamo": 18}  # exporter -> opset
 FORMATS = ("int8-qdq", "fp16", "external-data", "if-loop", "paddle-dims")  # files written by other tools

@@ -2,7 +2,7 @@
 
     python benchmarks/kernels.py [--threads 1,2] [--rounds 3]
 
-Part one is `uhop-onnx kernels bench` (GFLOP/s per op; method in `uhop_onnx.kernels_bench`). Part two times
+Part one is `uhop-onnx kernels bench` (GFLOP/s per op; method in `uhop_onnx.products.kernels_bench`). Part two times
 ResNet-18 (224x224, batch norm folded into the convolutions) placed with `kernels` + `ort-cpu` against ONNX
 Runtime alone, each in its own process, alternating rounds, comparing the minimum of the round medians. The
 model's schedules are tuned first, as `uhop-onnx kernels tune` does (cached per device; a no-op when cached).
@@ -21,8 +21,8 @@ import numpy as np
 import onnx
 import typer
 from onnx import TensorProto, helper, numpy_helper
-from uhop_onnx.kernels_tune import tune_model
-from uhop_onnx.kernels_cli import bench
+from uhop_onnx.products.kernels_tune import tune_model
+from uhop_onnx.cli.kernels import bench
 
 ENGINES = ("kernels", "onnxruntime")
 

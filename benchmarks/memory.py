@@ -79,7 +79,7 @@ from uhop_onnx.cli import main
 main()
 """
 FLOOR = REPORT + """
-import uhop_onnx.cli, uhop_onnx.optimizer
+import uhop_onnx.cli, uhop_onnx.products.optimizer
 from uhop_onnx.providers import resolve
 resolve(None)
 """
@@ -118,7 +118,7 @@ def peak(script: str, args: list[str], env: dict[str, str] | None = None) -> tup
 def optimize_peak(model: Path, shapes: dict[str, tuple[int, ...]], budget: float, work: Path,
                   options: list[str] = ()) -> tuple[int, int]:
     """`peak` of `uhop-onnx optimize` (with more `options`) with a cache folder of its own under `work`."""
-    from uhop_onnx.cache import cache_dir
+    from uhop_onnx.foundation.cache import cache_dir
 
     cache = work / "cache"
     if (cache_dir() / "kernels").is_dir():

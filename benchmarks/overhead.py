@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 import uhop_onnx  # noqa: E402
 from benchmarks import corpus_models as corpus  # noqa: E402
-from uhop_onnx.runtime import compile_plan  # noqa: E402
+from uhop_onnx.runtime.compile import compile_plan  # noqa: E402
 
 
 def timed(candidates: dict[str, Callable[[], object]], blocks: int, calls: int) -> dict[str, float]:

@@ -2,7 +2,7 @@
 
     python benchmarks/placement.py [--threads 2] [--rounds 7] [--models mlp,cnn,...] [--json out.json]
 
-Each model is run through `uhop-onnx bench` (`uhop_onnx.bench`): every candidate in its own process,
+Each model is run through `uhop-onnx bench` (`uhop_onnx.products.bench`): every candidate in its own process,
 alternating rounds, the minimum of the round medians; ratios are between figures of the same run.
 """
 
@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from uhop_onnx.bench import bench
+from uhop_onnx.products.bench import bench
 from uhop_onnx.models import cnn, hybrid, mlp, mobilenet, resnet, speech, transformer
 
 # Reference models at sizes where a run takes long enough to compare (0.1-20 ms on 2 cores).

@@ -5,7 +5,7 @@
 For a ResNet-50 and a MobileNetV2 at 224x224 and a BERT-like encoder (4 layers, hidden 256, sequence 128),
 all from `models/builders.py`: 16 calibration samples and 4 checked inputs from the same generator
 (`samples.sample_feeds`) under other seeds. Candidates, each in its own process in alternating rounds
-(`uhop_onnx.measure.time_candidates`): ONNX Runtime fp32 and OpenVINO f32 (the raw runtimes); the whole model
+(`uhop_onnx.runtime.measure.time_candidates`): ONNX Runtime fp32 and OpenVINO f32 (the raw runtimes); the whole model
 as one stage at a reduced precision: OpenVINO bf16, ONNX Runtime int8 (the QDQ model `quantize_static` makes
 from the calibration samples) and int8 dynamic (`quantize_dynamic`), OpenVINO int8 compiling that QDQ model
 and OpenVINO int8 from NNCF (`nncf.quantize`, what the openvino provider uses), LiteRT fp32 and LiteRT int8 (the
@@ -32,14 +32,14 @@ import typer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from uhop_onnx import InferenceSession, optimize  # noqa: E402
-from uhop_onnx.bench import raw  # noqa: E402
-from uhop_onnx.errors import UhopError, first_line  # noqa: E402
-from uhop_onnx.measure import Candidate, time_candidates  # noqa: E402
-from uhop_onnx.graph import Graph  # noqa: E402
+from uhop_onnx.products.bench import raw  # noqa: E402
+from uhop_onnx.foundation.errors import UhopError, first_line  # noqa: E402
+from uhop_onnx.runtime.measure import Candidate, time_candidates  # noqa: E402
+from uhop_onnx.foundation.graph import Graph  # noqa: E402
 from uhop_onnx.models import encoder, mobilenetv2, resnet50  # noqa: E402
 from uhop_onnx.precision import errors, gate  # noqa: E402
 from uhop_onnx.providers.quantize import Calibration, quantize_int8  # noqa: E402
-from uhop_onnx.samples import reference_outputs, sample_feeds  # noqa: E402
+from uhop_onnx.foundation.samples import reference_outputs, sample_feeds  # noqa: E402
 
 MODELS = {"resnet50": resnet50, "mobilenetv2": mobilenetv2, "encoder": encoder}
 TOLERANCE = 1e-2

@@ -25,9 +25,9 @@ import typer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import uhop_onnx  # noqa: E402
-from uhop_onnx.errors import first_line  # noqa: E402
+from uhop_onnx.foundation.errors import first_line  # noqa: E402
 from uhop_onnx.precision import compare, own  # noqa: E402
-from uhop_onnx.runtime import compile_plan  # noqa: E402
+from uhop_onnx.runtime.compile import compile_plan  # noqa: E402
 
 REC_SHAPE = (1, 3, 48, 320)
 

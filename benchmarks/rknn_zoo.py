@@ -33,10 +33,10 @@ def npu_figures(onnx_path: Path, bundle: Path, precision: str = "int8") -> dict:
     shapes it was exported at, what is computed from shapes folded), and the static cost model's latency of its
     stages, its RKNN stages at `precision`."""
     from uhop_onnx import load
-    from uhop_onnx.graph import Graph
+    from uhop_onnx.foundation.graph import Graph
     from uhop_onnx.partitioner.static_cost import estimate_ms, flops
-    from uhop_onnx.simplify import at_fixed_shapes
-    from uhop_onnx.targets import load_target
+    from uhop_onnx.model.simplify import at_fixed_shapes
+    from uhop_onnx.products.targets import load_target
 
     manifest = json.loads((bundle / "manifest.json").read_text())
     loaded = load(onnx_path)

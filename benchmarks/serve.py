@@ -297,7 +297,7 @@ def main(
     if worker == "ort":
         ort_worker(model_file, levels, requests, seconds)
         return
-    from uhop_onnx.optimizer import optimize
+    from uhop_onnx.products.optimizer import optimize
 
     chosen = candidates.split(",")
     results: dict[str, list] = {c: [] for c in chosen}

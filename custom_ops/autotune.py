@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from uhop_onnx.cache import JsonTable, cache_dir, device_fingerprint
-from uhop_onnx.errors import logger
-from uhop_onnx.timing import calls_per_round, round_median
+from uhop_onnx.foundation.cache import JsonTable, cache_dir, device_fingerprint
+from uhop_onnx.foundation.errors import logger
+from uhop_onnx.foundation.timing import calls_per_round, round_median
 
 from .library import Library
 from .spec import ALGORITHMS, OpSpec, Schedule, check_schedule, default_schedule

@@ -20,9 +20,9 @@ from contextlib import suppress
 from functools import cache
 from pathlib import Path
 
-from uhop_onnx.cache import cache_dir
-from uhop_onnx.errors import UhopError, logger
-from uhop_onnx.files import scratch_beside
+from uhop_onnx.foundation.cache import cache_dir
+from uhop_onnx.foundation.errors import UhopError, logger
+from uhop_onnx.foundation.files import scratch_beside
 
 from .spec import TARGETS, host_target
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import platform
 from dataclasses import dataclass, field
 
-from uhop_onnx.errors import UhopError
+from uhop_onnx.foundation.errors import UhopError
 
 
 class KernelSpecError(UhopError):

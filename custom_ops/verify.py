@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from uhop_onnx.cache import JsonTable, cache_dir
-from uhop_onnx.errors import UhopError, logger
+from uhop_onnx.foundation.cache import JsonTable, cache_dir
+from uhop_onnx.foundation.errors import UhopError, logger
 
 from . import build, codegen
 from .library import Library

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from uhop_onnx.graph import Graph, reads
+from uhop_onnx.foundation.graph import Graph, reads
 from uhop_onnx.providers import Support
 
 from .static_cost import nbytes

@@ -7,8 +7,8 @@ from collections.abc import Collection, Mapping
 
 import onnx
 
-from uhop_onnx.errors import CheckError, first_line, logger
-from uhop_onnx.graph import Graph
+from uhop_onnx.foundation.errors import CheckError, first_line, logger
+from uhop_onnx.foundation.graph import Graph
 from uhop_onnx.providers import Provider, Support
 from uhop_onnx.providers.capability import CapabilityTable, check
 

@@ -7,8 +7,8 @@ from collections.abc import Iterable, Sequence
 import onnx
 from onnx import helper
 
-from uhop_onnx.errors import PlanError
-from uhop_onnx.graph import Graph, reads
+from uhop_onnx.foundation.errors import PlanError
+from uhop_onnx.foundation.graph import Graph, reads
 
 
 def extract(model: onnx.ModelProto, graph: Graph, nodes: Iterable[int], outputs: Sequence[str] | None = None,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from uhop_onnx.errors import PlanError, ProviderError
-from uhop_onnx.graph import Graph
+from uhop_onnx.foundation.errors import PlanError, ProviderError
+from uhop_onnx.foundation.graph import Graph
 from uhop_onnx.providers import Support
 
 from .placer import Analysis, Placement

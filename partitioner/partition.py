@@ -6,7 +6,7 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from uhop_onnx.graph import Graph
+from uhop_onnx.foundation.graph import Graph
 
 
 @dataclass(frozen=True)

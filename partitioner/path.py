@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TypeVar
 
-from uhop_onnx.measure import Measurement
+from uhop_onnx.runtime.measure import Measurement
 
 P = TypeVar("P", bound=Hashable)  # a provider, as the caller names it
 

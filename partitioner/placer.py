@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import onnx
 
-from uhop_onnx.graph import Graph
-from uhop_onnx.measure import Measurement
+from uhop_onnx.foundation.graph import Graph
+from uhop_onnx.runtime.measure import Measurement
 from uhop_onnx.precision import Precision
 from uhop_onnx.providers import Provider, Support
 

@@ -61,18 +61,18 @@ from typing import Any
 import numpy as np
 import onnx
 
-from uhop_onnx.cache import JsonTable
-from uhop_onnx.errors import MeasurementError, ProviderError, StageError, first_line, logger
-from uhop_onnx.executor import Executor, hand_over
-from uhop_onnx.inputs import feeds_digest
-from uhop_onnx.loader import saved, sha256
-from uhop_onnx.measure import LATE, SearchWorker, Unsendable, WorkerFailed
-from uhop_onnx.plan import Stage
-from uhop_onnx.profiler import Measurement, Profiler, build, faster
+from uhop_onnx.foundation.cache import JsonTable
+from uhop_onnx.foundation.errors import MeasurementError, ProviderError, StageError, first_line, logger
+from uhop_onnx.runtime.executor import Executor, hand_over
+from uhop_onnx.foundation.inputs import feeds_digest
+from uhop_onnx.model.loader import saved, sha256
+from uhop_onnx.runtime.measure import LATE, SearchWorker, Unsendable, WorkerFailed
+from uhop_onnx.runtime.plan import Stage
+from uhop_onnx.runtime.profiler import Measurement, Profiler, build, faster
 from uhop_onnx.providers import LAST_RESORT, Provider, Runner, create
-from uhop_onnx.report import stages_summary
-from uhop_onnx.samples import shapes_text
-from uhop_onnx.timing import Deadline
+from uhop_onnx.runtime.report import stages_summary
+from uhop_onnx.foundation.samples import shapes_text
+from uhop_onnx.foundation.timing import Deadline
 
 from .blocks import allowed_providers, blocks, boundary_classes, expand
 from .capabilities import whole_model

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from uhop_onnx.dtypes import numpy_dtype
-from uhop_onnx.errors import first_line, logger
-from uhop_onnx.graph import Graph, Node
-from uhop_onnx.inputs import at_shapes, free_inputs, measured_shapes
-from uhop_onnx.samples import shapes_text
+from uhop_onnx.foundation.dtypes import numpy_dtype
+from uhop_onnx.foundation.errors import first_line, logger
+from uhop_onnx.foundation.graph import Graph, Node
+from uhop_onnx.foundation.inputs import at_shapes, free_inputs, measured_shapes
+from uhop_onnx.foundation.samples import shapes_text
 
 from .placer import Analysis
 

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from uhop_onnx.errors import ProviderError
-from uhop_onnx.measure import Measurement
+from uhop_onnx.foundation.errors import ProviderError
+from uhop_onnx.runtime.measure import Measurement
 
 from .blocks import allowed_providers, boundary_classes
 from .placer import Analysis, Block, Placement

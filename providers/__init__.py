@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from uhop_onnx.errors import InputError, ProviderError
+from uhop_onnx.foundation.errors import InputError, ProviderError
 
 from .base import DEVICE_KINDS, ArtifactFormat, Availability, Lowering, Provider
 from .runner import Runner

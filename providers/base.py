@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from uhop_onnx.errors import BundleError, ProviderError, first_line, logger
-from uhop_onnx.host import bounded_threads
+from uhop_onnx.foundation.errors import BundleError, ProviderError, first_line, logger
+from uhop_onnx.foundation.host import bounded_threads
 
 from .capability import CapabilityTable, Support
 from .runner import PerShapeRunner, Runner
@@ -400,7 +400,7 @@ class Provider(ABC):
     def prime(self) -> None:
         """Start, from the calling thread, the worker threads this runtime shares between every model in the
         process, so that they take this thread's priority, not that of the thread that compiles next (the calling
-        thread should outlive them: see `uhop_onnx.priority`). Most runtimes start threads per model, and do
+        thread should outlive them: see `uhop_onnx.adaptation.priority`). Most runtimes start threads per model, and do
         nothing here."""
 
 

@@ -14,7 +14,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from uhop_onnx.graph import Graph, Node
+    from uhop_onnx.foundation.graph import Graph, Node
 
 ANY_OPSET = (1, 10_000)
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from uhop_onnx.errors import InputError
+from uhop_onnx.foundation.errors import InputError
 
 from .runner import Runner
 

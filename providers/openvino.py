@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from uhop_onnx.errors import InputError, first_line, missing_module
+from uhop_onnx.foundation.errors import InputError, first_line, missing_module
 
 from . import indices
-from uhop_onnx.host import cpu_features, host_arch
+from uhop_onnx.foundation.host import cpu_features, host_arch
 
 from .base import (FP32, Absent, Artifact, ArtifactFormat, Lowering, Provider, installed, output_dtypes, probe_model,
                    quantized)

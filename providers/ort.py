@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
-from uhop_onnx import ortlib
-from uhop_onnx.cache import JsonTable, cache_dir
-from uhop_onnx.errors import ProviderError, first_line, logger
-from uhop_onnx.files import atomic_file
+from uhop_onnx.foundation import ortlib
+from uhop_onnx.foundation.cache import JsonTable, cache_dir
+from uhop_onnx.foundation.errors import ProviderError, first_line, logger
+from uhop_onnx.foundation.files import atomic_file
 
 from .base import FP32, Absent, Artifact, ArtifactFormat, Lowering, Provider, probe_model, quantized
 from .runner import Runner
@@ -153,7 +153,7 @@ class OrtProvider(Provider):
         so = session_options(self.threads, exclusive=False, optimize=False)
         so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
         providers = [self.ep_entry()] + (["CPUExecutionProvider"] if self.ep != "CPUExecutionProvider" else [])
-        from uhop_onnx.loader import serialized  # protobuf's own serializer holds four times the model
+        from uhop_onnx.model.loader import serialized  # protobuf's own serializer holds four times the model
 
         session = new_session(serialized(model), so, providers)
         taken = {
@@ -168,7 +168,7 @@ class OrtProvider(Provider):
     def build(self, model: onnx.ModelProto | bytes | str, *, exclusive: bool = True) -> Runner:
         """A session on the stage's model (or its bytes or path, as a whole model read from its file is given)."""
         if not isinstance(model, (bytes, str)):
-            from uhop_onnx.loader import serialized  # protobuf's own serializer holds four times the model
+            from uhop_onnx.model.loader import serialized  # protobuf's own serializer holds four times the model
 
             model = serialized(model)
         return OrtRunner(model, [self.ep_entry()], self.threads, exclusive)
@@ -237,7 +237,7 @@ class OrtGpuRunner(OrtRunner):
 
     def warm_up(self) -> None:
         """One run on zeros when every input shape is fixed, so an engine build is not part of any latency."""
-        from uhop_onnx.dtypes import numpy_dtype
+        from uhop_onnx.foundation.dtypes import numpy_dtype
 
         feeds = {}
         for arg in self.session.get_inputs():

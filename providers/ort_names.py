@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from uhop_onnx.errors import InputError, outside, quiet
+from uhop_onnx.foundation.errors import InputError, outside, quiet
 
 
 def _device_id(value: Any) -> int:

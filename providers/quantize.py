@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from uhop_onnx import ortlib
-from uhop_onnx.cache import cache_dir
-from uhop_onnx.errors import first_line, logger, missing_module
-from uhop_onnx.files import atomic_file, temporary_folder
-from uhop_onnx.host import cpu_features, host_arch
-from uhop_onnx.inputs import feeds_digest
+from uhop_onnx.foundation import ortlib
+from uhop_onnx.foundation.cache import cache_dir
+from uhop_onnx.foundation.errors import first_line, logger, missing_module
+from uhop_onnx.foundation.files import atomic_file, temporary_folder
+from uhop_onnx.foundation.host import cpu_features, host_arch
+from uhop_onnx.foundation.inputs import feeds_digest
 
 
 if TYPE_CHECKING:

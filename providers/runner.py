@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
-from uhop_onnx.errors import CheckError, InputError
-from uhop_onnx.inputs import free_inputs, shape_values
+from uhop_onnx.foundation.errors import CheckError, InputError
+from uhop_onnx.foundation.inputs import free_inputs, shape_values
 
 if TYPE_CHECKING:
     import onnx
@@ -143,7 +143,7 @@ class PerShapeRunner(Runner):
                                      "--max-shapes)")
                 self.built.add(key)
                 try:
-                    from uhop_onnx.simplify import at_fixed_shapes
+                    from uhop_onnx.model.simplify import at_fixed_shapes
 
                     runner = self.build(at_fixed_shapes(self.model, shapes, values))
                 except CheckError as error:

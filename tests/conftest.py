@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
-from uhop_onnx.cache import cache_dir
+from uhop_onnx.foundation.cache import cache_dir
 from uhop_onnx.models import BUILDERS
 from uhop_onnx.partitioner.placer import Placement
 from uhop_onnx.precision import FP32_TOLERANCE, compare

@@ -8,7 +8,7 @@ import functools
 import os
 import platform
 
-from uhop_onnx.host import cpu_features
+from uhop_onnx.foundation.host import cpu_features
 
 
 @functools.cache

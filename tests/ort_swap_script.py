@@ -16,7 +16,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 
-from uhop_onnx import ortlib  # noqa: E402
+from uhop_onnx.foundation import ortlib  # noqa: E402
 from uhop_onnx.models import cnn  # noqa: E402
 from uhop_onnx.precision import errors  # noqa: E402
 from uhop_onnx.providers import create  # noqa: E402
@@ -67,7 +67,7 @@ def main(work: Path) -> dict:
     verified = uhop_onnx.verify_bundle(bundle)
     done["verify"] = verified.get("ok", verified)
 
-    from uhop_onnx.bench import bench
+    from uhop_onnx.products.bench import bench
 
     figures = bench(path, providers=["ort-cpu"], rounds=1, calls=1, budget=1)
     done["bench"] = sorted(figures.get("candidates", figures))

@@ -18,12 +18,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from uhop_onnx.errors import CheckError
+from uhop_onnx.foundation.errors import CheckError
 from uhop_onnx.providers import REGISTRY, Runner, Support
 from uhop_onnx.providers.ort import OrtCpu
+from uhop_onnx.providers.rknn.setup import is_ready, venv_path
 
 
 HOST = "127.0.0.1"
@@ -273,3 +275,61 @@ class Slowed:
 
     def __getattr__(self, name):
         return getattr(self._executor, name)
+
+
+# A test in Rockchip's simulator: slow, and skipped where the toolkit's environment is absent; as a decorator
+# (`needs_toolkit`) or a parameter's marks (`TOOLKIT_MARKS`).
+TOOLKIT_MARKS = [pytest.mark.slow, pytest.mark.skipif(
+    not is_ready(), reason=f"rknn-toolkit2 environment absent at {venv_path()}: create it with `uhop-onnx setup rknn`")]
+
+
+def needs_toolkit(test):
+    for mark in TOOLKIT_MARKS:
+        test = mark(test)
+    return test
+
+
+SHAPE = (1, 3, 128, 128)
+
+
+def anchored(channels: int = 32) -> onnx.ModelProto:
+    """Two convolutions, then an anchor grid as exporters write one: the feature map's `Shape`, its height and
+    width gathered, `Range` over each, added to the map. Batch, height and width are free."""
+    rng = np.random.default_rng(0)
+
+    def weight(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
+
+    def scalar(name, value):
+        return numpy_helper.from_array(np.array(value, np.int64), name)
+
+    nodes = [
+        helper.make_node("Conv", ["images", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Sigmoid", ["c2"], ["s"], name="sigmoid"),
+        helper.make_node("Shape", ["c2"], ["dims"], name="shape"),
+        helper.make_node("Gather", ["dims", "two"], ["h"], name="gather_h", axis=0),
+        helper.make_node("Gather", ["dims", "three"], ["w"], name="gather_w", axis=0),
+        helper.make_node("Range", ["zero", "h", "one"], ["ys"], name="range_h"),
+        helper.make_node("Range", ["zero", "w", "one"], ["xs"], name="range_w"),
+        helper.make_node("Cast", ["ys"], ["yf"], name="cast_h", to=TensorProto.FLOAT),
+        helper.make_node("Cast", ["xs"], ["xf"], name="cast_w", to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["yf", "one_axis"], ["ycol"], name="column"),
+        helper.make_node("Add", ["ycol", "xf"], ["grid"], name="grid"),
+        helper.make_node("Add", ["s", "grid"], ["boxes"], name="anchored"),
+    ]
+    graph = helper.make_graph(
+        nodes, "anchored",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
+        [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["batch", channels, "height", "width"])],
+        [weight("w1", channels, 3, 3, 3), weight("w2", channels, channels, 3, 3), scalar("zero", 0),
+         scalar("one", 1), scalar("two", 2), scalar("three", 3),
+         numpy_helper.from_array(np.array([1], np.int64), "one_axis")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def present_cpu_providers() -> list[str]:
+    from uhop_onnx.providers import REGISTRY
+
+    return [p for p in ("openvino", "litert", "kernels", "ort-cpu") if REGISTRY[p]().present]

@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 import uhop_onnx
-from uhop_onnx.compare import tolerance_for
+from uhop_onnx.foundation.compare import tolerance_for
 from uhop_onnx.models import cnn
 from uhop_onnx.precision import FP32_TOLERANCE, compare, errors, gate, scaled
 

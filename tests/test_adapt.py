@@ -17,14 +17,14 @@ import pytest
 from typer.testing import CliRunner
 
 import uhop_onnx
-from uhop_onnx.adapt import EXPLORE_AFTER, FIRST_ROUNDS, MIN_PAIRS, ROUND, Decisions, Serving, round_calls
-from uhop_onnx.cache import cache_dir
+from uhop_onnx.adaptation.serving import EXPLORE_AFTER, FIRST_ROUNDS, MIN_PAIRS, ROUND, Decisions, Serving, round_calls
+from uhop_onnx.foundation.cache import cache_dir
 from uhop_onnx.cli import app
 from uhop_onnx.models import BUILDERS
-from uhop_onnx.optimizer import optimize
+from uhop_onnx.products.optimizer import optimize
 from uhop_onnx.providers import create
-from uhop_onnx.runtime import compile_plan
-from uhop_onnx.session import adaptive, decisions_for
+from uhop_onnx.runtime.compile import compile_plan
+from uhop_onnx.products.session import adaptive, decisions_for
 
 from .conftest import assert_matches, random_feeds, reference
 from .support import Slowed
@@ -35,7 +35,7 @@ ENCODER = str(Path(__file__).parents[1] / "models" / "example_encoder.onnx")  # 
 @pytest.fixture(autouse=True)
 def _rounds_of_round_calls(monkeypatch):
     """Rounds of `ROUND` calls whatever a call takes: these tests count calls (`round_calls` is tested apart)."""
-    monkeypatch.setattr("uhop_onnx.adapt.ROUND_S", 0.0)
+    monkeypatch.setattr("uhop_onnx.adaptation.serving.ROUND_S", 0.0)
 
 
 def _wait(condition, seconds: float = 120.0) -> None:
@@ -155,7 +155,7 @@ graph = helper.make_graph([helper.make_node("MatMul", ["a", "w"], ["y"])], "mm",
 model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 caller = os.getpriority(os.PRIO_PROCESS, 0)
 if sys.argv[1] == "primed":  # as an adapting session does: on the thread of the callers' priority
-    from uhop_onnx import priority
+    from uhop_onnx.adaptation import priority
 
     priority.start()
     priority.call(create("openvino", 2).prime)
@@ -254,7 +254,7 @@ def test_a_round_lasts_round_s_at_each_arms_own_pace(tmp_path, monkeypatch):
     """A fast plan's rounds are many calls (the other arm's runtime threads may spin for tens of ms after its
     last call); a much slower candidate's are few, so that dropping it still costs the caller only its first
     rounds, about `FIRST_ROUNDS` x `ROUND_S`."""
-    monkeypatch.setattr("uhop_onnx.adapt.ROUND_S", 0.2)
+    monkeypatch.setattr("uhop_onnx.adaptation.serving.ROUND_S", 0.2)
     assert round_calls(1e-4) == 2000 and round_calls(1.0) == ROUND
     model = BUILDERS["cnn"]()
     feeds = random_feeds(model)
@@ -426,18 +426,18 @@ QUIET_BACKGROUND = """
 import logging, sys, time
 
 from tests.conftest import random_feeds
-from uhop_onnx.adapt import Serving
-from uhop_onnx.errors import logger
+from uhop_onnx.adaptation.serving import Serving
+from uhop_onnx.foundation.errors import logger
 from uhop_onnx.models import BUILDERS
-from uhop_onnx.optimizer import optimize
-from uhop_onnx.runtime import compile_plan
+from uhop_onnx.products.optimizer import optimize
+from uhop_onnx.runtime.compile import compile_plan
 
 if sys.argv[1] != "none":
     logging.basicConfig(level=getattr(logging, sys.argv[1]), format="%(levelname)s %(threadName)s: %(message)s")
 model = BUILDERS["cnn"]()
 feeds = random_feeds(model)
 starter = optimize(model, providers=["ort-cpu"], profile=False)
-logger("uhop_onnx.optimizer").warning("said on the caller's thread")
+logger("uhop_onnx.products.optimizer").warning("said on the caller's thread")
 
 def search(sample):
     logging.getLogger("another.library").warning("its budget warning")
@@ -548,7 +548,7 @@ def test_a_search_at_another_buckets_shapes_gets_its_own_plan():
 def test_a_plan_another_bucket_is_warming_up_is_not_closed_by_this_buckets_verdict(monkeypatch):
     """Bucket 1x8 warms up the plan bucket 1x4 is trying (the same plan, shared); 1x4's verdict (dropped)
     must leave it open until 1x8's trial is over."""
-    monkeypatch.setattr("uhop_onnx.adapt.TRIAL_S", 0.3)  # the background goes on to 1x8 while 1x4's trial runs
+    monkeypatch.setattr("uhop_onnx.adaptation.serving.TRIAL_S", 0.3)  # the background goes on to 1x8 while 1x4's trial runs
     starter = optimize(ENCODER, providers=["ort-cpu"], profile=False)
     candidate = optimize(ENCODER, providers=["openvino"], profile=False)
     warming, release = threading.Event(), threading.Event()
@@ -712,7 +712,7 @@ def test_a_kept_plan_is_rechecked_against_the_model_as_onnxruntime_runs_it(tmp_p
 
 
 def test_a_replaced_decision_leaves_no_plan_behind(tmp_path, monkeypatch):
-    monkeypatch.setattr("uhop_onnx.adapt.UNNAMED_S", 0.0)
+    monkeypatch.setattr("uhop_onnx.adaptation.serving.UNNAMED_S", 0.0)
     model = BUILDERS["cnn"]()
     decisions = Decisions(tmp_path / "decisions")
     for label in ("openvino", "ort-cpu"):
@@ -740,7 +740,7 @@ def test_a_model_of_a_size_nothing_was_kept_for_starts_before_its_digest_and_kee
     """On a cold cache the starter compiles and serves before the model is hashed (on the background thread,
     once the session explores); the digest then names the starter's plan and keys the decision, which the next
     session (same size: it waits for the digest) starts on."""
-    from uhop_onnx.cache import model_digest
+    from uhop_onnx.foundation.cache import model_digest
 
     monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path / "cache"))
 

@@ -31,7 +31,7 @@ from onnx.backend.test.loader import load_model_tests
 from onnx.backend.test.runner import Runner
 
 from uhop_onnx.backend import Backend, BackendRep
-from uhop_onnx.session import InferenceSession
+from uhop_onnx.products.session import InferenceSession
 
 GAPS: dict[str, str] = {}  # case name pattern -> why we fail it while ONNX Runtime passes (none today)
 
@@ -116,7 +116,7 @@ class SpreadBackend(Backend):
 
     @classmethod
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> BackendRep:
-        from uhop_onnx.optimizer import analyze, build_plan
+        from uhop_onnx.products.optimizer import analyze, build_plan
 
         a = analyze(model)
         placement = []

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import uhop_onnx
-from uhop_onnx.adapt import Serving
+from uhop_onnx.adaptation.serving import Serving
 from uhop_onnx.models import mlp
 
 BROKEN = ("openvino", "ai_edge_litert")
@@ -114,12 +114,12 @@ def test_a_cached_plan_on_a_runtime_that_no_longer_imports_is_measured_again_wit
     uhop_onnx.optimize(model, providers=["openvino"], profile=False).save(cached)  # as if OpenVINO had won
     assert uhop_onnx.optimize(model, budget=5).get_providers() == ["openvino"]  # the cached plan, reused
     _broken_openvino(monkeypatch)
-    with caplog.at_level(logging.WARNING, logger="uhop_onnx.optimizer"):
+    with caplog.at_level(logging.WARNING, logger="uhop_onnx.products.optimizer"):
         plan = uhop_onnx.optimize(model, budget=5)
     assert "openvino" not in plan.get_providers()
     assert "runs on openvino, not available here now" in caplog.text and CLASH in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="uhop_onnx.optimizer"):  # measured once: then reused
+    with caplog.at_level(logging.INFO, logger="uhop_onnx.products.optimizer"):  # measured once: then reused
         assert uhop_onnx.optimize(model, budget=5).get_providers() == plan.get_providers()
     assert "reusing the plan measured earlier" in caplog.text, caplog.text
 

@@ -15,12 +15,12 @@ import pytest
 
 import uhop_onnx
 from uhop_onnx.bundle.manifest import BundleError
-from uhop_onnx.errors import ProviderError
+from uhop_onnx.foundation.errors import ProviderError
 from uhop_onnx.models import cnn, mlp, resnet
 from uhop_onnx.providers import REGISTRY, create
 from uhop_onnx.providers.kernels import KernelsProvider, host_arch
 from uhop_onnx.providers.rknn import Rknn
-from uhop_onnx.targets import builtin_targets
+from uhop_onnx.products.targets import builtin_targets
 
 from .conftest import assert_matches, random_feeds, reference
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import uhop_onnx
-from uhop_onnx.errors import UhopError
+from uhop_onnx.foundation.errors import UhopError
 from uhop_onnx.models import mlp
 from uhop_onnx.providers import REGISTRY
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import uhop_onnx
-from uhop_onnx.errors import UhopError
+from uhop_onnx.foundation.errors import UhopError
 from uhop_onnx.models import cnn
-from uhop_onnx.targets import load_target, target_from_json
+from uhop_onnx.products.targets import load_target, target_from_json
 
 from .conftest import reference
 from .host import INT8_TOLERANCE, openvino_capabilities

@@ -18,12 +18,12 @@ from onnx import numpy_helper
 from typer.testing import CliRunner
 
 import uhop_onnx
-from uhop_onnx import cache
-from uhop_onnx.cache import cache_dir, clear, entries, file_digest, parse_size, prune
+from uhop_onnx.foundation import cache
+from uhop_onnx.foundation.cache import cache_dir, clear, entries, file_digest, parse_size, prune
 from uhop_onnx.cli import app
-from uhop_onnx.errors import InputError
+from uhop_onnx.foundation.errors import InputError
 from uhop_onnx.models import mlp
-from uhop_onnx.plan import Plan
+from uhop_onnx.runtime.plan import Plan
 
 from .conftest import assert_matches, random_feeds, reference
 

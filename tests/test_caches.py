@@ -10,11 +10,11 @@ import os
 import pytest
 
 import uhop_onnx
-from uhop_onnx.cache import JsonTable, cache_dir
+from uhop_onnx.foundation.cache import JsonTable, cache_dir
 from uhop_onnx.custom_ops import autotune
 from uhop_onnx.custom_ops.verify import host_library
 from uhop_onnx.models import cnn, mlp
-from uhop_onnx.measure import Measurement
+from uhop_onnx.runtime.measure import Measurement
 from uhop_onnx.providers import create
 
 from .conftest import assert_matches, random_feeds, reference

@@ -6,7 +6,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from uhop_onnx.graph import Graph
+from uhop_onnx.foundation.graph import Graph
 from uhop_onnx.providers.capability import check
 from uhop_onnx.providers.openvino import OPENVINO_TABLE
 

@@ -14,7 +14,7 @@ from onnx import numpy_helper
 
 import uhop_onnx
 from uhop_onnx import InputError
-from uhop_onnx.inputs import parse_shape, read_inputs
+from uhop_onnx.foundation.inputs import parse_shape, read_inputs
 from uhop_onnx.models import cnn, mlp
 
 from .conftest import assert_matches, reference
@@ -164,7 +164,7 @@ def test_files_and_folders_follow_the_umask(tmp_path):
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "plan").stat().st_mode) == 0o755
     assert stat.S_IMODE((tmp_path / "plan" / "plan.json").stat().st_mode) == 0o644
-    from uhop_onnx.files import atomic_file
+    from uhop_onnx.foundation.files import atomic_file
 
     old = os.umask(0o077)
     try:

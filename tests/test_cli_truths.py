@@ -125,9 +125,9 @@ def test_bench_marks_an_unmeasured_plan_and_a_provider_alone_that_took_no_node(t
                          "stages": ["ort-cpu x2"] if c.name.endswith(" alone") else []} for c in candidates}
 
     why = "no whole plan could be timed within the budget"
-    monkeypatch.setattr("uhop_onnx.bench._optimize_in_process",
+    monkeypatch.setattr("uhop_onnx.products.bench._optimize_in_process",
                         lambda *args: {"seconds": 0.5, "stages": ["ort-cpu x2"], "unmeasured": why})
-    monkeypatch.setattr("uhop_onnx.bench.time_candidates", rounds)
+    monkeypatch.setattr("uhop_onnx.products.bench.time_candidates", rounds)
     model = tiny_model(tmp_path)
     report = json.loads(cli("bench", model, "--providers", "kernels,ort-cpu", "--json").stdout)
     plan = report["candidates"]["uhop-onnx plan"]
@@ -173,14 +173,14 @@ def test_explain_says_why_a_plan_is_unmeasured(tmp_path):
 def test_explain_shows_the_decision_that_kept_a_plan(tmp_path, monkeypatch):
     """A candidate found faster is kept at once, while another is still prepared: its plan folder holds the
     trials so far, and explain shows the decision kept beside it."""
-    from uhop_onnx.adapt import Decisions, Serving
+    from uhop_onnx.adaptation.serving import Decisions, Serving
     from uhop_onnx.models import cnn
-    from uhop_onnx.runtime import compile_plan
+    from uhop_onnx.runtime.compile import compile_plan
 
     from .conftest import random_feeds
     from .support import Slowed
 
-    monkeypatch.setattr("uhop_onnx.adapt.ROUND_S", 0.0)  # rounds of ROUND calls, however short
+    monkeypatch.setattr("uhop_onnx.adaptation.serving.ROUND_S", 0.0)  # rounds of ROUND calls, however short
     model, released = cnn(), threading.Event()
     feeds = random_feeds(model)
     starter = uhop_onnx.optimize(model, providers=["ort-cpu"], profile=False)

@@ -30,15 +30,15 @@ import uhop_onnx
 from uhop_onnx import BundleError, InputError, PlanError
 from uhop_onnx.bundle.manifest import MANIFEST, SIGNATURE, hash_files
 from uhop_onnx.bundle.signature import keygen
-from uhop_onnx.dtypes import TensorSig
-from uhop_onnx.files import atomic_file, new_folder, temporary_folder
-from uhop_onnx.host import cores
+from uhop_onnx.foundation.dtypes import TensorSig
+from uhop_onnx.foundation.files import atomic_file, new_folder, temporary_folder
+from uhop_onnx.foundation.host import cores
 from uhop_onnx.models import mlp
-from uhop_onnx.plan import Plan
+from uhop_onnx.runtime.plan import Plan
 from uhop_onnx.precision import read_calibration, read_choice
 from uhop_onnx.providers import REGISTRY, create
-from uhop_onnx.runtime import compile_plan
-from uhop_onnx.samples import sample_feeds
+from uhop_onnx.runtime.compile import compile_plan
+from uhop_onnx.foundation.samples import sample_feeds
 
 from .conftest import random_feeds, reference
 
@@ -374,7 +374,7 @@ def test_a_graph_of_no_nodes_is_a_plan_of_no_stages(profile, tmp_path):
 KILLED = """
 import os, signal, sys
 from pathlib import Path
-from uhop_onnx.files import atomic_file, new_folder, temporary_folder
+from uhop_onnx.foundation.files import atomic_file, new_folder, temporary_folder
 where = Path(sys.argv[1])
 scratch = temporary_folder("plans")
 with atomic_file(where / "b.tar.gz", "wb"), new_folder(where / "plans" / "key"):

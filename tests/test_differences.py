@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import uhop_onnx
-from uhop_onnx.errors import StageError
+from uhop_onnx.foundation.errors import StageError
 from uhop_onnx.providers import create
 from uhop_onnx.providers.indices import unchecked
 

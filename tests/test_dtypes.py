@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from uhop_onnx.dtypes import TABLE, numpy_dtype, onnx_type, tflite_type
+from uhop_onnx.foundation.dtypes import TABLE, numpy_dtype, onnx_type, tflite_type
 
 
 def test_every_onnx_element_type_is_in_the_table_with_onnx_helpers_numpy_dtype():
@@ -47,8 +47,8 @@ def test_tflite_types_are_tflites_own():
 
 
 def test_the_table_imports_without_onnx():
-    code = ("import sys; sys.modules['onnx'] = None; from uhop_onnx.dtypes import numpy_dtype; "
-            "import uhop_onnx.executor; print(numpy_dtype('tensor(float16)'))")
+    code = ("import sys; sys.modules['onnx'] = None; from uhop_onnx.foundation.dtypes import numpy_dtype; "
+            "import uhop_onnx.runtime.executor; print(numpy_dtype('tensor(float16)'))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "float16"

@@ -12,14 +12,14 @@ import onnxruntime as ort
 import pytest
 
 from uhop_onnx import InferenceSession
-from uhop_onnx.errors import ProviderError
-from uhop_onnx.graph import Graph
+from uhop_onnx.foundation.errors import ProviderError
+from uhop_onnx.foundation.graph import Graph
 from uhop_onnx.models import BUILDERS
 from uhop_onnx.partitioner.extract import extract
 from uhop_onnx.providers import REGISTRY, create, devices
 from uhop_onnx.providers.capability import Support
 from uhop_onnx.providers.ort import DeviceTensor, OrtCpu, OrtCuda, OrtGpuProvider, OrtQnn, OrtRocm, OrtTensorRT
-from uhop_onnx.executor import hand_over
+from uhop_onnx.runtime.executor import hand_over
 
 from .conftest import assert_matches, random_feeds, reference
 

@@ -221,7 +221,7 @@ def test_the_provider_never_uses_a_library_that_failed(lib, monkeypatch):
 def _only(model: onnx.ModelProto, nodes: list[str]) -> onnx.ModelProto:
     from uhop_onnx.partitioner.extract import extract
 
-    from uhop_onnx.graph import Graph
+    from uhop_onnx.foundation.graph import Graph
 
     graph = Graph.from_model(model)
     return extract(model, graph, [graph.index_of[n] for n in nodes])
@@ -241,7 +241,7 @@ def test_models_on_kernels_match_onnx_runtime(lib, name):
 def test_query_says_why_a_node_stays_off_kernels(lib):
     from uhop_onnx.partitioner.capabilities import capabilities
 
-    from uhop_onnx.graph import Graph
+    from uhop_onnx.foundation.graph import Graph
 
     model = BUILDERS["resnet"]()
     session = uhop_onnx.InferenceSession(model, providers=["kernels", "ort-cpu"], profile=False)
@@ -279,7 +279,7 @@ def test_autotune_caches_the_winner_per_device(lib):
 
 def test_kernels_tune_cli_tunes_a_model(lib, tmp_path):
     from typer.testing import CliRunner
-    from uhop_onnx.kernels_cli import app
+    from uhop_onnx.cli.kernels import app
 
     path = tmp_path / "mlp.onnx"
     onnx.save(BUILDERS["mlp"](batch=3, sizes=(24, 40, 12)), path)

@@ -15,7 +15,7 @@ from uhop_onnx.models import cnn
 from uhop_onnx.providers.kernels import KernelsProvider, KernelsRunner, host_arch
 
 import uhop_onnx
-from uhop_onnx.errors import ProviderError
+from uhop_onnx.foundation.errors import ProviderError
 
 from .conftest import random_feeds, reference
 

@@ -14,21 +14,14 @@ PACKAGES = {"uhop_onnx": "uhop_onnx", "partitioner": "uhop_onnx.partitioner", "p
 
 # Module name prefixes -> floor (the longest prefix that matches decides), from the ground up.
 FLOORS = {
-    "uhop_onnx": 1, "uhop_onnx.errors": 1, "uhop_onnx.dtypes": 1, "uhop_onnx.files": 1, "uhop_onnx.cache": 1,
-    "uhop_onnx.graph": 1, "uhop_onnx.samples": 1, "uhop_onnx.inputs": 1, "uhop_onnx.compare": 1, "uhop_onnx.host": 1,
-    "uhop_onnx.timing": 1, "uhop_onnx.metadata": 1, "uhop_onnx.models": 1, "uhop_onnx.ortlib": 1,
-    "uhop_onnx.precision": 1,
-    "uhop_onnx.loader": 2, "uhop_onnx.simplify": 2, "uhop_onnx.partitioner.extract": 2,
-    "uhop_onnx.providers": 3, "uhop_onnx.custom_ops": 3, "uhop_onnx.targets": 3,
-    "uhop_onnx.plan": 4, "uhop_onnx.plan_schema": 4, "uhop_onnx.report": 4, "uhop_onnx.executor": 4,
-    "uhop_onnx.runtime": 4, "uhop_onnx.measure": 4, "uhop_onnx.bundle": 4, "uhop_onnx.adapt": 4,
+    "uhop_onnx": 1, "uhop_onnx.foundation": 1, "uhop_onnx.precision": 1, "uhop_onnx.models": 1,
+    "uhop_onnx.model": 2, "uhop_onnx.partitioner.extract": 2,
+    "uhop_onnx.providers": 3, "uhop_onnx.custom_ops": 3, "uhop_onnx.products.targets": 3,
+    "uhop_onnx.runtime": 4, "uhop_onnx.bundle": 4, "uhop_onnx.adaptation": 4,
     "uhop_onnx.partitioner": 5,
-    "uhop_onnx.optimizer": 6, "uhop_onnx.session": 6, "uhop_onnx.export": 6, "uhop_onnx.verify": 6,
-    "uhop_onnx.serve": 6, "uhop_onnx.kernels_tune": 6, "uhop_onnx.triton": 6, "uhop_onnx.backend": 6,
-    "uhop_onnx.latency": 6, "uhop_onnx.patch": 6,
-    "uhop_onnx.cli": 7, "uhop_onnx.kernels_cli": 7, "uhop_onnx.kernels_bench": 7, "uhop_onnx.bench": 7,
-    "uhop_onnx.serve.cli": 7, "uhop_onnx.exec": 7,
-    "uhop_onnx.providers.rknn.cli": 7,
+    "uhop_onnx.products": 6, "uhop_onnx.serve": 6, "uhop_onnx.backend": 6,
+    "uhop_onnx.cli": 7, "uhop_onnx.serve.cli": 7, "uhop_onnx.exec": 7, "uhop_onnx.providers.rknn.cli": 7,
+    "uhop_onnx.products.bench": 7, "uhop_onnx.products.kernels_bench": 7,
 }
 NAMES = {1: "foundation", 2: "model", 3: "providers", 4: "runtime", 5: "placement", 6: "products", 7: "faces"}
 
@@ -134,6 +127,16 @@ def test_no_import_circle():
 
 
 def test_the_scan_sees_lazy_and_relative_imports():
-    assert "uhop_onnx.executor" in GRAPH["uhop_onnx.session"]
+    assert "uhop_onnx.runtime.executor" in GRAPH["uhop_onnx.products.session"]
     assert "uhop_onnx.providers.base" in GRAPH["uhop_onnx.providers"]
-    assert "uhop_onnx.errors" in GRAPH["uhop_onnx.partitioner.extract"]
+    assert "uhop_onnx.foundation.errors" in GRAPH["uhop_onnx.partitioner.extract"]
+
+
+@pytest.mark.parametrize("package", sorted({p.parent for p in (ROOT / "uhop_onnx").rglob("__init__.py")}))
+def test_no_package_holds_more_than_fifteen_modules_and_each_floor_says_what_it_may_import(package):
+    modules = [p for p in package.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+    assert len(modules) <= 15, f"{package.relative_to(ROOT)} holds {len(modules)} modules at its top"
+    if package.parent == ROOT / "uhop_onnx" and package.name in ("foundation", "model", "runtime", "adaptation",
+                                                                 "products"):
+        doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+        assert "Import" in doc, f"{package.name}'s docstring says nothing of what it may import"

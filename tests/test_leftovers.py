@@ -65,7 +65,7 @@ compiler = shutil.which("cc") is not None
 start, at = time.monotonic(), []
 while cli.poll() is None and time.monotonic() - start < 300:
     now = tree()
-    measuring = [line for _, line in now if "uhop_onnx.measure" in line]
+    measuring = [line for _, line in now if "uhop_onnx.runtime.measure" in line]
     compiling = [line for _, line in now if line.split(" ")[0].endswith("/cc1")]
     if measuring and (compiling if compiler else len(measuring) >= 3):
         at = [line for _, line in now]
@@ -125,7 +125,7 @@ def _ended(tmp_path: Path, env: dict[str, str], number: int, whole: bool = False
                           timeout=600, check=False)
     assert done.returncode == 0, done.stderr
     said = json.loads(done.stdout.splitlines()[-1])
-    assert any("uhop_onnx.measure worker" in line for line in said["at"]), said  # workers ran at the signal
+    assert any("uhop_onnx.runtime.measure worker" in line for line in said["at"]), said  # workers ran at the signal
     if shutil.which("cc") is not None:
         assert any(line.split(" ")[0].endswith("/cc1") for line in said["at"]), said  # and one compiled
     return said

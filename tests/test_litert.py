@@ -25,7 +25,7 @@ from uhop_onnx.providers.litert.table import LITERT_TABLE
 
 import uhop_onnx
 from uhop_onnx import ProviderError
-from uhop_onnx.graph import Graph
+from uhop_onnx.foundation.graph import Graph
 
 from .conftest import assert_matches, random_feeds, reference
 
@@ -198,7 +198,7 @@ def test_a_failing_folder_leaves_the_shape_arithmetic_to_the_converter(monkeypat
 def unfolded(monkeypatch):
     """Simplification without shape folding, as for a model whose control flow keeps it unfolded: the
     converter meets the shape arithmetic itself."""
-    from uhop_onnx import simplify
+    from uhop_onnx.model import simplify
 
     monkeypatch.setattr(simplify, "FOLDING", ())
 

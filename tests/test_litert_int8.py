@@ -9,8 +9,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import uhop_onnx
-from uhop_onnx.errors import CheckError, ProviderError
-from uhop_onnx.measure import Profiler
+from uhop_onnx.foundation.errors import CheckError, ProviderError
+from uhop_onnx.runtime.measure import Profiler
 from uhop_onnx.models import cnn
 from uhop_onnx.precision import errors
 from uhop_onnx.providers import REGISTRY

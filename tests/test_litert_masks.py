@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 pytest.importorskip("ai_edge_litert")
 pytest.importorskip("tflite")
 
-from uhop_onnx.graph import Graph
+from uhop_onnx.foundation.graph import Graph
 from uhop_onnx.providers.capability import check as table_check
 from uhop_onnx.providers.litert import LiteRt
 from uhop_onnx.providers.litert.converter import unconvertible

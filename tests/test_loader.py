@@ -180,8 +180,8 @@ def _with_every_kind_of_tensor() -> onnx.ModelProto:
 
 
 def test_a_skeleton_is_the_model_without_its_tensors_values():
-    from uhop_onnx.files import skeleton
-    from uhop_onnx.loader import _tensors
+    from uhop_onnx.foundation.files import skeleton
+    from uhop_onnx.model.loader import _tensors
 
     model = _with_every_kind_of_tensor()
     data = model.SerializeToString()
@@ -240,7 +240,7 @@ def test_a_session_refuses_external_data_outside_the_model_folder(tmp_path, loca
 def test_a_model_nested_past_protobufs_limit_is_named_not_a_recursion_error():
     """Graphs inside If attributes, 400 deep (1200 messages; protobuf's own parser stops at 100), each large
     enough to be walked into: written on the wire, as onnx cannot build them."""
-    from uhop_onnx.files import _encoded, skeleton
+    from uhop_onnx.foundation.files import _encoded, skeleton
 
     def field(number: int, payload: bytes) -> bytes:
         return _encoded(number << 3 | 2) + _encoded(len(payload)) + payload

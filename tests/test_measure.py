@@ -12,9 +12,9 @@ import pytest
 
 import uhop_onnx
 from uhop_onnx import InputError
-from uhop_onnx.measure import Candidate, time_candidates
+from uhop_onnx.runtime.measure import Candidate, time_candidates
 from uhop_onnx.models import mlp
-from uhop_onnx.timing import calls_per_round, round_median
+from uhop_onnx.foundation.timing import calls_per_round, round_median
 
 from .conftest import random_feeds
 
@@ -43,7 +43,7 @@ def test_a_builder_outside_uhop_onnx_is_refused():
         Candidate("shell", "true", build="os:system")
     request = {"candidate": {"name": "shell", "target": "true", "build": "subprocess:run"}, "model": None,
                "feeds": "absent.npz", "threads": 1, "calls": 1}
-    said = subprocess.run([sys.executable, "-m", "uhop_onnx.measure", "worker", json.dumps(request)],
+    said = subprocess.run([sys.executable, "-m", "uhop_onnx.runtime.measure", "worker", json.dumps(request)],
                           capture_output=True, text=True, timeout=120).stdout
     assert "subprocess:run" in said and "ready" not in said
 
@@ -65,7 +65,7 @@ def test_a_saved_plan_is_timed_in_its_own_worker(tmp_path):
 def test_workers_start_one_by_one_when_asked(tmp_path, monkeypatch, one_by_one):
     """One by one, a worker starts once the one before it said it is ready (an adaptive session measuring
     while it warms up then has the machine to itself); else all start at once."""
-    import uhop_onnx.measure as measure
+    import uhop_onnx.runtime.measure as measure
 
     model = mlp()
     uhop_onnx.optimize(model, providers=["ort-cpu"], profile=False).save(tmp_path / "plan", report=False)

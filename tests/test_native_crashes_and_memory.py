@@ -15,15 +15,15 @@ from onnx import TensorProto, helper
 
 import uhop_onnx
 from uhop_onnx import InputError, MeasurementError
-from uhop_onnx.errors import TooLargeError
-from uhop_onnx.measure import Measurement, Profiler, SearchWorker
+from uhop_onnx.foundation.errors import TooLargeError
+from uhop_onnx.runtime.measure import Measurement, Profiler, SearchWorker
 from uhop_onnx.models import mlp
-from uhop_onnx.optimizer import analyze
+from uhop_onnx.products.optimizer import analyze
 from uhop_onnx.partitioner.search import Search
 from uhop_onnx.providers import REGISTRY
 from uhop_onnx.providers.ort import OrtCpu
-from uhop_onnx.samples import check_runs_fit
-from uhop_onnx.timing import Deadline
+from uhop_onnx.foundation.samples import check_runs_fit
+from uhop_onnx.foundation.timing import Deadline
 
 pytestmark = pytest.mark.usefixtures("tests_in_workers")
 

@@ -20,20 +20,19 @@ from onnx import TensorProto, helper, numpy_helper
 import uhop_onnx
 from benchmarks.rknn_zoo import SHIPPED, npu_figures
 from uhop_onnx import InputError
-from uhop_onnx.graph import Graph
+from uhop_onnx.foundation.graph import Graph
 from uhop_onnx.partitioner.partition import partition
 from uhop_onnx.partitioner.placer import Analysis
 from uhop_onnx.partitioner.static_cost import off_preferred, plan_ms
 from uhop_onnx.partitioner.static_placer import StaticCost
 from uhop_onnx.precision import within_scaled
 from uhop_onnx.providers import Support
-from uhop_onnx.samples import reference_outputs
-from uhop_onnx.simplify import at_fixed_shapes, within_opsets
-from uhop_onnx.targets import TargetProvider, load_target
+from uhop_onnx.foundation.samples import reference_outputs
+from uhop_onnx.model.simplify import at_fixed_shapes, within_opsets
+from uhop_onnx.products.targets import TargetProvider, load_target
 
 from .conftest import assert_matches
-from .test_rknn_shapes import SHAPE, anchored, needs_toolkit
-from .test_shapes import present_cpu_providers
+from .support import SHAPE, TOOLKIT_MARKS, anchored, needs_toolkit, present_cpu_providers
 
 ALL = bool(os.environ.get("UHOP_SLOW"))
 SHAPE_OPS = {"Shape", "Size", "Range", "ConstantOfShape", "Gather", "Cast", "Unsqueeze", "Expand"}
@@ -218,7 +217,7 @@ DEEP = {"ppocr-det", "ppocr-rec"}
 
 def shipped():
     for model in SHIPPED:
-        marks = [needs_toolkit, pytest.mark.slow]
+        marks = list(TOOLKIT_MARKS)
         if model.missing():
             marks.append(pytest.mark.skip(reason=model.missing()))
         if model.name in LONG and not ALL:

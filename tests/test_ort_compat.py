@@ -234,7 +234,7 @@ def test_a_second_construction_reuses_the_measured_plan(caplog):
     model = mlp(seed=11)
     with caplog.at_level(logging.INFO, logger="uhop_onnx"):
         first = uhop_onnx.InferenceSession(model, providers=["ort-cpu"], budget=0, adapt=False)
-    measured = [r.getMessage() for r in caplog.records if r.name == "uhop_onnx.optimizer"]
+    measured = [r.getMessage() for r in caplog.records if r.name == "uhop_onnx.products.optimizer"]
     assert any("chose" in m and "figures measured" in m for m in measured)
     assert any("candidate" in m and " ms " in m for m in measured)
     caplog.clear()

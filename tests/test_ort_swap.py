@@ -17,7 +17,7 @@ import pytest
 import uhop_onnx
 from uhop_onnx import InputError, ortlib
 from uhop_onnx.models import cnn
-from uhop_onnx.patch import Patch
+from uhop_onnx.products.patch import Patch
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ortlib.load().InferenceSession
@@ -88,7 +88,7 @@ def test_patched_sessions_take_the_defaults_under_the_callers_keywords_and_log_o
     monkeypatch.setattr(onnxruntime, "InferenceSession", REAL)
     model = cnn().SerializeToString()
     x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
-    with uhop_onnx.patch_onnxruntime(profile=False, policy="literal"), caplog.at_level(logging.INFO, "uhop_onnx.patch"):
+    with uhop_onnx.patch_onnxruntime(profile=False, policy="literal"), caplog.at_level(logging.INFO, "uhop_onnx.products.patch"):
         session = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
         assert session.get_providers() == ["ort-cpu"]
         np.testing.assert_allclose(session.run(None, {"input": x})[0],
@@ -96,7 +96,7 @@ def test_patched_sessions_take_the_defaults_under_the_callers_keywords_and_log_o
                                    rtol=1e-4, atol=1e-5)
         device = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"], policy="device")
     assert onnxruntime.InferenceSession is REAL
-    lines = [r.getMessage() for r in caplog.records if r.name == "uhop_onnx.patch"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "uhop_onnx.products.patch"]
     assert lines == [f"onnxruntime.InferenceSession(a model of {len(model)} bytes) runs on uhop-onnx: "
                      f"{', '.join(s.get_providers())} in {len(s.plan.stages)} stage(s)" for s in (session, device)]
     with pytest.raises(InputError, match="providers cannot be a default"):
@@ -124,9 +124,9 @@ def test_exec_runs_a_script_or_a_module_under_the_patch(tmp_path):
                UHOP_PRECISION="fp32", UHOP_TOLERANCE="0.05")
     assert run.returncode == 3, run.stderr[-3000:]
     out = run.stdout.splitlines()
-    assert out[0] == "uhop_onnx.patch {'precision': 'fp32', 'tolerance': 0.05}"
+    assert out[0] == "uhop_onnx.products.patch {'precision': 'fp32', 'tolerance': 0.05}"
     assert out[1] == "['cnn.onnx', '--flag'] __main__"
-    assert out[2].startswith("uhop_onnx.patch [")
+    assert out[2].startswith("uhop_onnx.products.patch [")
     run = _run(["-m", "uhop_onnx.exec", "-m", "app", "cnn.onnx"], tmp_path)
     assert run.returncode == 3 and run.stdout.splitlines()[1] == "['cnn.onnx'] __main__", run.stderr[-3000:]
     run = _run(["-m", "uhop_onnx.exec", "app.py"], tmp_path, UHOP_PRECISION="fp12")
@@ -136,4 +136,4 @@ def test_exec_runs_a_script_or_a_module_under_the_patch(tmp_path):
     # the command line's form: the program's own options (-v here) are its own
     run = _run(["-m", "uhop_onnx.cli", "exec", "--", "python", "app.py", "cnn.onnx", "-v"], tmp_path)
     assert run.returncode == 3 and run.stdout.splitlines()[1] == "['cnn.onnx', '-v'] __main__", run.stderr[-3000:]
-    assert run.stdout.splitlines()[2].startswith("uhop_onnx.patch [")
+    assert run.stdout.splitlines()[2].startswith("uhop_onnx.products.patch [")

@@ -8,10 +8,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from uhop_onnx.graph import Graph
+from uhop_onnx.foundation.graph import Graph
 from uhop_onnx.partitioner.extract import extract
 from uhop_onnx.partitioner.partition import partition
-from uhop_onnx.plan import Plan, Stage
+from uhop_onnx.runtime.plan import Plan, Stage
 
 
 @st.composite

@@ -6,15 +6,15 @@ import pytest
 
 import uhop_onnx
 from uhop_onnx.models import cnn
-from uhop_onnx.optimizer import analyze, build_plan
+from uhop_onnx.products.optimizer import analyze, build_plan
 from uhop_onnx.partitioner.partition import partition
 from uhop_onnx.partitioner.first_supported import FirstSupported
 from uhop_onnx.partitioner.placer import Placement
-from uhop_onnx.measure import Profiler
+from uhop_onnx.runtime.measure import Profiler
 from uhop_onnx.partitioner.search import Search, in_process
 from uhop_onnx.partitioner.static_placer import StaticCost
 from uhop_onnx.providers import REGISTRY, create
-from uhop_onnx.targets import TargetProvider
+from uhop_onnx.products.targets import TargetProvider
 
 from .conftest import assert_matches, random_feeds, reference
 from .support import FakeClock, fake_provider

@@ -9,7 +9,7 @@ import pytest
 
 import uhop_onnx
 from uhop_onnx.models import mlp
-from uhop_onnx.plan import Plan
+from uhop_onnx.runtime.plan import Plan
 
 
 def test_a_plan_is_frozen_and_saving_leaves_it_as_it_was(tmp_path):

@@ -10,10 +10,10 @@ import onnx
 import pytest
 
 import uhop_onnx
-from uhop_onnx.errors import InputError
-from uhop_onnx.measure import Profiler
+from uhop_onnx.foundation.errors import InputError
+from uhop_onnx.runtime.measure import Profiler
 from uhop_onnx.models import cnn, encoder, mlp
-from uhop_onnx.plan import Plan
+from uhop_onnx.runtime.plan import Plan
 from uhop_onnx.precision import errors, gate, read_calibration
 from uhop_onnx.providers import REGISTRY
 from uhop_onnx.providers.openvino import OpenVino
@@ -200,8 +200,8 @@ def test_int8_on_a_cnn_keeps_cosine_and_top1(provider):
 
 def held_out_errors(model, runner, count: int = 3) -> list[dict]:
     """`errors` of a runner's first output against ONNX Runtime fp32 on inputs not in any calibration set."""
-    from uhop_onnx.graph import Graph
-    from uhop_onnx.samples import sample_feeds
+    from uhop_onnx.foundation.graph import Graph
+    from uhop_onnx.foundation.samples import sample_feeds
 
     graph = Graph.from_model(model)
     out = []
@@ -213,8 +213,8 @@ def held_out_errors(model, runner, count: int = 3) -> list[dict]:
 
 
 def encoder_calibration(model, count: int = 8) -> Calibration:
-    from uhop_onnx.graph import Graph
-    from uhop_onnx.samples import sample_feeds
+    from uhop_onnx.foundation.graph import Graph
+    from uhop_onnx.foundation.samples import sample_feeds
 
     graph = Graph.from_model(model)
     return Calibration(model, [sample_feeds([graph.signature(n) for n in graph.inputs], seed=100 + k)
@@ -360,8 +360,8 @@ def test_an_inference_session_takes_the_precision_options(monkeypatch):
 
 
 def test_a_triton_repository_refuses_a_bf16_stage(tmp_path):
-    from uhop_onnx.errors import PlanError
-    from uhop_onnx.triton import export_triton
+    from uhop_onnx.foundation.errors import PlanError
+    from uhop_onnx.products.triton import export_triton
 
     plan = uhop_onnx.optimize(mlp(), providers=["openvino"], profile=False)
     plan.stages[0].precision = "bf16"

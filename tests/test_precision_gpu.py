@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from uhop_onnx.errors import ProviderError
+from uhop_onnx.foundation.errors import ProviderError
 from uhop_onnx.models import cnn
 from uhop_onnx.precision import errors, gate
 from uhop_onnx.providers.ort import OrtCpu, OrtCuda, OrtTensorRT

@@ -17,10 +17,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from uhop_onnx.graph import Graph
-from uhop_onnx.host import cpu_features, host_arch
+from uhop_onnx.foundation.graph import Graph
+from uhop_onnx.foundation.host import cpu_features, host_arch
 from uhop_onnx.precision.accuracy import FP32_TOLERANCE, compare
-from uhop_onnx.errors import ProviderError
+from uhop_onnx.foundation.errors import ProviderError
 from uhop_onnx.providers import DEVICE_KINDS, REGISTRY, create, device_kind
 from uhop_onnx.providers.capability import check
 
@@ -29,7 +29,8 @@ from .conftest import random_feeds, reference
 ROOT = Path(__file__).resolve().parents[1]
 IDS = list(REGISTRY)
 # every provider on every device it knows (rknn's simulator, OpenVINO's GPU and NPU...)
-KNOWN = [(ident, options) for ident, cls in REGISTRY.items() for options in cls.known_options()]
+KNOWN = [pytest.param((ident, options), marks=[pytest.mark.slow] if options.get("simulate") else [])  # a simulator
+         for ident, cls in REGISTRY.items() for options in cls.known_options()]
 # What follows from a provider's `lowerings`, `format` and `static_shapes`, defined once in the base.
 DERIVED = ("precisions", "at_precision", "variants", "lower", "export_blocker", "export", "_load_artifact", "simulator",
            "compile")
@@ -253,7 +254,7 @@ def test_onnx_runtime_int8_weights_keep_to_7_bits_for_a_cpu_without_vnni(cpu):
 
 
 def test_an_openvino_device_that_chooses_at_run_time_has_no_kind():
-    from uhop_onnx.errors import InputError
+    from uhop_onnx.foundation.errors import InputError
     from uhop_onnx.providers import device_kind
 
     assert [device_kind("openvino", {"device": d}) for d in ("CPU", "GPU.1", "npu")] == ["cpu", "gpu", "npu"]

@@ -21,12 +21,12 @@ import pytest
 from onnx import TensorProto, helper
 
 import uhop_onnx
-from uhop_onnx.adapt import EXPLORE_AFTER, Decisions, Serving
-from uhop_onnx.cache import cache_dir, distrust, model_digest
+from uhop_onnx.adaptation.serving import EXPLORE_AFTER, Decisions, Serving
+from uhop_onnx.foundation.cache import cache_dir, distrust, model_digest
 from uhop_onnx.models import BUILDERS
-from uhop_onnx.optimizer import optimize
-from uhop_onnx.runtime import compile_plan
-from uhop_onnx.session import decisions_for
+from uhop_onnx.products.optimizer import optimize
+from uhop_onnx.runtime.compile import compile_plan
+from uhop_onnx.products.session import decisions_for
 
 from .conftest import random_feeds
 
@@ -34,7 +34,7 @@ from .conftest import random_feeds
 @pytest.fixture(autouse=True)
 def _own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr("uhop_onnx.adapt.ROUND_S", 0.0)
+    monkeypatch.setattr("uhop_onnx.adaptation.serving.ROUND_S", 0.0)
 
 
 def _ort(model, feeds) -> list[np.ndarray]:
@@ -228,8 +228,8 @@ def test_a_hostile_decisions_table_gives_one_warning_and_the_session_runs(tmp_pa
 KEEPER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from uhop_onnx.adapt import Decisions
-    from uhop_onnx.optimizer import optimize
+    from uhop_onnx.adaptation.serving import Decisions
+    from uhop_onnx.products.optimizer import optimize
     from tests.test_referee import _adds
     folder, who, start = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3])
     plan = optimize(_adds(1.0), providers=["ort-cpu"], profile=False)
@@ -298,7 +298,7 @@ def test_a_quantized_or_fp16_model_is_held_to_its_own_precision_and_its_candidat
 def test_a_candidate_whose_rounds_straddle_the_serving_plans_is_within_noise_and_the_decision_says_so():
     """The fourth outcome: after `MAX_PAIRS` paired rounds whose interval holds 1, `within noise`, and the
     decision names each candidate's outcome (not a blanket 'no candidate was faster')."""
-    from uhop_onnx.adapt import MAX_PAIRS, Bucket, Trial
+    from uhop_onnx.adaptation.serving import MAX_PAIRS, Bucket, Trial
 
     model = _adds(1.0)
     serving = Serving(optimize(model, providers=["ort-cpu"], profile=False), compile_plan, "ort-cpu",

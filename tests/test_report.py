@@ -10,7 +10,7 @@ import pytest
 
 import uhop_onnx
 from uhop_onnx.models import hybrid
-from uhop_onnx.report import placement_svg, provider_colours
+from uhop_onnx.runtime.report import placement_svg, provider_colours
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -76,7 +76,7 @@ PROFILE = {"chosen": "ort-cpu first", "measured": 40, "cached": 12, "seconds": 2
 
 
 def test_a_long_plan_is_summarised():
-    from uhop_onnx.report import stages_summary
+    from uhop_onnx.runtime.report import stages_summary
 
     assert stages_summary("ort-cpu x2 > litert x67") == "ort-cpu x2 > litert x67"
     assert stages_summary(" > ".join(["kernels x2"] * 29)) == "kernels x58 over 29 stages"
@@ -92,7 +92,7 @@ def test_whole_plans_are_one_line_each_at_80_columns():
     from rich.console import Console
 
     from uhop_onnx.cli.render import print_candidates
-    from uhop_onnx.report import effort_text
+    from uhop_onnx.runtime.report import effort_text
 
     printed = io.StringIO()
     print_candidates(PROFILE, Console(file=printed, width=80))

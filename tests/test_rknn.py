@@ -13,8 +13,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from uhop_onnx import InferenceSession
-from uhop_onnx.errors import ProviderError
-from uhop_onnx.graph import Graph
+from uhop_onnx.foundation.errors import ProviderError
+from uhop_onnx.foundation.graph import Graph
 from uhop_onnx.models import BUILDERS
 from uhop_onnx.partitioner.capabilities import capabilities
 from uhop_onnx.providers import devices
@@ -26,11 +26,7 @@ from uhop_onnx.providers.rknn.setup import READY, create_venv, is_ready, venv_pa
 from uhop_onnx.providers.rknn.table import FP16_TOLERANCE, RKNN_TABLE
 
 from .conftest import random_feeds, reference
-
-needs_toolkit = pytest.mark.skipif(
-    not is_ready(), reason=f"rknn-toolkit2 environment absent at {venv_path()}: create it with "
-                           "`uhop-onnx setup rknn`")
-
+from .support import needs_toolkit
 
 def single(op: str, shape: list[int], opset: int = 17, **attributes) -> onnx.ModelProto:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)

@@ -8,17 +8,13 @@ import json
 import numpy as np
 import pytest
 from uhop_onnx.models import cnn
-from uhop_onnx.providers.rknn.setup import is_ready, venv_path
 from uhop_onnx.providers.rknn.table import FP16_TOLERANCE
 
 import uhop_onnx
 from uhop_onnx.bundle.manifest import BundleError
-from uhop_onnx.errors import ProviderError
+from uhop_onnx.foundation.errors import ProviderError
 
-needs_toolkit = pytest.mark.skipif(
-    not is_ready(), reason=f"rknn-toolkit2 environment absent at {venv_path()}: create it with "
-                           "`uhop-onnx setup rknn`")
-
+from .support import needs_toolkit
 
 def rknn_stage(bundle) -> dict:
     manifest = json.loads((bundle / "manifest.json").read_text())

@@ -14,10 +14,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from uhop_onnx.bundle.manifest import validate
-from uhop_onnx.errors import BundleError
-from uhop_onnx.report import off_accelerator_lines
+from uhop_onnx.foundation.errors import BundleError
+from uhop_onnx.runtime.report import off_accelerator_lines
 
-from .test_rknn_shapes import anchored, needs_toolkit
+from .support import anchored, needs_toolkit
 
 
 def with_topk(model: onnx.ModelProto) -> onnx.ModelProto:

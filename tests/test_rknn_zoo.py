@@ -12,13 +12,13 @@ import os
 import pytest
 
 import uhop_onnx
-from uhop_onnx.graph import Graph
-from uhop_onnx.inputs import at_shapes
+from uhop_onnx.foundation.graph import Graph
+from uhop_onnx.foundation.inputs import at_shapes
 from uhop_onnx.models.zoo import ZOO, available, calibration, export_onnx
 from uhop_onnx.partitioner.static_cost import flops
-from uhop_onnx.simplify import simplify
+from uhop_onnx.model.simplify import simplify
 
-from .test_rknn_shapes import needs_toolkit
+from .support import TOOLKIT_MARKS, needs_toolkit
 
 SLOW = {"yolov8s", "yolo11n", "resnet50", "mobilenetv2"}
 ALL = bool(os.environ.get("UHOP_SLOW"))
@@ -26,7 +26,7 @@ ALL = bool(os.environ.get("UHOP_SLOW"))
 
 def cases():
     for model in ZOO:
-        marks = [needs_toolkit]
+        marks = list(TOOLKIT_MARKS)
         missing = available(model)
         if missing:
             marks.append(pytest.mark.skip(reason=f"{model.name}: {missing}"))

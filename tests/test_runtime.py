@@ -11,8 +11,8 @@ import pytest
 
 import uhop_onnx
 from uhop_onnx.models import mlp
-from uhop_onnx.plan import Stage
-from uhop_onnx.runtime import compile_plan
+from uhop_onnx.runtime.plan import Stage
+from uhop_onnx.runtime.compile import compile_plan
 
 from .conftest import assert_matches, random_feeds, reference
 

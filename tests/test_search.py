@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 
 import uhop_onnx
 from uhop_onnx.models import cnn, mlp, resnet
-from uhop_onnx.errors import MeasurementError
+from uhop_onnx.foundation.errors import MeasurementError
 from uhop_onnx.partitioner.path import cheapest_path
 from uhop_onnx.partitioner.search import _moves
-from uhop_onnx.profiler import Measurement, Profiler
-from uhop_onnx.profiler import faster as uhop_faster
+from uhop_onnx.runtime.profiler import Measurement, Profiler
+from uhop_onnx.runtime.profiler import faster as uhop_faster
 from uhop_onnx.providers import REGISTRY
 
 from .conftest import assert_matches, random_feeds, reference
@@ -328,7 +328,7 @@ def test_the_unlisted_last_resort_takes_only_what_no_listed_provider_runs(monkey
 
 
 def test_inspect_says_why_the_unlisted_last_resort_does_not_take_a_node():
-    from uhop_onnx.optimizer import analyze
+    from uhop_onnx.products.optimizer import analyze
 
     a = analyze(cnn(), ["kernels"])
     last = a.support["ort-cpu"]

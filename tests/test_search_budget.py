@@ -15,12 +15,12 @@ import pytest
 from onnx import TensorProto, helper
 
 import uhop_onnx
-from uhop_onnx.measure import LATE, Measurement, Profiler
+from uhop_onnx.runtime.measure import LATE, Measurement, Profiler
 from uhop_onnx.models import cnn
-from uhop_onnx.optimizer import analyze
+from uhop_onnx.products.optimizer import analyze
 from uhop_onnx.partitioner.search import Search
 from uhop_onnx.providers import REGISTRY, Support
-from uhop_onnx.report import markdown
+from uhop_onnx.runtime.report import markdown
 
 from .support import FakeClock, assert_no_plan_below_the_chosen, fake_provider, install, plans_below_the_chosen
 
@@ -87,7 +87,7 @@ def test_overlapping_rounds_keep_the_simplest_and_the_report_names_the_faster_on
     undecided = report["undecided"]
     assert undecided["faster"] == "first-supported" and undecided["chosen"] == "ort-cpu first"
     assert undecided["budget_s"] >= 10
-    text = uhop_onnx.report.effort_text(report)
+    text = uhop_onnx.runtime.report.effort_text(report)
     assert "first-supported looked 1.40x as fast as ort-cpu first over 3 rounds" in text
     assert "ort-cpu first stands: their rounds overlap" in text and f"--budget {undecided['budget_s']:g}" in text
 
@@ -128,7 +128,7 @@ def test_a_plan_chosen_untimed_says_so(monkeypatch, clock, tmp_path):
     install(monkeypatch, clock, conv={"Conv": 1.0, "Gemm": 1.0}, gemm={})
     measured = uhop_onnx.optimize(cnn(), providers=["fake-conv"], profiler=Profiler(clock=clock, warmup=1))
     assert "unmeasured" not in measured.profile
-    monkeypatch.setattr("uhop_onnx.optimizer.in_process",
+    monkeypatch.setattr("uhop_onnx.products.optimizer.in_process",
                         lambda *args: lambda choices: {name: Measurement.failed(LATE) for name in choices})
     plan = uhop_onnx.optimize(cnn(), providers=["fake-conv"], profiler=Profiler(clock=clock, warmup=1), threads=1)
     assert "no whole plan could be timed within the budget" in plan.profile["unmeasured"]
@@ -210,4 +210,4 @@ def test_a_whole_model_plan_outside_fp32_tolerance_is_never_chosen(monkeypatch, 
 
 
 def test_a_gate_that_could_not_run_the_plan_is_reported_in_one_line():
-    assert uhop_onnx.report.candidate_accuracy({"accuracy": {"error": "boom"}, "rejected": True}) == "rejected: error: boom"
+    assert uhop_onnx.runtime.report.candidate_accuracy({"accuracy": {"error": "boom"}, "rejected": True}) == "rejected: error: boom"

@@ -15,13 +15,13 @@ from onnx import TensorProto, helper
 
 import uhop_onnx
 from uhop_onnx import MeasurementError
-from uhop_onnx.measure import Candidate, Measurement, Profiler, SearchWorker, WorkerFailed, time_candidates
+from uhop_onnx.runtime.measure import Candidate, Measurement, Profiler, SearchWorker, WorkerFailed, time_candidates
 from uhop_onnx.models import mlp
-from uhop_onnx.optimizer import analyze
+from uhop_onnx.products.optimizer import analyze
 from uhop_onnx.partitioner.search import Search
 from uhop_onnx.providers import REGISTRY
 from uhop_onnx.providers.ort import OrtCpu
-from uhop_onnx.timing import Deadline
+from uhop_onnx.foundation.timing import Deadline
 
 from .conftest import random_feeds
 
@@ -136,7 +136,7 @@ def test_a_gate_that_hangs_rejects_its_candidate_and_is_never_chosen(caplog):
 def test_optimize_finishes_when_asking_a_runtime_what_it_can_run_hangs(monkeypatch):
     """The provider whose query hangs runs nothing, each node's reason saying it did not answer in time."""
     monkeypatch.setitem(REGISTRY, HangingQuery.id, HangingQuery)
-    monkeypatch.setattr("uhop_onnx.measure.CALL_GRACE_SECONDS", 1.0)
+    monkeypatch.setattr("uhop_onnx.runtime.measure.CALL_GRACE_SECONDS", 1.0)
     started = time.monotonic()
     plan = uhop_onnx.optimize(mlp(), providers=[HangingQuery.id, "ort-cpu"], budget=2)
     assert time.monotonic() - started < 60

@@ -22,7 +22,7 @@ import onnx
 import pytest
 
 from uhop_onnx.models import mlp
-from uhop_onnx.optimizer import optimize
+from uhop_onnx.products.optimizer import optimize
 from uhop_onnx.serve.limits import Limits
 
 from .conftest import assert_matches, reference
@@ -532,7 +532,7 @@ def test_ray_slow_bodies_hold_no_place_an_honest_request_needs(two_nodes, batch_
 ])
 def test_stage_resources_follow_the_provider(provider, options, expected):
     pytest.importorskip("ray")
-    from uhop_onnx.plan import Stage
+    from uhop_onnx.runtime.plan import Stage
     from uhop_onnx.serve.ray_engine import stage_resources
 
     stage = Stage(provider=provider, options=options, nodes=["n"], inputs=["x"], outputs=["y"], file="s.onnx")
@@ -542,7 +542,7 @@ def test_stage_resources_follow_the_provider(provider, options, expected):
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
 def test_codec_round_trips_every_datatype_through_tritonclient(binary):
     """tritonclient's own request encoder and response parser against our codec, one tensor per datatype."""
-    from uhop_onnx.dtypes import TensorSig
+    from uhop_onnx.foundation.dtypes import TensorSig
     from uhop_onnx.serve.protocol import decode_request, encode_response
 
     rng = np.random.default_rng(5)

@@ -15,7 +15,7 @@ import onnx
 import pytest
 
 from uhop_onnx.models import cnn
-from uhop_onnx.optimizer import optimize
+from uhop_onnx.products.optimizer import optimize
 from uhop_onnx.serve.limits import Limits
 
 from .conftest import assert_matches, reference
@@ -167,7 +167,7 @@ def test_a_fixed_shape_stage_converts_for_a_bounded_set_of_shapes(tower_plan):
 
 
 def test_beyond_its_shapes_a_session_with_fallback_runs_the_stage_on_onnx_runtime(monkeypatch):
-    from uhop_onnx.runtime import compile_plan
+    from uhop_onnx.runtime.compile import compile_plan
 
     monkeypatch.setenv("UHOP_MAX_SHAPES", "1")
     model = tower(64, 2)
@@ -188,7 +188,7 @@ def test_beyond_its_shapes_a_session_with_fallback_runs_the_stage_on_onnx_runtim
 def test_the_conversions_new_shapes_cost_stay_under_the_cache_cap(monkeypatch, tmp_path):
     """Each shape a LiteRT stage runs at is a conversion kept in the cache (33 KiB here): six of them stay
     under a cap of 100 KiB, the least recently used dropped."""
-    from uhop_onnx.runtime import compile_plan
+    from uhop_onnx.runtime.compile import compile_plan
 
     monkeypatch.setenv("UHOP_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("UHOP_CACHE_MAX", "100K")

@@ -17,6 +17,7 @@ from uhop_onnx.models import EXAMPLE_ENCODER
 from uhop_onnx.models import make_example_encoder as encoder
 
 from .conftest import assert_matches
+from .support import present_cpu_providers
 
 
 def matmul_model(dims: list) -> onnx.ModelProto:
@@ -64,7 +65,7 @@ def test_free_dims_show_and_run_as_in_onnxruntime(dims, shown):
 
 
 def test_parse_shape_and_its_errors():
-    from uhop_onnx.inputs import parse_shape, parse_shapes
+    from uhop_onnx.foundation.inputs import parse_shape, parse_shapes
 
     assert parse_shape("images:1x3x640x640") == ("images", (1, 3, 640, 640))
     assert parse_shape("a:b:2x3") == ("a:b", (2, 3))
@@ -76,8 +77,8 @@ def test_parse_shape_and_its_errors():
 
 
 def test_profile_feeds_take_the_given_shapes_and_name_what_is_missing(tmp_path):
-    from uhop_onnx.dtypes import TensorSig
-    from uhop_onnx.inputs import profile_feeds
+    from uhop_onnx.foundation.dtypes import TensorSig
+    from uhop_onnx.foundation.inputs import profile_feeds
 
     sigs = [TensorSig("images", "tensor(float)", [None, 3, "height", "width"]), TensorSig("k", "tensor(int64)", [-1])]
     with pytest.raises(InputError, match=r"'images' axis 2 \('height'\), input 'images' axis 3 \('width'\).*"
@@ -114,12 +115,6 @@ def detector(seed: int = 0) -> onnx.ModelProto:
         [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
         [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["batch", 6, None, None])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-def present_cpu_providers() -> list[str]:
-    from uhop_onnx.providers import REGISTRY
-
-    return [p for p in ("openvino", "litert", "kernels", "ort-cpu") if REGISTRY[p]().present]
 
 
 @pytest.mark.parametrize("provider", present_cpu_providers())

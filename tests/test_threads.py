@@ -52,6 +52,7 @@ def test_one_session_from_many_threads(provider):
     hammer(session, model)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not REGISTRY["rknn"]({"simulate": True}).present, reason="no rknn-toolkit2 environment")
 def test_the_rknn_simulator_from_many_threads():
     model = cnn()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from uhop_onnx.errors import PlanError
+from uhop_onnx.foundation.errors import PlanError
 from uhop_onnx.models import mlp
-from uhop_onnx.optimizer import optimize
-from uhop_onnx.triton import export_triton, validate_repository
+from uhop_onnx.products.optimizer import optimize
+from uhop_onnx.products.triton import export_triton, validate_repository
 
 from .conftest import assert_matches, random_feeds, reference
 

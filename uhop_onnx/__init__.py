@@ -15,8 +15,8 @@ if not os.path.isdir(os.path.join(__path__[0], "providers")) \
         and os.path.isfile(os.path.join(_SOURCE, "providers", "__init__.py")):
     __path__.append(_SOURCE)
 
-from . import ortlib
-from .errors import (
+from .foundation import ortlib
+from .foundation.errors import (
     BundleError,
     FreeDimensionError,
     InputError,
@@ -35,20 +35,20 @@ __version__ = "0.1.0"
 ortlib.bind_if_loaded()
 
 _LAZY = {
-    "load": "uhop_onnx.loader",
-    "optimize": "uhop_onnx.optimizer",
-    "analyze": "uhop_onnx.optimizer",
-    "InferenceSession": "uhop_onnx.session",
-    "Plan": "uhop_onnx.plan",
-    "Stage": "uhop_onnx.plan",
+    "load": "uhop_onnx.model.loader",
+    "optimize": "uhop_onnx.products.optimizer",
+    "analyze": "uhop_onnx.products.optimizer",
+    "InferenceSession": "uhop_onnx.products.session",
+    "Plan": "uhop_onnx.runtime.plan",
+    "Stage": "uhop_onnx.runtime.plan",
     "devices": "uhop_onnx.providers",
-    "export_bundle": "uhop_onnx.export",
+    "export_bundle": "uhop_onnx.products.export",
     "load_bundle": "uhop_onnx.bundle",
-    "verify_bundle": "uhop_onnx.verify",
-    "tune_bundle": "uhop_onnx.export",
+    "verify_bundle": "uhop_onnx.products.verify",
+    "tune_bundle": "uhop_onnx.products.export",
     "get_available_providers": "uhop_onnx.providers",
-    "patch_onnxruntime": "uhop_onnx.patch",
-    "unpatch_onnxruntime": "uhop_onnx.patch",
+    "patch_onnxruntime": "uhop_onnx.products.patch",
+    "unpatch_onnxruntime": "uhop_onnx.products.patch",
 }
 # onnxruntime's own option and value types, so that `import uhop_onnx as ort` scripts find them
 _ORT = ("SessionOptions", "RunOptions", "OrtValue", "GraphOptimizationLevel")

@@ -14,8 +14,8 @@ import onnx
 from onnx.backend.base import Backend as OnnxBackend
 from onnx.backend.base import BackendRep as OnnxBackendRep
 
-from .errors import InputError
-from .session import InferenceSession
+from .foundation.errors import InputError
+from .products.session import InferenceSession
 
 
 class BackendRep(OnnxBackendRep):

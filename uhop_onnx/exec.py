@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
+from .foundation.errors import InputError
 from .precision import check_choice
 
 USAGE = "usage: {prog} [python] [option ...] (file | -m mod | -c cmd) [arg ...]"
@@ -45,7 +45,7 @@ def main(argv: list[str], prog: str = "python -m uhop_onnx.exec") -> int:
         defaults = env_defaults(os.environ)
         if options:
             _again(options, program)
-        from .patch import patch_onnxruntime  # uhop-onnx's imports, before the program's sys.path
+        from .products.patch import patch_onnxruntime  # uhop-onnx's imports, before the program's sys.path
 
         run = _runner(program)
     except InputError as error:

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from uhop_onnx.errors import ProviderError
-from uhop_onnx.host import host_arch
+from uhop_onnx.foundation.errors import ProviderError
+from uhop_onnx.foundation.host import host_arch
 
 from ..base import Absent, Artifact, ArtifactFormat, Provider
 from ..runner import Runner

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from uhop_onnx.errors import ProviderError
+from uhop_onnx.foundation.errors import ProviderError
 
 from ..capability import CapabilityTable, OpRule
 
@@ -61,7 +61,7 @@ def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 def refusals(model: onnx.ModelProto) -> dict[str, str]:
     """Why each node of `model` that the table accepts cannot be lowered, by node name: Adds that are not a bias
     or a residual sum, Clips without constant bounds, MatMuls of vectors."""
-    from uhop_onnx.graph import Graph
+    from uhop_onnx.foundation.graph import Graph
 
     graph = Graph.from_model(model)
     constants = _constants(model)

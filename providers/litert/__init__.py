@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from uhop_onnx import ortlib
-from uhop_onnx.cache import JsonTable, cache_dir, prune, touch
-from uhop_onnx.errors import CheckError, ProviderError, first_line, logger, missing_module
-from uhop_onnx.files import atomic_file
-from uhop_onnx.inputs import free_inputs
+from uhop_onnx.foundation import ortlib
+from uhop_onnx.foundation.cache import JsonTable, cache_dir, prune, touch
+from uhop_onnx.foundation.errors import CheckError, ProviderError, first_line, logger, missing_module
+from uhop_onnx.foundation.files import atomic_file
+from uhop_onnx.foundation.inputs import free_inputs
 from uhop_onnx.precision import FP32_TOLERANCE, compare
 
 from .. import indices

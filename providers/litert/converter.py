@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from uhop_onnx.errors import ProviderError
+from uhop_onnx.foundation.errors import ProviderError
 
 from .int8 import full_integer
 from .lowering import Lowering, Node, Unsupported, identity

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from uhop_onnx import ortlib
-from uhop_onnx.errors import ProviderError, logger
+from uhop_onnx.foundation import ortlib
+from uhop_onnx.foundation.errors import ProviderError, logger
 
 from ..runner import Pool, Runner
 from . import delegates

@@ -12,7 +12,7 @@ import numpy as np
 from tflite.BuiltinOperator import BuiltinOperator
 from tflite.BuiltinOptions import BuiltinOptions
 
-from uhop_onnx.dtypes import tflite_type
+from uhop_onnx.foundation.dtypes import tflite_type
 
 PLACEHOLDER_FOR_GREATER_OP_CODES = 127
 VERSIONS = {BuiltinOperator.BROADCAST_TO: 2}  # builtins LiteRT registers from a version above 1

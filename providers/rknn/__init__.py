@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from uhop_onnx.errors import ProviderError, logger
+from uhop_onnx.foundation.errors import ProviderError, logger
 
 from ..base import FP32, Absent, Artifact, ArtifactFormat, Lowering, Provider, output_dtypes
 from ..runner import Runner
@@ -204,7 +204,7 @@ class Rknn(Provider):
     def query(self, model: onnx.ModelProto) -> dict[str, Support]:
         """The list's shape remarks, then the converter's word: a model the toolkit cannot build raises,
         and the caller asks node by node."""
-        from uhop_onnx.graph import Graph
+        from uhop_onnx.foundation.graph import Graph
 
         verdicts = remarks(Graph.from_model(model))
         if is_ready():
@@ -223,7 +223,7 @@ class Rknn(Provider):
         path = self.options.get("calibration")
         if not path:
             return self.calibration.of(model) if self.calibration is not None and model is not None else []
-        from uhop_onnx.files import read_npz
+        from uhop_onnx.foundation.files import read_npz
 
         arrays = read_npz(Path(path).expanduser())
         count = min(len(a) for a in arrays.values())

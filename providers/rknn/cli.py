@@ -19,7 +19,7 @@ def rknn(
 ) -> None:
     """Create the rknn-toolkit2 virtual environment that converts and simulates RKNN stages (about
     1.5 GB, a minute or two; does nothing when it is already complete)."""
-    from uhop_onnx.errors import UhopError
+    from uhop_onnx.foundation.errors import UhopError
 
     from .setup import TOOLKIT, create_venv, is_ready, venv_path
 

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from uhop_onnx import ortlib
-from uhop_onnx.errors import ProviderError, logger
+from uhop_onnx.foundation import ortlib
+from uhop_onnx.foundation.errors import ProviderError, logger
 
 from ..base import output_dtypes
 from ..runner import Runner
@@ -185,7 +185,7 @@ def _for_toolkit(model: onnx.ModelProto) -> onnx.ModelProto:
     `Y`, as onnx-ir writes it) named, since the toolkit's ONNX Runtime cannot plan an unnamed one."""
     import onnx
 
-    from uhop_onnx.simplify import within_opsets
+    from uhop_onnx.model.simplify import within_opsets
 
     low, high = RKNN_TABLE.domains[""]
     converted, failed = within_opsets(model, low, high)
@@ -224,8 +224,8 @@ def fp16_tolerance(model: onnx.ModelProto) -> dict[str, float]:
     """`FP16_TOLERANCE` with its atol scaled by the largest output ONNX Runtime gives the stage on seeded inputs
     (when above 1): fp16 rounds relative to the values, so a deep network's logits in the tens err by more than
     5e-3 while staying within 5e-3 of their scale, the gate's rule for reduced precision."""
-    from uhop_onnx.graph import Graph
-    from uhop_onnx.samples import sample_feeds
+    from uhop_onnx.foundation.graph import Graph
+    from uhop_onnx.foundation.samples import sample_feeds
 
     graph = Graph.from_model(model)
     feeds = sample_feeds([graph.signature(name) for name in model_inputs(model)])

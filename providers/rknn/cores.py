@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from uhop_onnx.samples import sample_feeds
-from uhop_onnx.timing import round_median
+from uhop_onnx.foundation.samples import sample_feeds
+from uhop_onnx.foundation.timing import round_median
 
 if TYPE_CHECKING:
     import onnx
@@ -46,7 +46,7 @@ def batch(model: onnx.ModelProto) -> int | None:
 def measured(model: onnx.ModelProto, target: str, open_runner: Callable[[str], Runner]) -> dict[str, float]:
     """Median milliseconds of a call to the stage on each core mask worth trying on `target`, each run by
     `open_runner(mask)` (the board's runtime on the stage's `.rknn`) on seeded inputs after one warm-up call."""
-    from uhop_onnx.graph import Graph
+    from uhop_onnx.foundation.graph import Graph
 
     graph = Graph.from_model(model)
     feeds = sample_feeds([graph.signature(name) for name in graph.inputs])

@@ -70,7 +70,7 @@ def _run(command: list[str]) -> None:
     log.info("running %s", " ".join(command))
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        from uhop_onnx.errors import ProviderError
+        from uhop_onnx.foundation.errors import ProviderError
 
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
         raise ProviderError(f"setting up rknn-toolkit2 failed at: {' '.join(command)}\n{tail}")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ..capability import CapabilityTable, OpRule, Support
 
 if TYPE_CHECKING:
-    from uhop_onnx.graph import Graph
+    from uhop_onnx.foundation.graph import Graph
 
 OPS = """
 Add And ArgMax ArgMin AveragePool BatchNormalization Cast Clip Concat Constant ConstantOfShape Conv ConvTranspose

@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from uhop_onnx.dtypes import TensorSig
-from uhop_onnx.errors import BundleError, InputError
-from uhop_onnx.executor import Executor
-from uhop_onnx.files import read_npz
-from uhop_onnx.host import bounded_threads
-from uhop_onnx.plan import Stage
+from uhop_onnx.foundation.dtypes import TensorSig
+from uhop_onnx.foundation.errors import BundleError, InputError
+from uhop_onnx.runtime.executor import Executor
+from uhop_onnx.foundation.files import read_npz
+from uhop_onnx.foundation.host import bounded_threads
+from uhop_onnx.runtime.plan import Stage
 from uhop_onnx.providers import REGISTRY
 
 from .manifest import open_bundle, read_checked, read_manifest

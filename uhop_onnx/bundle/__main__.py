@@ -8,8 +8,8 @@ import sys
 
 import numpy as np
 
-from uhop_onnx.errors import UhopError
-from uhop_onnx.files import read_npz
+from uhop_onnx.foundation.errors import UhopError
+from uhop_onnx.foundation.files import read_npz
 
 from . import load_bundle
 

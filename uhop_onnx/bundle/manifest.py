@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from uhop_onnx.errors import BundleError, BundleNotFound
-from uhop_onnx.files import check_external_data, temporary_folder
+from uhop_onnx.foundation.errors import BundleError, BundleNotFound
+from uhop_onnx.foundation.files import check_external_data, temporary_folder
 from uhop_onnx.precision.values import PRECISIONS
 from uhop_onnx.providers import REGISTRY
 

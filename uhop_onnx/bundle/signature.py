@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from uhop_onnx.errors import BundleError, KeyFileError, first_line
+from uhop_onnx.foundation.errors import BundleError, KeyFileError, first_line
 
 from .manifest import MANIFEST, SIGNATURE, SIGNATURE_LIMIT
 

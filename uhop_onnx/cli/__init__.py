@@ -16,9 +16,9 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from ..cache_cli import app as cache_app
-from ..errors import UhopError
-from ..kernels_cli import app as kernels_app
+from .cache import app as cache_app
+from ..foundation.errors import UhopError
+from .kernels import app as kernels_app
 from . import bench, edge, plans, render, serve, shell
 
 app = typer.Typer(name="uhop-onnx", help="Place ONNX models on the fastest mix of providers, and run them.",
@@ -62,7 +62,7 @@ def _options(verbose: Annotated[bool, typer.Option(*shell.VERBOSE, help="Show th
     """Place ONNX models on the fastest mix of providers, and run them."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "3")  # LiteRT's C++ logging
-    from ..ortlib import set_log_severity
+    from ..foundation.ortlib import set_log_severity
 
     set_log_severity(2 if verbose else 4)  # not verbose: its errors are raised to us, not logged
 

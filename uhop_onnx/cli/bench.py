@@ -9,8 +9,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..report import ms_order, ms_text, stages_summary
-from ..samples import shapes_text
+from ..runtime.report import ms_order, ms_text, stages_summary
+from ..foundation.samples import shapes_text
 from .options import (CalibrationOption, JsonOption, MeasuredInputsOption, MeasuredShapeOption, PrecisionOption,
                       ProvidersOption, QuietOption, ThreadsOption, ToleranceOption, measured_at, provider_specs)
 from .render import err, out, print_json, steps
@@ -26,7 +26,7 @@ def bench(model: Path, providers: ProvidersOption = None, threads: ThreadsOption
 
     Each candidate runs in its own process, in alternating rounds. Exit 1 when a candidate failed (its error
     is in the table and the JSON)."""
-    from ..bench import bench as run_bench
+    from ..products.bench import bench as run_bench
 
     with steps("benchmarking", not (as_json or quiet)) as step:
         result = run_bench(model, provider_specs(providers), threads=threads, rounds=rounds, budget=budget, progress=step,

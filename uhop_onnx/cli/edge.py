@@ -42,7 +42,7 @@ def export(model: Path,
            calibration: CalibrationOption = None, as_json: JsonOption = False, quiet: QuietOption = False) -> None:
     """Write a deployment bundle for a board, or a Triton repository."""
     if fmt is ExportFormat.triton:
-        from ..triton import export_triton
+        from ..products.triton import export_triton
 
         if shape or inputs:
             raise typer.BadParameter("--shape and --inputs size bundles; for a Triton repository, run `uhop-onnx "
@@ -61,7 +61,7 @@ def export(model: Path,
     if target is None:
         raise typer.BadParameter("--target is required for bundles (rk3588, jetson-orin, x86-64, x86-64-v4, arm64, "
                                  "intel-npu, or a JSON profile)", param_hint="--target")
-    from ..export import export_bundle
+    from ..products.export import export_bundle
 
     with steps("exporting", not (as_json or quiet)) as step:
         written = export_bundle(model, target, output, providers=provider_specs(providers), threads=threads,
@@ -98,7 +98,7 @@ def tune(bundle: Annotated[Path, typer.Argument(help="A bundle folder or .tar.gz
     It measures on the bundle's sample inputs, unless --shape or --inputs gives others, and writes a new
     bundle. A reduced-precision bundle's precision and tolerance compete again (int8 only with
     --calibration)."""
-    from ..export import tune_bundle
+    from ..products.export import tune_bundle
 
     with steps("tuning", not as_json) as step:
         written = tune_bundle(bundle, output, threads=threads, budget=budget, progress=step,
@@ -116,7 +116,7 @@ def verify(bundle: Annotated[Path, typer.Argument(help="A bundle folder or .tar.
 
     --key checks the signature. Each stage this host can run is compared with ONNX Runtime. Exit 1 on a
     mismatch or tampering, or when no stage could run here (unless --allow-unrun)."""
-    from ..verify import verify_bundle
+    from ..products.verify import verify_bundle
 
     with steps("verifying", not as_json):
         report = verify_bundle(bundle, key=key, allow_unrun=allow_unrun)

@@ -41,7 +41,7 @@ def measured_at(shape: list[str] | None, inputs: Path | None, precision: str = "
                  tolerance: float | None = None, calibration: Path | None = None) -> dict[str, Any]:
     """`shapes=` and `inputs=` from `--shape` and `--inputs`; `precision=`, `tolerance=`, `calibration=` from
     theirs (left out at the fp32 default)."""
-    from ..inputs import parse_shapes
+    from ..foundation.inputs import parse_shapes
 
     chosen = {"shapes": parse_shapes(shape), "inputs": inputs}
     if precision != "fp32" or tolerance is not None or calibration is not None:

@@ -10,8 +10,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..report import precision_text
-from ..samples import shapes_text
+from ..runtime.report import precision_text
+from ..foundation.samples import shapes_text
 from . import shell
 from .options import (CalibrationOption, InputsOption, JsonOption, MeasuredInputsOption, MeasuredShapeOption,
                       PrecisionOption, ProvidersOption, QuietOption, SeedOption, ShapeOption, ThreadsOption,
@@ -59,8 +59,8 @@ def inspect(model: Path, providers: ProvidersOption = None, threads: ThreadsOpti
 
     --unsupported lists the nodes some provider cannot run, and why. --wide shows every node against every
     provider. --shape gives the input shapes to check at."""
-    from ..inputs import parse_shapes
-    from ..optimizer import analyze
+    from ..foundation.inputs import parse_shapes
+    from ..products.optimizer import analyze
 
     shapes = parse_shapes(shape)
     with steps("inspecting", not (as_json or quiet)) as step:
@@ -134,8 +134,8 @@ def optimize(model: Path, output: Annotated[Path, typer.Option("--output", "-o",
 
     Candidate placements are measured within --budget seconds. With --no-profile, each node goes to the first
     provider that can run it."""
-    from ..files import check_writable
-    from ..optimizer import optimize as run_optimize
+    from ..foundation.files import check_writable
+    from ..products.optimizer import optimize as run_optimize
 
     check_writable(output)
     spent = shell.age() + SAVING * budget if shell.AS_COMMAND else 0.0  # the budget is the whole command's
@@ -168,7 +168,7 @@ def run(model: Annotated[Path, typer.Argument(help="A plan folder or an .onnx mo
     --iterations N times N runs: latency percentiles, throughput and each stage's share."""
     import numpy as np
 
-    from ..latency import measure_latency
+    from ..products.latency import measure_latency
 
     with steps("running", not as_json) as step:
         step("compiling stages")
@@ -225,7 +225,7 @@ def compare(model: Annotated[Path, typer.Argument(help="A plan folder or an .onn
 
     Both run on the same inputs. Each output shows its max abs and rel error and its cosine. Exit 1 when one
     is outside --rtol/--atol (as numpy's allclose), or without them outside the rule the plan was gated at."""
-    from ..compare import compare, tolerance_for, tolerance_text
+    from ..foundation.compare import compare, tolerance_for, tolerance_text
 
     with steps("comparing", not as_json) as step:
         step("compiling stages")
@@ -260,7 +260,7 @@ def _number(value: float | None, spec: str = ".3g") -> str:
 
 def _session(model: Path, providers: str | None, threads: int | None):
     """A session over a plan folder, or a model placed without timing."""
-    from ..session import InferenceSession
+    from ..products.session import InferenceSession
 
     return InferenceSession(str(model), providers=provider_specs(providers), profile=False, threads=threads)
 
@@ -268,7 +268,7 @@ def _session(model: Path, providers: str | None, threads: int | None):
 def _feeds(session, inputs: Path | None, shapes: list[str] | None, seed: int) -> tuple[dict, str]:
     """The feeds from `--inputs`, else seeded random ones of `--shape`'s shapes, else of the shapes a plan
     folder recorded, else of the model's; and where they came from."""
-    from ..inputs import parse_shapes, profile_feeds
+    from ..foundation.inputs import parse_shapes, profile_feeds
 
     given = parse_shapes(shapes) or {}
     recorded = session.plan.shapes if inputs is None and session.plan.folder is not None else None
@@ -281,14 +281,14 @@ def _feeds(session, inputs: Path | None, shapes: list[str] | None, seed: int) ->
 
 def _reference(model: Path, session, against: str, feeds: dict, threads: int | None) -> dict:
     """The reference outputs: ONNX Runtime CPU on the original model, or the plan with every stage on `against`."""
-    from ..plan import PLAN_FILE
+    from ..runtime.plan import PLAN_FILE
     from ..providers import parse_spec
-    from ..session import InferenceSession
+    from ..products.session import InferenceSession
 
     ident, options = parse_spec(against)
     if not (model / PLAN_FILE).is_file():
         if ident == "ort-cpu" and not options:
-            from ..samples import reference_outputs
+            from ..foundation.samples import reference_outputs
 
             return reference_outputs(model, feeds)
         reference = InferenceSession(str(model), providers=[against], profile=False, threads=threads)
@@ -300,7 +300,7 @@ def _reference(model: Path, session, against: str, feeds: dict, threads: int | N
 def _write_npz(path: Path, arrays: dict) -> None:
     import numpy as np
 
-    from ..files import atomic_file
+    from ..foundation.files import atomic_file
 
     with atomic_file(path, "wb") as handle:
         np.savez(handle, **arrays)
@@ -312,7 +312,7 @@ def explain(plan_dir: Annotated[Path, typer.Argument(help="A plan folder written
 
     Also the whole plans that were timed and what adapting sessions decided. For a bundle, also why each node
     off the board's accelerator is there."""
-    from ..plan import Plan
+    from ..runtime.plan import Plan
 
     if (plan_dir / "manifest.json").is_file() or plan_dir.name.endswith(".tar.gz"):
         return print_bundle(plan_dir, "bundle", as_json)
@@ -334,7 +334,7 @@ def explain(plan_dir: Annotated[Path, typer.Argument(help="A plan folder written
 def _kept_for(plan_dir: Path) -> dict[str, dict]:
     """Shape bucket -> the decision that keeps this plan folder, where an adapting session kept it in the cache
     (`adapt.Decisions`: beside their `decisions.json`); {} for any other folder."""
-    from ..adapt import Decisions
+    from ..adaptation.serving import Decisions
 
     folder = plan_dir.resolve()
     decisions = folder.parent / "decisions.json"

@@ -15,7 +15,7 @@ from rich.progress import Progress, ProgressColumn, SpinnerColumn, Task, TextCol
 from rich.table import Table
 from rich.text import Text
 
-from ..report import (candidate_error, effort_text, interval_text, ms_order, ms_text, off_accelerator_lines,
+from ..runtime.report import (candidate_error, effort_text, interval_text, ms_order, ms_text, off_accelerator_lines,
                       stages_summary)
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
-from ..files import read_npz
+from ..foundation.errors import InputError
+from ..foundation.files import read_npz
 from .values import check_choice
 
 

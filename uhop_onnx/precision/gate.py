@@ -9,7 +9,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import first_line
+from ..foundation.errors import first_line
 from .accuracy import errors, within_scaled
 
 Verdict = tuple[bool, dict[str, Any]]  # accepted, and per output the worst figures (or {"error"})

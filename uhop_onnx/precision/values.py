@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..errors import InputError
+from ..foundation.errors import InputError
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")  # what a stage runs at, from the most precise down
 REDUCED = PRECISIONS[1:]  # what a provider (or a target profile's provider) may offer besides fp32

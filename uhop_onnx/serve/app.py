@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import __version__
-from ..errors import InputError, StageError
+from ..foundation.errors import InputError, StageError
 from .bodies import Arrivals
 from .metrics import span
 from .limits import Limits

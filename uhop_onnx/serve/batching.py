@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import TensorSig
+from ..foundation.dtypes import TensorSig
 
 log = logging.getLogger(__name__)
 

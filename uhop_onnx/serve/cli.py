@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import UhopError
+from ..foundation.errors import UhopError
 from .limits import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_DELAY_MS,

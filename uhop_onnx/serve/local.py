@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from starlette.applications import Starlette
 
-from ..plan import Plan
-from ..runtime import compile_stages
+from ..runtime.plan import Plan
+from ..runtime.compile import compile_stages
 from .app import create_app
 from .limits import Limits
 from .batching import Batcher

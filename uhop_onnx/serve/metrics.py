@@ -13,7 +13,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping
 
-from ..errors import UhopError
+from ..foundation.errors import UhopError
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..dtypes import TensorSig
+from ..foundation.dtypes import TensorSig
 from .protocol import HEADER_LENGTH, InferRequest, ProtocolError, decode_request, encode_response, too_large
 from .workers import Workers
 

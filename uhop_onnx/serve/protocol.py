@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
-from ..errors import InputError
-from ..dtypes import TensorSig
+from ..foundation.errors import InputError
+from ..foundation.dtypes import TensorSig
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 

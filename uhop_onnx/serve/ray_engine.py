@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 from ray import serve
 
-from ..errors import UhopError
-from ..plan import Plan, Stage
+from ..foundation.errors import UhopError
+from ..runtime.plan import Plan, Stage
 from ..providers import REGISTRY, device_kind
 from ..providers.runner import Runner
-from ..runtime import compile_stage
+from ..runtime.compile import compile_stage
 from .app import RETRY_AFTER_S, create_app
 from .limits import Limits
 from .batching import Job

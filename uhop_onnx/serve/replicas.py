@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import TensorSig
-from ..executor import Executor
-from ..plan import Plan
+from ..foundation.dtypes import TensorSig
+from ..runtime.executor import Executor
+from ..runtime.plan import Plan
 from ..providers.runner import PerShapeRunner, Runner
 from .batching import Job, batchable, run_together
 from .metrics import Metrics, span

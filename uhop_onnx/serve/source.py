@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import UhopError
-from ..plan import PLAN_FILE, Plan
+from ..foundation.errors import UhopError
+from ..runtime.plan import PLAN_FILE, Plan
 
 
 def load_plan(source: Any, providers: str | Sequence[str] | None = None, threads: int | None = None,
@@ -24,7 +24,7 @@ def load_plan(source: Any, providers: str | Sequence[str] | None = None, threads
         if not path.is_file():
             raise UhopError(f"{path}: no such model file or plan folder; give an .onnx file or a folder written "
                             "by `uhop-onnx optimize`")
-    from ..optimizer import optimize
+    from ..products.optimizer import optimize
 
     if isinstance(providers, str):
         providers = [p for p in providers.split(",") if p]

@@ -22,17 +22,17 @@ from typing import Any
 
 import numpy as np
 
-from .bundle import KeySource, check_signature, load_stage
-from .bundle.manifest import check_files, read_manifest, unpacked
-from .bundle.signature import signed
-from .dtypes import TensorSig
-from .errors import BundleError, UhopError, first_line
-from .executor import Executor
-from .files import read_npz
-from .plan import Stage
-from .precision.accuracy import compare
-from .providers import Runner
-from .samples import reference_outputs
+from ..bundle import KeySource, check_signature, load_stage
+from ..bundle.manifest import check_files, read_manifest, unpacked
+from ..bundle.signature import signed
+from ..foundation.dtypes import TensorSig
+from ..foundation.errors import BundleError, UhopError, first_line
+from ..runtime.executor import Executor
+from ..foundation.files import read_npz
+from ..runtime.plan import Stage
+from ..precision.accuracy import compare
+from ..providers import Runner
+from ..foundation.samples import reference_outputs
 
 
 def verify_bundle(path: str | os.PathLike, key: KeySource | None = None, allow_unrun: bool = False) -> dict[str, Any]:
@@ -138,7 +138,7 @@ def _host_runner(folder, stage: dict, trusted: bool):
         why = f"cannot run here: {first_line(native)}"
     import onnx
 
-    from .providers import create
+    from ..providers import create
 
     options = dict(stage["options"])
     carried = [f for f in stage["artifact"]["files"] if f.endswith(".calibration.npz")]

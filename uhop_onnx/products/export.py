@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from .bundle.manifest import (
+from ..bundle.manifest import (
     MANIFEST,
     SCHEMA,
     SIGNATURE,
@@ -36,26 +36,26 @@ from .bundle.manifest import (
     read_checked,
     unpacked,
 )
-from .bundle import signature
-from .dtypes import TensorSig
-from .errors import BundleError, InputError, ProviderError, TooLargeError, UhopError
-from .executor import Executor
-from .files import check_writable, new_folder, read_npz, temporary_folder, write_archive, writing
-from .graph import Graph, declared_outputs
-from .inputs import Inputs, Shapes, at_shapes, free_inputs, measured_shapes, profile_feeds, read_inputs
-from .loader import load, sha256
+from ..bundle import signature
+from ..foundation.dtypes import TensorSig
+from ..foundation.errors import BundleError, InputError, ProviderError, TooLargeError, UhopError
+from ..runtime.executor import Executor
+from ..foundation.files import check_writable, new_folder, read_npz, temporary_folder, write_archive, writing
+from ..foundation.graph import Graph, declared_outputs
+from ..foundation.inputs import Inputs, Shapes, at_shapes, free_inputs, measured_shapes, profile_feeds, read_inputs
+from ..model.loader import load, sha256
 from .optimizer import analyze, build_plan, place_measured, with_precisions
-from .partitioner.capabilities import capabilities
-from .partitioner.placer import Analysis
-from .partitioner.static_placer import StaticCost
-from .partitioner.static_cost import off_preferred, sized
-from .plan import Plan
-from .precision import FP32_TOLERANCE, compare, lowest, read_choice, sample_error, wanted
-from .providers import Provider, Runner, Support, create
-from .providers.base import Artifact
-from .providers.capability import ANY_OPSET
-from .samples import reference_outputs, shapes_text
-from .simplify import at_fixed_shapes, opset, within_opsets
+from ..partitioner.capabilities import capabilities
+from ..partitioner.placer import Analysis
+from ..partitioner.static_placer import StaticCost
+from ..partitioner.static_cost import off_preferred, sized
+from ..runtime.plan import Plan
+from ..precision import FP32_TOLERANCE, compare, lowest, read_choice, sample_error, wanted
+from ..providers import Provider, Runner, Support, create
+from ..providers.base import Artifact
+from ..providers.capability import ANY_OPSET
+from ..foundation.samples import reference_outputs, shapes_text
+from ..model.simplify import at_fixed_shapes, opset, within_opsets
 from .targets import Target, TargetProvider, load_target, target_from_json
 
 log = logging.getLogger(__name__)

@@ -14,10 +14,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .errors import PlanError
-from .files import new_folder
-from .plan import Plan, Stage
-from .providers import device_kind
+from ..foundation.errors import PlanError
+from ..foundation.files import new_folder
+from ..runtime.plan import Plan, Stage
+from ..providers import device_kind
 
 CONFIG = "config.pbtxt"
 # Provider id -> (platform or backend, GPU execution accelerator): the providers Triton has a backend for. The
@@ -43,7 +43,7 @@ def export_triton(model_or_plan: Any, repo_dir: str | os.PathLike, model_name: s
     """
     from google.protobuf import text_format
 
-    from .serve.source import load_plan
+    from ..serve.source import load_plan
 
     plan, default_name = load_plan(model_or_plan, providers, threads)
     name = model_name or default_name

@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import UhopError
-from .providers import device_kind
-from .precision.values import REDUCED
+from ..foundation.errors import UhopError
+from ..providers import device_kind
+from ..precision.values import REDUCED
 
 BUILTIN = Path(__file__).with_name("targets.json")
 # A CPU computes bf16 only with one of these in its `isa` (x86's AVX-512 BF16 or AMX, Arm's BF16 extension);

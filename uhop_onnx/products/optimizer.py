@@ -16,22 +16,22 @@ from typing import Any
 import onnx
 from onnx import numpy_helper
 
-from .cache import JsonTable, cache_dir, code_fingerprint, device_fingerprint, discard, model_digest, prune, touch
-from .errors import InputError, PlanError, TooLargeError, UhopError, first_line, logger
-from .graph import Graph, declared_outputs
-from .inputs import Inputs, Shapes, free_inputs, inputs_digest, measured_shapes, profile_feeds
-from .loader import load, model_name, sha256
-from .measure import LATE, Measurement, Profiler, SearchWorker, WorkerFailed, time_plans_in_processes
-from .partitioner.capabilities import capabilities, only_the_rest, whole_model
-from .partitioner.extract import extract
-from .partitioner.partition import partition
-from .partitioner.first_supported import FirstSupported, first_supported
-from .partitioner.placer import Analysis, Choice, Placement
-from .partitioner.search import Search, in_process
-from .metadata import ModelMetadata
-from .plan import PLAN_FILE, Plan, Stage
-from .precision import FP32_TOLERANCE, Precision, check_samples, compare, read_choice, sample_error, wanted
-from .providers import (
+from ..foundation.cache import JsonTable, cache_dir, code_fingerprint, device_fingerprint, discard, model_digest, prune, touch
+from ..foundation.errors import InputError, PlanError, TooLargeError, UhopError, first_line, logger
+from ..foundation.graph import Graph, declared_outputs
+from ..foundation.inputs import Inputs, Shapes, free_inputs, inputs_digest, measured_shapes, profile_feeds
+from ..model.loader import load, model_name, sha256
+from ..runtime.measure import LATE, Measurement, Profiler, SearchWorker, WorkerFailed, time_plans_in_processes
+from ..partitioner.capabilities import capabilities, only_the_rest, whole_model
+from ..partitioner.extract import extract
+from ..partitioner.partition import partition
+from ..partitioner.first_supported import FirstSupported, first_supported
+from ..partitioner.placer import Analysis, Choice, Placement
+from ..partitioner.search import Search, in_process
+from ..foundation.metadata import ModelMetadata
+from ..runtime.plan import PLAN_FILE, Plan, Stage
+from ..precision import FP32_TOLERANCE, Precision, check_samples, compare, read_choice, sample_error, wanted
+from ..providers import (
     LAST_RESORT,
     Provider,
     ProviderSpec,
@@ -40,12 +40,12 @@ from .providers import (
     parse_spec,
     resolve,
 )
-from .providers.quantize import Calibration
-from .report import ms_text
-from .runtime import compile_plan
-from .samples import check_runs_fit, reference_outputs, reference_runs, shapes_text
-from .simplify import at_fixed_shapes, simplify
-from .timing import Deadline
+from ..providers.quantize import Calibration
+from ..runtime.report import ms_text
+from ..runtime.compile import compile_plan
+from ..foundation.samples import check_runs_fit, reference_outputs, reference_runs, shapes_text
+from ..model.simplify import at_fixed_shapes, simplify
+from ..foundation.timing import Deadline
 
 log = logger(__name__)
 
@@ -305,7 +305,7 @@ def _cached_plan(folder: Path) -> Plan | None:
 def _plan_key(model: str | os.PathLike | onnx.ModelProto | bytes, chosen: Sequence[Provider], **arguments: Any) -> str:
     """What a measured plan depends on, hashed: the model's bytes, the providers (with options and
     versions), `arguments`, this machine and uhop-onnx's version and source."""
-    from . import __version__
+    from .. import __version__
 
     described = [(p.id, p.options, p.availability.version) for p in chosen]
     settings = json.dumps([__version__, code_fingerprint(), device_fingerprint(), described, arguments],

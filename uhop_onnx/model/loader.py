@@ -13,9 +13,9 @@ from google.protobuf import unknown_fields
 from google.protobuf.message import DecodeError, Message
 from onnx import external_data_helper, shape_inference
 
-from .errors import ModelError, first_line, logger
-from .files import check_external_data, check_locations, read_mapped, skeleton
-from .graph import outer_inputs
+from ..foundation.errors import ModelError, first_line, logger
+from ..foundation.files import check_external_data, check_locations, read_mapped, skeleton
+from ..foundation.graph import outer_inputs
 
 log = logger(__name__)
 

@@ -25,7 +25,7 @@ def bench(threads: Annotated[str, typer.Option(help="Comma-separated thread coun
 
     The cases are MatMuls and the convolutions of ResNet-18 and MobileNetV2; a naive loop runs them too.
     Each library runs in its own process."""
-    from .kernels_bench import LIBRARIES, measure
+    from ..products.kernels_bench import LIBRARIES, measure
 
     counts = tuple(int(t) for t in threads.split(",") if t.strip())
     if not counts or min(counts) < 1:
@@ -53,7 +53,7 @@ def tune(model: Annotated[Path, typer.Argument(help="An ONNX model file.", exist
     """Tune each Conv, Gemm and MatMul of MODEL that kernels would run.
 
     The fastest schedules are cached for this device."""
-    from .kernels_tune import tune_model
+    from ..products.kernels_tune import tune_model
 
     with err.status(f"tuning {model.name}"):
         tuned = tune_model(model, threads)

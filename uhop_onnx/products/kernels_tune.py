@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .custom_ops.autotune import table
-from .custom_ops.verify import host_library
-from .samples import sample_feeds
+from ..custom_ops.autotune import table
+from ..custom_ops.verify import host_library
+from ..foundation.samples import sample_feeds
 from .session import InferenceSession
 
 

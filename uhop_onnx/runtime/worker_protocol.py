@@ -17,10 +17,10 @@ from contextlib import AbstractContextManager, ExitStack, suppress
 from importlib import import_module
 from typing import Any
 
-from .errors import InputError, first_line
-from .files import dead_run, run_process
+from ..foundation.errors import InputError, first_line
+from ..foundation.files import dead_run, run_process
 from .profiler import Measurement, Profiler
-from .timing import Deadline, calls_per_round, round_median
+from ..foundation.timing import Deadline, calls_per_round, round_median
 
 ROUND_SECONDS = 0.05  # a worker's round lasts about this long (3 to 50 calls)
 # (target, model, feeds, threads) -> a context manager giving (one call, its stages), releasing them on exit
@@ -32,7 +32,7 @@ class WorkerFailed(Exception):
 
 
 def spawn(arguments: list[str], log: Any) -> tuple[subprocess.Popen, Any]:
-    """A worker, `python -P -m uhop_onnx.measure ARGUMENTS... FD` (whose `__main__` calls `main`; `-P`: a
+    """A worker, `python -P -m uhop_onnx.runtime.measure ARGUMENTS... FD` (whose `__main__` calls `main`; `-P`: a
     `uhop_onnx` folder in the working directory, a source checkout's, is not imported instead of the installed
     package), leading a process group
     of its own (`kill` stops it): its requests on its stdin, its replies on a pipe of their own (FD), so that
@@ -40,7 +40,7 @@ def spawn(arguments: list[str], log: Any) -> tuple[subprocess.Popen, Any]:
     and the pipe's end to read its replies from (text)."""
     reading, writing = os.pipe()
     try:
-        worker = subprocess.Popen([sys.executable, "-P", "-m", "uhop_onnx.measure", *arguments, str(writing)],
+        worker = subprocess.Popen([sys.executable, "-P", "-m", "uhop_onnx.runtime.measure", *arguments, str(writing)],
                                   stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, text=True,
                                   pass_fds=(writing,), process_group=0)
     except BaseException:
@@ -259,7 +259,7 @@ def _block_call(provider: Any, model: str, feeds: str, runners: ExitStack) -> Ca
     (closed with `runners`), on the inputs saved at `feeds`; run once first."""
     import onnx
 
-    from .inputs import read_inputs
+    from ..foundation.inputs import read_inputs
 
     runner = runners.enter_context(provider.compile(provider.lower(onnx.load(model)), exclusive=False))
     data = read_inputs(feeds)
@@ -278,7 +278,7 @@ def _worker(request: dict, replies: Any, lifeline: _Lifeline | None) -> None:
     """Build the candidate with the builder it names (`Build`), say `ready STAGES` on `replies`, then answer
     each `round` line with `median MS` until another line (`exit`); any failure is one `failed "REASON"`
     line."""
-    from .inputs import read_inputs
+    from ..foundation.inputs import read_inputs
 
     candidate = request["candidate"]
     try:

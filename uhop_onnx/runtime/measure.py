@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .errors import first_line
-from .files import temporary_folder
+from ..foundation.errors import first_line
+from ..foundation.files import temporary_folder
 from .profiler import Measurement, Profiler
-from .timing import Deadline, spread
+from ..foundation.timing import Deadline, spread
 from .worker_protocol import WorkerFailed, exit_reason, kill, last_line, main, module_and_function
 from .worker_protocol import reply as _reply
 from .worker_protocol import spawn as _spawn
@@ -33,7 +33,7 @@ T = TypeVar("T")
 SETTLE_SECONDS = 0.05  # between candidates: worker threads the previous one left spinning go to sleep
 LATE = "not timed: the budget ran out before it was ready"
 EXIT_SECONDS = 0.5  # a worker told to exit is killed after this long
-SAVED_PLAN = "uhop_onnx.measure:saved_plan"  # the builder of a candidate that names none
+SAVED_PLAN = "uhop_onnx.runtime.measure:saved_plan"  # the builder of a candidate that names none
 
 
 @dataclass(frozen=True)
@@ -203,7 +203,7 @@ def saved_plan(folder: str, model: str | None, feeds: dict[str, np.ndarray],
                threads: int | None) -> Iterator[tuple[Callable[[], object], list[str]]]:
     """The plan saved in `folder`, compiled on its providers: one call of it on `feeds`, and its stages."""
     from .plan import Plan
-    from .runtime import compile_plan
+    from .compile import compile_plan
 
     plan = Plan.load(folder)
     with compile_plan(plan, threads) as executor:
@@ -283,7 +283,7 @@ class SearchWorker:
     def model_file(self, model: Any) -> str:
         """The file `model` (an `onnx.ModelProto`) is saved in for the worker, once per object."""
         if id(model) not in self.models:
-            from .loader import saved
+            from ..model.loader import saved
 
             self.written += 1
             path = self.folder / f"model{self.written}.onnx"
@@ -414,7 +414,7 @@ class _ModelPickler(pickle.Pickler):
 
 def _runtimes_imported() -> None:
     """A search worker's first step: the runtimes present imported, while its coordinator loads the model."""
-    from .providers import resolve
+    from ..providers import resolve
 
     resolve(None)
 

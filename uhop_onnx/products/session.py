@@ -19,20 +19,20 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import TensorSig
-from .errors import FreeDimensionError, InputError, UhopError, first_line, logger
-from .executor import Executor, Timing, mapping
-from .files import atomic_file
-from .graph import TensorInfo
-from .metadata import ModelMetadata
-from .plan import PLAN_FILE, Plan
-from . import priority
-from .adapt import BACKGROUND_NICE, Decisions, Serving, whole_model
-from .cache import LARGE, cache_dir, device_fingerprint, model_digest
-from .loader import load, load_as_read, model_name
-from .precision import Tolerance, own
-from .providers import LAST_RESORT, resolve
-from .runtime import compile_plan
+from ..foundation.dtypes import TensorSig
+from ..foundation.errors import FreeDimensionError, InputError, UhopError, first_line, logger
+from ..runtime.executor import Executor, Timing, mapping
+from ..foundation.files import atomic_file
+from ..foundation.graph import TensorInfo
+from ..foundation.metadata import ModelMetadata
+from ..runtime.plan import PLAN_FILE, Plan
+from ..adaptation import priority
+from ..adaptation.serving import BACKGROUND_NICE, Decisions, Serving, whole_model
+from ..foundation.cache import LARGE, cache_dir, device_fingerprint, model_digest
+from ..model.loader import load, load_as_read, model_name
+from ..precision import Tolerance, own
+from ..providers import LAST_RESORT, resolve
+from ..runtime.compile import compile_plan
 
 log = logger(__name__)
 
@@ -402,7 +402,7 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
     def candidates(stopped: Callable[[], bool],
                    sample: Mapping[str, np.ndarray]) -> dict[str, Callable[[Mapping[str, np.ndarray]], Plan]]:
         from .optimizer import analyze, first_then_rest, optimize
-        from .partitioner.capabilities import capabilities
+        from ..partitioner.capabilities import capabilities
 
         # probed here, off the caller's thread (what reading them warns of was said at the start): one listed
         # from its files alone may fail to import
@@ -463,7 +463,7 @@ def decisions_for(source: Any, specs: list | None, threads: int | None, policy: 
                   assign: Mapping[str, str] | None, digest: str | None = None) -> Decisions:
     """Where sessions keep their decisions for this model (by content: `digest`, its `model_digest` when
     known), host, uhop-onnx's version, providers, policy and pins."""
-    from . import __version__
+    from .. import __version__
 
     # uhop-onnx's version, not its source's hash: a kept plan is checked again on live calls, never trusted
     digest = digest or model_digest(source)
@@ -494,7 +494,7 @@ def _read_session_options(so: Any) -> dict[str, Any]:
         raise InputError(f"sess_options must be an onnxruntime.SessionOptions (or a list of providers), "
                          f"got {type(so).__name__}")
     if getattr(so, "log_severity_level", -1) in range(5):  # -1: not set
-        from .ortlib import set_log_severity
+        from ..foundation.ortlib import set_log_severity
 
         set_log_severity(so.log_severity_level)
     adapt = _config_entry(so, "uhop.adapt")

@@ -26,16 +26,16 @@ from typing import Any
 import numpy as np
 import onnx
 
-from .cache import JsonTable
-from .precision import Tolerance, compare
-from .precision.own import FP32_CHECK, describe
-from .errors import UhopError, first_line, logger, quietly
-from .executor import Executor, Timing
-from .graph import declared_outputs, io_signatures
-from .metadata import ModelMetadata
+from ..foundation.cache import JsonTable
+from ..precision import Tolerance, compare
+from ..precision.own import FP32_CHECK, describe
+from ..foundation.errors import UhopError, first_line, logger, quietly
+from ..runtime.executor import Executor, Timing
+from ..foundation.graph import declared_outputs, io_signatures
+from ..foundation.metadata import ModelMetadata
 from . import priority
-from .plan import Plan, Stage
-from .providers import Provider
+from ..runtime.plan import Plan, Stage
+from ..providers import Provider
 
 log = logger(__name__)
 

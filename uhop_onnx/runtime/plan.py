@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from .errors import PlanError
-from .providers.base import label
-from .files import check_external_data, new_folder, read_npz
-from .dtypes import TensorSig
-from .metadata import ModelMetadata
-from .samples import shapes_text
+from ..foundation.errors import PlanError
+from ..providers.base import label
+from ..foundation.files import check_external_data, new_folder, read_npz
+from ..foundation.dtypes import TensorSig
+from ..foundation.metadata import ModelMetadata
+from ..foundation.samples import shapes_text
 
 SCHEMA = "uhop-onnx.plan/2"
 PLAN_FILE = "plan.json"
@@ -194,13 +194,13 @@ class Plan:
         any data it keeps in other files lies in the plan folder (then read into it: no runtime resolves those
         paths, against the working directory, itself)."""
         if stage.model is None and stage.data is not None:
-            from .loader import load
+            from ..model.loader import load
 
             stage.model = load(stage.data, check=False)
         if stage.model is None:
             import onnx
 
-            from .loader import read_external_data
+            from ..model.loader import read_external_data
 
             if self.folder is None:
                 raise PlanError(f"stage {stage.file!r} has no model in memory and the plan has no folder")
@@ -231,7 +231,7 @@ class Plan:
         """Write `plan.json` (with each file's sha256), the stage models, constants and (with `report`) the
         report into `folder`, which must be absent or empty; it appears whole or not at all. This plan is
         left as it was (`Plan.load(folder)` reads the saved one)."""
-        from .loader import saved as saved_model
+        from ..model.loader import saved as saved_model
 
         target = Path(folder)
         with new_folder(target, PlanError) as staging:

@@ -1,6 +1,6 @@
 """GFLOP/s of our MatMul and convolutions beside numpy (OpenBLAS), ONNX Runtime (MLAS) and a naive loop.
 
-Each library runs in its own process (`python -m uhop_onnx.kernels_bench LIBRARY THREADS`), so no two
+Each library runs in its own process (`python -m uhop_onnx.products.kernels_bench LIBRARY THREADS`), so no two
 thread pools share the cores; rounds alternate the order of the libraries, and each figure is the minimum over
 rounds of the per-round median time.
 """
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from . import ortlib
+from ..foundation import ortlib
 
 LIBRARIES = ("kernels", "numpy", "onnxruntime", "naive")
 MATMUL_SIZES = (256, 512, 1024, 2048)
@@ -44,7 +44,7 @@ def cases() -> dict[str, tuple[str, tuple[int, ...]]]:
 
 
 def _flops(op: str, dims: tuple[int, ...]) -> float:
-    from .custom_ops.spec import OpSpec
+    from ..custom_ops.spec import OpSpec
 
     return OpSpec(op, dims).flops
 
@@ -53,21 +53,21 @@ def _runner(library: str, op: str, dims: tuple[int, ...], threads: int) -> Calla
     """A no-argument call computing the case with `library`, or None when the library does not do it."""
     import numpy as np
 
-    from .custom_ops.autotune import operands
-    from .custom_ops.spec import OpSpec
+    from ..custom_ops.autotune import operands
+    from ..custom_ops.spec import OpSpec
 
     spec = OpSpec(op, dims)
     args = operands(spec)
     if library == "kernels":
-        from .custom_ops.autotune import prepare, schedule_for
-        from .custom_ops.verify import host_library
+        from ..custom_ops.autotune import prepare, schedule_for
+        from ..custom_ops.verify import host_library
 
         lib = host_library()
         return prepare(lib, spec, schedule_for(lib, spec, threads, tune=True), args)  # tuned once, then cached
     if library == "naive":
         if op != "gemm" or threads != 1 or dims[0] > NAIVE_LIMIT:
             return None
-        from .custom_ops.verify import host_library
+        from ..custom_ops.verify import host_library
 
         lib = host_library()
         return lambda: lib.gemm_naive(*args)
@@ -123,7 +123,7 @@ def _ort(spec, args, threads: int, np):
 
 def worker(library: str, threads: int, budget: float = 0.3) -> dict[str, float]:
     """Median seconds per case for one library in this process (run as the child of `measure`)."""
-    from .custom_ops.autotune import median_seconds
+    from ..custom_ops.autotune import median_seconds
 
     results = {}
     for name, (op, dims) in cases().items():

@@ -10,8 +10,8 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import first_line, logger
-from .samples import shapes_text
+from ..foundation.errors import first_line, logger
+from ..foundation.samples import shapes_text
 
 if TYPE_CHECKING:
     from .plan import Plan

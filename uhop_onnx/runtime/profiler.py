@@ -9,8 +9,8 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .errors import first_line
-from .timing import Clock, Deadline, calls_per_round, round_median, spread
+from ..foundation.errors import first_line
+from ..foundation.timing import Clock, Deadline, calls_per_round, round_median, spread
 
 K = TypeVar("K", bound=Hashable)
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from types import MappingProxyType, TracebackType
 from typing import Any
 
-from . import ortlib
-from .errors import InputError
+from ..foundation import ortlib
+from ..foundation.errors import InputError
 from .optimizer import optimize
 from .session import InferenceSession
 

@@ -16,10 +16,10 @@ from typing import Annotated, Any, Literal
 from pydantic import (BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
-from .errors import PlanError
-from .host import bounded_threads
-from .metadata import ModelMetadata
-from .precision.values import PRECISIONS
+from ..foundation.errors import PlanError
+from ..foundation.host import bounded_threads
+from ..foundation.metadata import ModelMetadata
+from ..precision.values import PRECISIONS
 
 SHA256 = r"^[0-9a-f]{64}$"
 
@@ -138,7 +138,7 @@ class StageEntry(_Strict):
     @field_validator("options")
     @classmethod
     def _declared(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        from .providers import REGISTRY
+        from ..providers import REGISTRY
 
         provider = info.data.get("provider")
         if provider not in REGISTRY:
@@ -154,7 +154,7 @@ class StageEntry(_Strict):
                 raise ValueError(f"{provider} option {name!r} must be {_type_name(declared[name])}, "
                                  f"got {type(value).__name__} {value!r:.60}") from None
         if provider == "litert" and "delegate" in options:
-            from .providers.litert import delegates
+            from ..providers.litert import delegates
 
             why = delegates.refusal(options["delegate"], (info.context or {}).get("allowed_delegates", ()))
             if why:

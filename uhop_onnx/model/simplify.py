@@ -12,8 +12,8 @@ import onnx
 import onnx_ir as ir
 from onnx_ir.passes import common
 
-from .errors import logger
-from .inputs import Shapes, at_shapes
+from ..foundation.errors import logger
+from ..foundation.inputs import Shapes, at_shapes
 
 log = logger(__name__)
 
@@ -243,9 +243,9 @@ def _check_conversion(model: onnx.ModelProto, converted: onnx.ModelProto, feeds:
                       what: str) -> None:
     """ONNX Runtime's results of `converted` against those of `model` on `feeds` (the outputs of the nodes left
     out of `converted` fed to it from `model`'s run)."""
-    from .errors import ModelError
-    from .precision.accuracy import FP32_TOLERANCE, compare
-    from .samples import reference_outputs
+    from ..foundation.errors import ModelError
+    from ..precision.accuracy import FP32_TOLERANCE, compare
+    from ..foundation.samples import reference_outputs
 
     cut = [v for v in converted.graph.input if v.name not in {i.name for i in model.graph.input}]
     probe = onnx.ModelProto()

@@ -4,7 +4,7 @@ the one accuracy rule, `precision.accuracy.compare`."""
 
 from __future__ import annotations
 
-from .precision.accuracy import FP32_TOLERANCE, Tolerance, compare, scaled
+from ..precision.accuracy import FP32_TOLERANCE, Tolerance, compare, scaled
 
 
 def tolerance_for(gated: float | None, rtol: float | None = None, atol: float | None = None) -> Tolerance:

@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from .errors import StageError, UhopError, first_line, logger, outside, quiet
+from ..foundation.errors import StageError, UhopError, first_line, logger, outside, quiet
 from .executor import Check, Executor
-from .graph import declared_outputs
+from ..foundation.graph import declared_outputs
 from .plan import Plan, Stage
-from .providers import LAST_RESORT, Runner, create
+from ..providers import LAST_RESORT, Runner, create
 
 log = logger(__name__)
 

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as Pending
 from typing import Any, TypeVar
 
-from .errors import UhopError, quietly
+from ..foundation.errors import UhopError, quietly
 
 T = TypeVar("T")
 

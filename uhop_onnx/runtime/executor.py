@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from .dtypes import TensorSig, onnx_type
-from .errors import CheckError, InputError, ProviderError, StageError, first_line, logger
-from .providers.runner import Runner
+from ..foundation.dtypes import TensorSig, onnx_type
+from ..foundation.errors import CheckError, InputError, ProviderError, StageError, first_line, logger
+from ..providers.runner import Runner
 
 if TYPE_CHECKING:
     from .plan import Stage

@@ -28,7 +28,7 @@ def _size(count: int) -> str:
 @app.command()
 def info(as_json: AS_JSON = False) -> None:
     """The cache folder, its total size and cap, and its entries by kind."""
-    from .cache import info as cache_info
+    from ..foundation.cache import info as cache_info
 
     report = cache_info()
     if as_json:
@@ -59,8 +59,8 @@ def prune(max_size: Annotated[str | None, typer.Option("--max", help="The cap fo
                                                                         "Default: $UHOP_CACHE_MAX, else 2G.")] = None,
           as_json: AS_JSON = False) -> None:
     """Remove the least recently used entries until under the cap."""
-    from .cache import parse_size
-    from .cache import prune as cache_prune
+    from ..foundation.cache import parse_size
+    from ..foundation.cache import prune as cache_prune
 
     _removed(cache_prune(None if max_size is None else parse_size(max_size, "--max")), as_json)
 
@@ -70,6 +70,6 @@ def clear(as_json: AS_JSON = False) -> None:
     """Remove every entry.
 
     The rknn-toolkit2 environment and the benchmarks' exports stay."""
-    from .cache import clear as cache_clear
+    from ..foundation.cache import clear as cache_clear
 
     _removed(cache_clear(), as_json)

@@ -28,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from . import ortlib
-from .errors import UhopError
-from .files import temporary_folder
-from .measure import Candidate, last_line, stage_labels, time_candidates
+from ..foundation import ortlib
+from ..foundation.errors import UhopError
+from ..foundation.files import temporary_folder
+from ..runtime.measure import Candidate, last_line, stage_labels, time_candidates
 
 RAW = {"onnxruntime": "ort-cpu", "openvino": "openvino"}  # raw runtime -> the provider that wraps it
-RAW_BUILD, ALONE_BUILD = "uhop_onnx.bench:raw_runtime", "uhop_onnx.bench:provider_alone"
+RAW_BUILD, ALONE_BUILD = "uhop_onnx.products.bench:raw_runtime", "uhop_onnx.products.bench:provider_alone"
 PLAN = "uhop-onnx plan"
 
 
@@ -55,10 +55,10 @@ def bench(model: str | os.PathLike, providers: list[str] | None = None, threads:
     """Measure every candidate in its own process, in alternating rounds; optimize cold and warm. Every
     candidate, and the optimize runs, measure on the same inputs (`shapes`/`inputs` as `optimize` takes);
     the plan is optimized at `precision` (`tolerance`, `calibration` as `optimize` takes them)."""
-    from .graph import Graph
-    from .inputs import measured_shapes, profile_feeds
-    from .loader import load
-    from .providers import resolve
+    from ..foundation.graph import Graph
+    from ..foundation.inputs import measured_shapes, profile_feeds
+    from ..model.loader import load
+    from ..providers import resolve
 
     model = str(Path(model).resolve())
     graph = Graph.from_model(load(model))
@@ -116,7 +116,7 @@ def _optimize_in_process(model: str, providers, threads, budget, cache: Path, ou
     env = {**os.environ, "UHOP_CACHE_DIR": str(cache)}
     request = json.dumps({"model": model, "providers": providers, "threads": threads, "budget": budget, "out": str(out),
                           "inputs": str(feeds), **reduced})
-    result = subprocess.run([sys.executable, "-P", "-m", "uhop_onnx.bench", "optimize", request], env=env,
+    result = subprocess.run([sys.executable, "-P", "-m", "uhop_onnx.products.bench", "optimize", request], env=env,
                             capture_output=True, text=True, timeout=3600)
     lines = result.stdout.strip().splitlines()
     if result.returncode != 0 or not lines:
@@ -130,7 +130,7 @@ def raw_runtime(runtime: str, model: str, feeds: dict[str, np.ndarray],
     """A measuring worker's candidate: the whole model in `runtime` ("onnxruntime" or "openvino") directly,
     configured as its provider configures it; it has no stages."""
     if runtime == "onnxruntime":
-        from .providers.ort import session_options
+        from ..providers.ort import session_options
 
         session = ortlib.load().InferenceSession(model, session_options(threads, exclusive=True),
                                                  providers=["CPUExecutionProvider"])
@@ -138,7 +138,7 @@ def raw_runtime(runtime: str, model: str, feeds: dict[str, np.ndarray],
         return
     import openvino as ov
 
-    from .providers.openvino import OpenVino
+    from ..providers.openvino import OpenVino
 
     config = OpenVino({"device": "CPU"}, threads).compile_config()
     request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
