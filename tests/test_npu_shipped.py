@@ -25,7 +25,6 @@ from uhop_onnx.partitioner.partition import partition
 from uhop_onnx.partitioner.placer import Analysis
 from uhop_onnx.partitioner.static_cost import off_preferred, plan_ms
 from uhop_onnx.partitioner.static_placer import StaticCost
-from uhop_onnx.precision import within_scaled
 from uhop_onnx.providers import Support
 from uhop_onnx.foundation.samples import reference_outputs
 from uhop_onnx.model.simplify import at_fixed_shapes, within_opsets
@@ -209,10 +208,6 @@ def test_the_chosen_plan_is_never_estimated_slower_than_the_simple_ones(ops, dat
 # -- 4. the shipped corpus ----------------------------------------------------------------------------------------
 
 LONG = {"ppocr-det", "ppocr-rec"}
-# Deep networks whose fp16 error on the NPU, accumulated layer by layer (the toolkit's accuracy analysis shows no
-# layer much worse than the rest), exceeds the fp16 stage bound (5e-3) on real pictures: 0.0076 and 0.0052 of
-# their outputs' scale, within the precision gate's 1e-2.
-DEEP = {"ppocr-det", "ppocr-rec"}
 
 
 def shipped():
@@ -238,7 +233,4 @@ def test_a_shipped_model_runs_on_the_npu_and_verifies_in_the_simulator(model, tm
     report = uhop_onnx.verify_bundle(bundle)
     ran = [s for s in report["stages"] if s["provider"] == "rknn" and s["ran"]]
     assert ran, report
-    if model.name in DEEP:  # fp16 rounding, accumulated, passes the fp16 bound: the precision gate's rule holds
-        assert all(within_scaled(o, 1e-2) and o["cosine"] > 0.9999 for s in ran for o in s["outputs"].values()), report
-    else:
-        assert report["ok"], report
+    assert report["ok"], report  # deep ones' fp16 error, accumulated layer by layer, is 0.0076 of their scale

@@ -23,6 +23,7 @@ from uhop_onnx.providers.rknn import Rknn, board_soc
 from uhop_onnx.providers.rknn import worker as rknn_worker
 from uhop_onnx.providers.rknn.converter import Toolkit, convert
 from uhop_onnx.providers.rknn.setup import READY, create_venv, is_ready, venv_path
+from uhop_onnx.precision import compare
 from uhop_onnx.providers.rknn.table import FP16_TOLERANCE, RKNN_TABLE
 
 from .conftest import random_feeds, reference
@@ -128,7 +129,7 @@ def test_cnn_in_the_simulator_matches_onnxruntime_at_fp16():
     feeds = random_feeds(model, seed=3)
     (actual,), (expected,) = session.run(None, feeds), reference(model, feeds)
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    np.testing.assert_allclose(actual, expected, **FP16_TOLERANCE)
+    assert compare(actual, expected, FP16_TOLERANCE)["ok"]
 
 
 @needs_toolkit

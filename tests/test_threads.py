@@ -15,14 +15,15 @@ import pytest
 import uhop_onnx
 from uhop_onnx.models import cnn, mlp
 from uhop_onnx.providers import REGISTRY, create
+from uhop_onnx.precision import FP32_TOLERANCE, compare
 from uhop_onnx.providers.rknn.table import FP16_TOLERANCE
 
-from .conftest import ATOL, RTOL, reference
+from .conftest import reference
 
 THREADS, CALLS = 8, 50
 
 
-def hammer(session, model: onnx.ModelProto, rtol: float = RTOL, atol: float = ATOL) -> None:
+def hammer(session, model: onnx.ModelProto, tolerance: dict = FP32_TOLERANCE) -> None:
     """Each thread runs its own input CALLS times; every result must be ONNX Runtime's for that input."""
     name = model.graph.input[0].name
     shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
@@ -34,7 +35,7 @@ def hammer(session, model: onnx.ModelProto, rtol: float = RTOL, atol: float = AT
         good = 0
         for _ in range(CALLS):
             got = session.run(None, {name: inputs[t]})
-            good += all(np.allclose(a, e, rtol=rtol, atol=atol) for a, e in zip(got, expected[t], strict=True))
+            good += all(compare(a, e, tolerance)["ok"] for a, e in zip(got, expected[t], strict=True))
         return good
 
     with ThreadPoolExecutor(THREADS) as pool:
@@ -57,7 +58,7 @@ def test_one_session_from_many_threads(provider):
 def test_the_rknn_simulator_from_many_threads():
     model = cnn()
     session = uhop_onnx.InferenceSession(model, providers=[("rknn", {"simulate": True})], profile=False)
-    hammer(session, model, **FP16_TOLERANCE)
+    hammer(session, model, FP16_TOLERANCE)
 
 
 def test_a_plan_mixing_providers_from_many_threads():

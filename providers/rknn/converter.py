@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from uhop_onnx.foundation import ortlib
 from uhop_onnx.foundation.errors import ProviderError, logger
 
 from ..base import output_dtypes
 from ..runner import Runner
 from .runner import named_outputs
 from .setup import is_ready, venv_path, venv_python
-from .table import DTYPES, FP16_TOLERANCE, RKNN_TABLE, TARGETS
+from .table import DTYPES, RKNN_TABLE, TARGETS
 
 if TYPE_CHECKING:
     import onnx
@@ -218,21 +217,6 @@ def convert(model: onnx.ModelProto, out: Path, target: str = "rk3588", dtype: st
         return toolkit.build(model, target, dtype, samples, rknn=Path(out).resolve())
     finally:
         toolkit.close()
-
-
-def fp16_tolerance(model: onnx.ModelProto) -> dict[str, float]:
-    """`FP16_TOLERANCE` with its atol scaled by the largest output ONNX Runtime gives the stage on seeded inputs
-    (when above 1): fp16 rounds relative to the values, so a deep network's logits in the tens err by more than
-    5e-3 while staying within 5e-3 of their scale, the gate's rule for reduced precision."""
-    from uhop_onnx.foundation.graph import Graph
-    from uhop_onnx.foundation.samples import sample_feeds
-
-    graph = Graph.from_model(model)
-    feeds = sample_feeds([graph.signature(name) for name in model_inputs(model)])
-    session = ortlib.reference_session(model.SerializeToString())
-    largest = max((float(np.max(np.abs(y), initial=0.0)) for y in session.run(None, feeds)
-                   if np.issubdtype(np.asarray(y).dtype, np.floating)), default=0.0)
-    return {"rtol": FP16_TOLERANCE["rtol"], "atol": FP16_TOLERANCE["atol"] * max(1.0, largest)}
 
 
 class SimulatorRunner(Runner):

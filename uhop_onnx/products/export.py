@@ -400,11 +400,14 @@ def _write(folder: Path, a: Analysis, plan: Plan, profile: Target, entries: Mapp
     np.savez(folder / "samples" / "outputs.npz", **reference_outputs(a.loaded.SerializeToString(), feeds))
     if plan.constants:
         np.savez(folder / "constants.npz", **plan.constants)
-    if all(s.precision == "fp32" for s in plan.stages):
+    scaled = [s["tolerance"]["scaled"] for s in stages if "scaled" in s["tolerance"]]  # fp16 NPU stages' rule
+    if any(s.precision != "fp32" for s in plan.stages):  # the plan's outputs are held to the tolerance it was gated with
+        loosest = {"scaled": a.precision.tolerance}
+    elif scaled:
+        loosest = {"scaled": max(scaled)}
+    else:
         loosest = {key: max((s["tolerance"][key] for s in stages), default=FP32_TOLERANCE[key])
                    for key in ("rtol", "atol")}
-    else:  # the plan's outputs are held to the tolerance it was gated with
-        loosest = {"scaled": a.precision.tolerance}
     return {
         "schema": SCHEMA,
         "model": {"name": plan.model_name, "sha256": plan.model_hash},
