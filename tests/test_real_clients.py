@@ -23,9 +23,14 @@ from pathlib import Path
 
 import pytest
 
+from uhop_onnx.precision.own import FP32_CHECK
+
 from .clients.run import CLIENTS as LIBRARIES
 from .clients.run import missing
-from .conftest import ATOL, RTOL
+
+# What a library's results come out within: each of a plan's stages is within fp32's rule of ONNX Runtime, and a
+# placed plan's several stages, or a plan and ONNX Runtime side by side, within twice it (`precision.own`).
+RTOL, ATOL = FP32_CHECK["rtol"], FP32_CHECK["atol"]
 
 CLIENTS = Path(__file__).with_name("clients")
 ROOT = CLIENTS.parent.parent
@@ -67,7 +72,7 @@ def run_client(prefix: list[str], client: str, folder: Path, env: dict) -> dict:
 
 
 def assert_same(got, want, where: str = "", pixels: bool = False) -> None:
-    """`got` equals `want`, floats within fp32's tolerance and pixel coordinates within one pixel."""
+    """`got` equals `want`, floats within `RTOL` and `ATOL` and pixel coordinates within one pixel."""
     if isinstance(want, dict):
         assert sorted(got) == sorted(want), f"{where}: keys {sorted(got)} != {sorted(want)}"
         for key in want:
