@@ -5,7 +5,7 @@ that stops at its deadline with the best plan found so far. What settles the mos
    plan (`capabilities.whole_model`: a provider our rules refuse nodes only for want of a rank or length)
    are built and timed whole, in alternating rounds: a valid plan at once. The simplest of them (fewest
    stages, then ONNX Runtime alone, then fastest) is the best so far, and the budget goes first to the
-   decision that can change it: a plan faster beyond the noise (`measure.faster`: round by round, in the
+   decision that can change it: a plan faster beyond the noise (`profiler.faster`: round by round, in the
    same rounds), the fastest first, is timed again with it, the two alternating round by round, and takes
    its place when faster beyond the noise in two of (at most) three timings (afresh, in fresh processes
    when the timer makes processes: one process may run a plan 10-20% slower than the next).
