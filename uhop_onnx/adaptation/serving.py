@@ -179,7 +179,7 @@ class Serving:
     `stopped` and the first explored bucket's sample feeds: label -> a function building a candidate plan from a
     bucket's sample feeds), a bucket called `EXPLORE_AFTER` times and for `explore_after_s` seconds in all has its
     candidates compiled one at a time on a background thread (at nice 10, within `budget_s` seconds of its CPU time),
-    each checked against the serving plan on the sample and then interleaved with it on real calls, a round each in turn
+    each checked against the referee on the sample and then interleaved with it on real calls, a round each in turn
     (`ROUND`), with no compile beside them. A candidate more than 1.5x slower after its first rounds stops at once; one
     faster beyond noise (the upper end of the interval of its paired time ratios below 1) replaces the serving plan of
     that bucket, atomically: each call runs wholly on one plan. A candidate that won is then compiled again on the
@@ -189,13 +189,17 @@ class Serving:
     computes), it is called on the background thread when it starts, and their digest then names the starter's plan
     where it was left blank. `decided` (bucket -> `Decided`, read from them; plan None: the starter was kept) are
     earlier processes' decisions: a bucket kept on the starter is served by it as decided, and a bucket kept on another
-    plan starts on that plan, re-checked against the `recheck` candidate alone (ONNX Runtime by default). Its retry
+    plan starts on that plan, which serves once the referee agrees on the bucket's first call (`_verify`), and is
+    timed against the `recheck` candidate alone (ONNX Runtime by default). Its retry
     labels name the candidates an earlier process dropped on their first rounds at under `RETRY_BELOW` times the
     serving plan's time (noise can do that): the bucket, served as decided, tries those once more, and its decision is
     then kept without them. `unplaced`, given when `starter` is itself a kept plan, builds (label, plan) of the one a
     session starts on when nothing was decided, for the buckets kept on that one. The candidates labelled in
     `per_bucket` make their plan from each bucket's sample (a search measures at it); the others' plans are
-    made once and shared by every bucket. `run` is thread safe."""
+    made once and shared by every bucket. The referee is ONNX Runtime running the model itself: `referee` builds it
+    (the starter is it where not given); `plain` says the starter a session builds when nothing was decided is it
+    too; `tolerances` gives, per output, what a plan is held to against it (`precision.own`). A plan the session
+    chose itself serves only calls whose float feeds are finite (see `Arm`). `run` is thread safe."""
 
     def __init__(self, starter: Plan, compile: Callable[[Plan], Executor], label: str,
                  candidates: Candidates | None = None, *,
