@@ -28,9 +28,11 @@ from uhop_onnx.partitioner.static_placer import StaticCost
 from uhop_onnx.providers import Support
 from uhop_onnx.foundation.samples import reference_outputs
 from uhop_onnx.model.simplify import at_fixed_shapes, within_opsets
+from uhop_onnx.precision import compare
 from uhop_onnx.products.targets import TargetProvider, load_target
+from uhop_onnx.providers.rknn.table import FP16_TOLERANCE
 
-from .conftest import assert_matches
+from .conftest import assert_matches, random_feeds, reference
 from .support import SHAPE, TOOLKIT_MARKS, anchored, needs_toolkit, present_cpu_providers
 
 ALL = bool(os.environ.get("UHOP_SLOW"))
@@ -111,6 +113,17 @@ def test_an_opset_11_model_goes_whole_to_the_npu_and_verifies(tmp_path):
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert [s["provider"] for s in manifest["stages"]] == ["rknn"], manifest.get("off_accelerator")
     assert uhop_onnx.verify_bundle(bundle)["ok"]
+
+
+@needs_toolkit
+def test_a_session_on_the_npu_simulator_takes_an_opset_11_model_as_export_does():
+    model = convolutions(11)
+    session = uhop_onnx.InferenceSession(model, providers=[("rknn", {"simulate": True})], profile=False)
+    assert session.get_providers() == ["rknn"]
+    feeds = random_feeds(model)
+    for got, want in zip(session.run(None, feeds), reference(model, feeds)):
+        assert compare(got, want, FP16_TOLERANCE)["ok"]
+    session.close()
 
 
 @needs_toolkit

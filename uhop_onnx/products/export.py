@@ -45,17 +45,15 @@ from ..foundation.graph import Graph, declared_outputs
 from ..foundation.inputs import Inputs, Shapes, at_shapes, free_inputs, measured_shapes, profile_feeds, read_inputs
 from ..model.loader import load, sha256
 from .optimizer import analyze, build_plan, place_measured, with_precisions
-from ..partitioner.capabilities import capabilities
 from ..partitioner.placer import Analysis
 from ..partitioner.static_placer import StaticCost
 from ..partitioner.static_cost import off_preferred, sized
 from ..runtime.plan import Plan
 from ..precision import FP32_TOLERANCE, compare, lowest, read_choice, sample_error, wanted
-from ..providers import Provider, Runner, Support, create
+from ..providers import Provider, Runner, create
 from ..providers.base import Artifact
-from ..providers.capability import ANY_OPSET
 from ..foundation.samples import reference_outputs, shapes_text
-from ..model.simplify import at_fixed_shapes, opset, within_opsets
+from ..model.simplify import at_fixed_shapes
 from .targets import Target, TargetProvider, load_target, target_from_json
 
 log = logging.getLogger(__name__)
@@ -99,7 +97,7 @@ def export_bundle(model: str | os.PathLike | onnx.ModelProto, target: str | Targ
         if measure_on is inputs or isinstance(error, TooLargeError):  # not the samples' form
             raise
         raise sample_error(error) from None
-    a = _opsets_converted(replace(a, source=model))  # the bundle's model is named after the source
+    a = replace(a, source=model)  # the bundle's model is named after the source
     gated, off = None, {}
     if measure:
         if precision != "fp32":
@@ -164,27 +162,6 @@ def _at_export_shapes(loaded: onnx.ModelProto, shapes: Shapes | None, inputs: In
                     "unfolded", shapes_text(fixed.shapes), ", ".join(wrong))
         return None
     return fixed
-
-
-def _opsets_converted(a: Analysis) -> Analysis:
-    """`a` where a provider's table refuses the model's ai.onnx opset: that provider asked again about the model
-    converted into its range (`within_opsets`, checked against ONNX Runtime on the original), each node the
-    converter cannot move left off with its reason. Its stages are converted when it builds them."""
-    version, support = opset(a.simplified), dict(a.support)
-    for provider in a.providers:
-        low, high = provider.table.domains.get("", ANY_OPSET)
-        if version is None or low <= version <= high:
-            continue
-        try:
-            converted, failed = within_opsets(a.simplified, low, high, a.feeds)
-        except UhopError as error:
-            log.warning("%s: the model's opset %d is outside its %d..%d and converting it failed: %s", provider.label,
-                        version, low, high, error)
-            continue
-        answers = capabilities(converted, Graph.from_model(converted), provider, query=provider.availability.present)
-        support[provider.label] = {n.name: Support(False, failed[n.name]) if n.name in failed else answers[n.name]
-                                   for n in a.graph.nodes}
-    return replace(a, support=support)
 
 
 def _kept(assign: Mapping[str, str] | None, fixed: Fixed | None) -> Mapping[str, str] | None:

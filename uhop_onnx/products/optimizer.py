@@ -40,11 +40,12 @@ from ..providers import (
     parse_spec,
     resolve,
 )
+from ..providers.capability import ANY_OPSET
 from ..providers.quantize import Calibration
 from ..runtime.report import ms_text
 from ..runtime.compile import compile_plan
 from ..foundation.samples import check_runs_fit, reference_outputs, reference_runs, shapes_text
-from ..model.simplify import at_fixed_shapes, simplify
+from ..model.simplify import at_fixed_shapes, opset, simplify, within_opsets
 from ..foundation.timing import Deadline
 
 log = logger(__name__)
@@ -109,10 +110,34 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
                                              provider.availability.present)
     if worker is not None and fixed is not None:
         worker.forget(fixed.model)  # every provider asked: the model at fixed shapes is needed no more
+    support = _opsets_converted(simplified, graph, chosen, support, feeds)
     last = chosen[-1].label
     if chosen[-1].appended:
         support[last] = only_the_rest(support, keep={node for node, p in pinned.items() if p == last})
     return Analysis(model, loaded, simplified, graph, chosen, support, pinned, feeds)
+
+
+def _opsets_converted(simplified: onnx.ModelProto, graph: Graph, chosen: Sequence[Provider],
+                      support: dict[str, dict[str, Support]],
+                      feeds: Mapping[str, Any] | None) -> dict[str, dict[str, Support]]:
+    """`support` where a provider's table refuses the model's ai.onnx opset: that provider asked again about the
+    model converted into its range (`within_opsets`, checked against ONNX Runtime on the original), each node the
+    converter cannot move left off with its reason. Its stages are converted when it builds them."""
+    version, support = opset(simplified), dict(support)
+    for provider in chosen:
+        low, high = provider.table.domains.get("", ANY_OPSET)
+        if version is None or low <= version <= high or provider.label not in support:
+            continue
+        try:
+            converted, failed = within_opsets(simplified, low, high, feeds)
+        except UhopError as error:
+            log.warning("%s: the model's opset %d is outside its %d..%d and converting it failed: %s", provider.label,
+                        version, low, high, error)
+            continue
+        answers = capabilities(converted, Graph.from_model(converted), provider, provider.availability.present)
+        support[provider.label] = {n.name: Support(False, failed[n.name]) if n.name in failed else answers[n.name]
+                                   for n in graph.nodes}
+    return support
 
 
 def _asked(worker: SearchWorker | None, provider: Provider, graph: Graph, question: Callable[..., dict[str, Support]],
