@@ -130,9 +130,9 @@ def _opsets_converted(simplified: onnx.ModelProto, graph: Graph, chosen: Sequenc
             continue
         try:
             converted, failed = within_opsets(simplified, low, high, feeds)
-        except UhopError as error:
+        except Exception as error:  # noqa: BLE001 - the converter, or ONNX Runtime on the original, fails in any way
             log.warning("%s: the model's opset %d is outside its %d..%d and converting it failed: %s", provider.label,
-                        version, low, high, error)
+                        version, low, high, first_line(error))
             continue
         answers = capabilities(converted, Graph.from_model(converted), provider, provider.availability.present)
         support[provider.label] = {n.name: Support(False, failed[n.name]) if n.name in failed else answers[n.name]
