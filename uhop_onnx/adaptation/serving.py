@@ -318,7 +318,8 @@ class Serving:
             served = self._verify(bucket, feeds)
             if served is not None and output_names is None and host and timings is None:
                 return served
-        finite = _finite(feeds)
+        # read only where a refereed arm may serve it (None: not read; a trial that began meanwhile refers it)
+        finite = _finite(feeds) if bucket.trials or bucket.current.refereed else None
         with self._lock:
             arm = self._turn(bucket) if bucket.trials else bucket.current
             if arm.refereed and not finite:  # the referee serves it (see `Arm`), uncounted in any round
