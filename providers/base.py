@@ -397,12 +397,6 @@ class Provider(ABC):
         runtime the stage's input shapes are fixed."""
         raise NotImplementedError(f"{type(self).__name__} defines neither build nor compile")
 
-    def prime(self) -> None:
-        """Start, from the calling thread, the worker threads this runtime shares between every model in the
-        process, so that they take this thread's priority, not that of the thread that compiles next (the calling
-        thread should outlive them: see `uhop_onnx.adaptation.priority`). Most runtimes start threads per model, and do
-        nothing here."""
-
 
 def label(ident: str, options: Mapping[str, Any], precision: str) -> str:
     """A provider's name in a plan and its figures: the id, with the device when one is set, and a reduced

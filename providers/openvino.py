@@ -334,21 +334,6 @@ class OpenVino(Provider):
         compiled = ov.Core().compile_model(read_model(model.SerializeToString()), self.device, config)
         return indices.checked(model, OpenVinoRunner(compiled, output_dtypes(model), self.device, config))
 
-    def prime(self) -> None:
-        """The CPU plugin computes on TBB's worker threads, shared by the process, started when first needed (a
-        compile, an inference) and stopped when the thread that started them ends: a one-op model run here on
-        every core starts them, unless a thread still alive did."""
-        global _primed_by
-        if self.device != "CPU" or (_primed_by is not None and _primed_by.is_alive()) or not self.present:
-            return
-        import openvino as ov
-
-        with _priming:
-            if _primed_by is None or not _primed_by.is_alive():
-                relu = ov.Model([ov.opset13.relu(x := ov.opset13.parameter([64, 1024], ov.Type.f32))], [x])
-                ov.Core().compile_model(relu, "CPU", {"PERFORMANCE_HINT": "LATENCY"})(np.ones((64, 1024), np.float32))
-                _primed_by = threading.current_thread()
-
     def compile_config(self) -> dict[str, Any]:
         """The properties this instance compiles a stage with (`Core.compile_model`'s config)."""
         config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
@@ -360,7 +345,6 @@ class OpenVino(Provider):
         return config
 
 
-_priming, _primed_by = threading.Lock(), None  # the thread that started TBB's workers (`OpenVino.prime`)
 # A stage's precision -> the device capability that offers it, and the inference precision it compiles at (an
 # int8 stage is a QDQ model: its quantized ops run in int8, the rest in f32).
 CAPABILITIES = {"bf16": "BF16", "fp16": "FP16", "int8": "INT8"}

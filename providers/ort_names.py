@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from uhop_onnx.foundation.errors import InputError, outside, quiet
+from uhop_onnx.foundation.errors import InputError, outside
 
 
 def _device_id(value: Any) -> int:
@@ -135,7 +135,5 @@ def from_ort(name: str, options: Mapping[str, Any]) -> tuple[str, dict[str, Any]
 
 
 def warn(message: str) -> None:
-    """A `UserWarning` about the providers asked for, pointed at the user's line, unless this thread is
-    `quietly` doing a session's background work (which reads them again, after they were warned of once)."""
-    if not quiet():
-        warnings.warn(message, UserWarning, stacklevel=outside())
+    """A `UserWarning` about the providers asked for, pointed at the user's line."""
+    warnings.warn(message, UserWarning, stacklevel=outside())

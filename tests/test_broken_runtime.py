@@ -13,13 +13,10 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 
-import numpy as np
 import pytest
 
 import uhop_onnx
-from uhop_onnx.adaptation.serving import Serving
 from uhop_onnx.models import mlp
 
 BROKEN = ("openvino", "ai_edge_litert")
@@ -122,20 +119,6 @@ def test_a_cached_plan_on_a_runtime_that_no_longer_imports_is_measured_again_wit
     with caplog.at_level(logging.INFO, logger="uhop_onnx.products.optimizer"):  # measured once: then reused
         assert uhop_onnx.optimize(model, budget=5).get_providers() == plan.get_providers()
     assert "reusing the plan measured earlier" in caplog.text, caplog.text
-
-
-def test_an_adapting_session_tries_no_runtime_that_does_not_import(monkeypatch):
-    model = mlp()
-    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
-    _broken_openvino(monkeypatch)
-    monkeypatch.setitem(Serving.__init__.__kwdefaults__, "explore_after_s", 0.0)
-    session = uhop_onnx.InferenceSession(model, adapt_budget=10.0)
-    deadline = time.monotonic() + 120
-    while not any(b["candidates"] for b in session.adaptation.values()) and time.monotonic() < deadline:
-        session.run(None, {"input": x})
-    labels = [c["label"] for b in session.adaptation.values() for c in b["candidates"]]
-    session.close()
-    assert labels and "openvino" not in labels
 
 
 @pytest.mark.parametrize("looks_whole", [False, True], ids=["bare", "native-files-present"])

@@ -7,8 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import onnx
@@ -168,43 +166,22 @@ def test_explain_says_why_a_plan_is_unmeasured(tmp_path):
     assert shown.exit_code == 0 and f"this plan is unmeasured: {why}" in " ".join(shown.stdout.split()), shown.stdout
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not create("openvino").present, reason="openvino is not installed")
-def test_explain_shows_the_decision_that_kept_a_plan(tmp_path, monkeypatch):
-    """A candidate found faster is kept at once, while another is still prepared: its plan folder holds the
-    trials so far, and explain shows the decision kept beside it."""
-    from uhop_onnx.adaptation.serving import Decisions, Serving
+def test_explain_shows_the_decision_that_kept_a_plan(tmp_path):
+    """A plan an adapting session's explorer kept: explain shows the decision beside it."""
+    from uhop_onnx.adaptation.serving import Decisions
     from uhop_onnx.models import cnn
-    from uhop_onnx.runtime.compile import compile_plan
-
-    from .conftest import random_feeds
-    from .support import Slowed
-
-    monkeypatch.setattr("uhop_onnx.adaptation.serving.ROUND_S", 0.0)  # rounds of ROUND calls, however short
-    model, released = cnn(), threading.Event()
-    feeds = random_feeds(model)
-    starter = uhop_onnx.optimize(model, providers=["ort-cpu"], profile=False)
-    faster = uhop_onnx.optimize(model, providers=["openvino"], profile=False)
-
-    def later(sample):
-        released.wait(120)
-        return faster
 
     decisions = Decisions(tmp_path / "decisions")
-    serving = Serving(starter, lambda plan: Slowed(compile_plan(plan), 0.03 if plan is starter else 0.0), "ort-cpu",
-                      lambda stopped, sample: {"openvino": lambda sample: faster, "later": later},
-                      explore_after_s=0.0, decisions=decisions)
-    try:
-        deadline = time.monotonic() + 120
-        while not decisions.table.read() and time.monotonic() < deadline:
-            serving.run(None, feeds)
-        [(bucket, entry)] = decisions.table.read().items()
-    finally:
-        released.set()
-        serving.close()
+    plan = uhop_onnx.optimize(cnn(), providers=["openvino"], profile=False)
+    decisions.keep("input: 1x3x32x32", "openvino first", plan, 12, refused={"litert first": "it differs"},
+                   decision="openvino first: ort-cpu first slower (2 ms)")
+    [(bucket, entry)] = decisions.table.read().items()
     folder = tmp_path / "decisions" / entry["plan"]
     said = " ".join(cli("explain", folder).stdout.split())
-    assert f"kept for {bucket} by an adapting session after {entry['calls']} calls: openvino serves it" in said, said
+    assert (f"kept for {bucket} by an adapting session after 12 calls: openvino first serves it "
+            "(openvino first: ort-cpu first slower (2 ms))") in said, said
+    assert "litert first: refused: it differs" in said
     assert json.loads(cli("explain", folder, "--json").stdout)["kept"] == {bucket: entry}
 
 

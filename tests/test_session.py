@@ -26,7 +26,7 @@ def session():
 
 @pytest.fixture(scope="module")
 def adapting():
-    """An adapting session, its background search given no time."""
+    """An adapting session, its explorer given no CPU time."""
     adapting = uhop_onnx.InferenceSession(resnet(), providers=["ort-cpu"], adapt_budget=0)
     yield adapting
     adapting.close()

@@ -4,15 +4,11 @@ have only that), with XNNPACK on CPU or an external delegate."""
 from __future__ import annotations
 
 import os
-import sys
-import threading
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from uhop_onnx.foundation import ortlib
 from uhop_onnx.foundation.errors import ProviderError, logger
 
 from ..runner import Pool, Runner
@@ -64,17 +60,6 @@ class LiteRtRunner(Runner):
         self.interpreters = None
 
     def _interpreter(self):
-        global _first_made
-        if not _first_made and ortlib.log_severity() >= 3:  # lower: the program asked for runtimes' messages
-            with _first_lock:
-                if not _first_made:
-                    with _stderr_without(XNNPACK_LINE):
-                        interpreter = self._made()
-                    _first_made = True
-                    return interpreter
-        return self._made()
-
-    def _made(self):
         lite = interpreter_module()
         library, options, allow_fallback = self.delegate
         loaded = load_delegate(lite, library, options, allow_fallback) if library else None
@@ -82,37 +67,6 @@ class LiteRtRunner(Runner):
                                        experimental_delegates=[loaded] if loaded is not None else None)
         interpreter.allocate_tensors()
         return interpreter
-
-
-# LiteRT writes this line to fd 2 as the process makes its first interpreter, once, whatever its log settings:
-# a program's stderr is not ours to fill, so that first interpreter is made with what fd 2 receives passed on
-# without it, unless runtimes' warnings were asked for (`ortlib.set_log_severity`: a session's
-# `log_severity_level`, the CLI's -v).
-XNNPACK_LINE = b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.\n"
-_first_lock = threading.Lock()
-_first_made = False
-
-
-@contextmanager
-def _stderr_without(line: bytes) -> Iterator[None]:
-    """Within: what is written to fd 2 (by any thread) is held, then passed on without `line`."""
-    sys.stderr.flush()
-    kept = os.dup(2)
-    held, write = os.pipe()
-    os.dup2(write, 2)
-    os.close(write)
-    try:
-        yield
-    finally:
-        os.dup2(kept, 2)
-        os.close(kept)
-        os.set_blocking(held, False)  # a child started meanwhile may keep the pipe open: read what is there
-        said = b""
-        with suppress(BlockingIOError), open(held, "rb", buffering=0) as pipe:
-            while chunk := pipe.read(65536):
-                said += chunk
-        if said := said.replace(line, b"", 1):
-            os.write(2, said)
 
 
 def load_delegate(lite, library: str, options: Mapping[str, Any] | None, allow_fallback: bool):

@@ -345,15 +345,11 @@ def _kept_for(plan_dir: Path) -> dict[str, dict]:
 
 
 def _print_kept(kept: dict[str, dict], plan) -> None:
-    """Each decision keeping the plan: the bucket, the calls it was made after, what serves, what ONNX Runtime
-    refused and what the next session tries again; and where the plan records no trials there, why."""
+    """Each decision keeping the plan: the bucket, the calls it was made after, what serves and why, and what
+    ONNX Runtime refused."""
     for bucket, entry in kept.items():
+        why = f" ({escape(entry['decision'])})" if entry.get("decision") else ""
         out.print(f"[bold]kept for {escape(bucket)}[/] by an adapting session after {entry['calls']} calls: "
-                  f"{escape(entry['label'])} serves it", highlight=False)
-        for label, why in entry.get("refused", {}).items():
-            out.print(f"  {escape(label)}: refused: {escape(why)}", highlight=False)
-        if entry.get("retry"):
-            out.print(f"  the next session tries {escape(', '.join(entry['retry']))} again", highlight=False)
-        if bucket not in (plan.adaptation or {}):
-            out.print("  [dim]the plan records no trials there: it was kept once found faster, before the other "
-                      "candidates were tried[/]")
+                  f"{escape(entry['label'])} serves it{why}", highlight=False)
+        for label, said in entry.get("refused", {}).items():
+            out.print(f"  {escape(label)}: refused: {escape(said)}", highlight=False)

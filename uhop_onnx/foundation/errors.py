@@ -1,13 +1,10 @@
 """The exceptions uhop-onnx raises, one small tree under `UhopError` (each class's `exit_code` is the
 command line's exit status for it: 2 for bad usage or input, 1 for a failed check or run), and the helpers
-that word errors and warnings: `first_line`, `missing_module`, `outside`, `logger`, `quietly`."""
+that word errors and warnings: `first_line`, `missing_module`, `outside`, `logger`."""
 
 import logging
 import re
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from importlib import import_module
 
 
@@ -124,42 +121,6 @@ def outside() -> int:
     return level
 
 
-_QUIET = threading.local()
-
-
-@contextmanager
-def quietly() -> Iterator[None]:
-    """Within it, on this thread only (a session's background work), `quiet()` is true: the warnings and errors
-    of uhop-onnx's `logger`s are said at INFO, logging's last resort (a program that configured no logging)
-    prints no library's, the providers' `UserWarning`s (said at the start) are not repeated, and a stage's
-    fallback is warned of on a caller's call."""
-    before, _QUIET.on = quiet(), True
-    try:
-        yield
-    finally:
-        _QUIET.on = before
-
-
-def quiet() -> bool:
-    """Whether this thread is within `quietly`."""
-    return getattr(_QUIET, "on", False)
-
-
-if logging.lastResort is not None:  # other libraries' warnings there too (onnxscript's constant folding)
-    logging.lastResort.addFilter(lambda record: not quiet())
-
-
 def logger(name: str) -> logging.Logger:
-    """`logging.getLogger(name)`, whose warnings and errors are said at INFO on a thread within `quietly`."""
-    log = logging.getLogger(name)
-    log.addFilter(_said_quietly)
-    return log
-
-
-def _said_quietly(record: logging.LogRecord) -> bool:
-    """The record, at INFO within `quietly` (then kept only where its logger is enabled for INFO: the level
-    was checked at WARNING before the record was made)."""
-    if record.levelno <= logging.INFO or not quiet():
-        return True
-    record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
-    return logging.getLogger(record.name).isEnabledFor(logging.INFO)
+    """`logging.getLogger(name)`: uhop-onnx's messages go through logging as the program configured it."""
+    return logging.getLogger(name)

@@ -4,13 +4,14 @@ agree to that precision can compete."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .accuracy import Tolerance
+from .accuracy import Tolerance, compare
 
 FP32_CHECK: Tolerance = {"rtol": 2e-4, "atol": 2e-5}  # a plan against ONNX Runtime on the same fp32 model
 QDQ_STEPS = 2.0  # a QDQ model's output may differ by this many quantization steps of that output
@@ -49,6 +50,24 @@ def tolerances(structure: onnx.ModelProto, full: Callable[[], onnx.ModelProto]) 
     steps = _steps(model)
     return {name: ({"rtol": FP32_CHECK["rtol"], "atol": max(FP32_CHECK["atol"], QDQ_STEPS * steps[name])}
                    if steps.get(name) else {"scaled": QDQ_FALLBACK}) for name in outputs}
+
+
+def judged(names: Sequence[str], got: Sequence[Any], want: Sequence[Any],
+           rules: Mapping[str, Tolerance]) -> tuple[str, str, float]:
+    """Outputs `got` against ONNX Runtime's `want`, each held to its rule (`tolerances`; `FP32_CHECK` where
+    none): (what differs, or "" where all agree; the rule of the output said, in words; the largest absolute
+    error over the outputs)."""
+    worst, said = 0.0, ""
+    for name, a, b in zip(names, got, want):
+        rule = rules.get(name, FP32_CHECK)
+        verdict = compare(a, b, rule)
+        worst = max(worst, verdict.get("max_abs_error") or 0.0)
+        if not verdict["ok"]:
+            error = verdict.get("error") or (f"max abs error {verdict['max_abs_error']:.4g}, "
+                                             f"{verdict['nonfinite']} non-finite mismatches")
+            return f"output {name!r} differs from ONNX Runtime's ({error})", describe(rule), worst
+        said = said or describe(rule)
+    return "", said, worst
 
 
 def describe(tolerance: Tolerance) -> str:

@@ -12,7 +12,6 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -20,15 +19,14 @@ from typing import Any
 import numpy as np
 
 from ..foundation.dtypes import TensorSig
-from ..foundation.errors import FreeDimensionError, InputError, UhopError, first_line, logger
+from ..foundation.errors import FreeDimensionError, InputError, UhopError, logger
 from ..runtime.executor import Executor, Timing, mapping
 from ..foundation.files import atomic_file
 from ..foundation.graph import TensorInfo
 from ..foundation.metadata import ModelMetadata
 from ..runtime.plan import PLAN_FILE, Plan
-from ..adaptation import priority
-from ..adaptation.serving import BACKGROUND_NICE, Decisions, Serving, whole_model
-from ..foundation.cache import LARGE, cache_dir, device_fingerprint, model_digest
+from ..adaptation.serving import Decisions, Explore, Serving, whole_model
+from ..foundation.cache import cache_dir, device_fingerprint, model_digest
 from ..model.loader import load, load_as_read, model_name
 from ..precision import Tolerance, own
 from ..providers import LAST_RESORT, resolve
@@ -342,103 +340,38 @@ def _optimize(source: Any, **options: Any) -> Plan:
 
 def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, compile: Callable[[Plan], Executor],
              *, budget_s: float, assign: Mapping[str, str] | None, strict: bool, **optimize_options: Any) -> Serving:
-    """An adapting session's `Serving`. It starts on the plan an earlier process decided on for this model,
-    host and providers (the most called bucket's), else on the model placed on the runtimes `specs` name, as
-    ONNX Runtime would run it (`ort-cpu` when none are named). Its candidates, prepared in the background,
-    are each provider present (under `policy`) first with the others after it (and again with the element
-    types its table leaves to a check, where the model has them), then the measured search's plan at the
-    bucket's real inputs; a plan decided earlier is re-checked against ONNX Runtime alone (on
-    `ort-cpu`, the model as given, unsimplified)."""
+    """An adapting session's `Serving`. It starts on the model placed on the runtimes `specs` name, as ONNX
+    Runtime would run it (`ort-cpu`, the model as given, unsimplified, when none are named); what it decides
+    later is found by the explorer, a process of its own (`adaptation.explorer`), and checked against ONNX
+    Runtime running the model as given before it serves."""
     first = resolve(["ort-cpu"] if specs is None else specs, threads, strict, policy="literal")[0]
     plain = first.id == LAST_RESORT and not assign  # ONNX Runtime runs every node: nothing to place
-    # nothing was kept for a model of this size, so no digest can find a decision: the model is hashed when the
-    # session starts exploring, on its background thread (a thread started here would cost a small model's
-    # start more than its load)
-    late = plain and not _kept_for_size(model_size(source))
-    key = (source, specs, threads, policy, assign)
-    # reading and hashing a large file leave the GIL: done beside the load
-    beside = ThreadPoolExecutor(1, thread_name_prefix="uhop-digest") if not late and _large(source) else None
-    try:
-        digest = beside.submit(model_digest, source) if beside else None
-        # ONNX Runtime checks the model; uhop's own checks run before any other provider
-        loaded, data = load_as_read(source) if plain else (None, None)
-        decisions = functools.partial(decisions_for, *key) if late else decisions_for(*key, digest and digest.result())
-    finally:
-        if beside:
-            beside.shutdown()
+    loaded, data = load_as_read(source)  # its structure; ONNX Runtime checks the model as it reads it
 
     def referee() -> Plan:
         """ONNX Runtime running the model as given, unsimplified: what every other plan is compared with (its
-        model digest left blank while it is computed: `Serving` fills it in)."""
-        model, as_read = (loaded, data) if loaded is not None else load_as_read(source)
-        digest = "" if late else decisions.digest
-        return whole_model(model, as_read, model_name(source, model), digest,
+        model digest left blank until it is computed: `Serving` fills it in)."""
+        return whole_model(loaded, data, model_name(source, loaded), "",
                            first if plain else resolve([LAST_RESORT], threads, False, policy="literal")[0])
 
     def tolerances() -> dict[str, Tolerance]:
         """Per output, what a plan is held to against the referee: the model's own precision's rule."""
-        structure = loaded if loaded is not None else load_as_read(source)[0]
-        return own.tolerances(structure, lambda: load(source, check=False))
+        return own.tolerances(loaded, lambda: load(source, check=False))
 
-    def unplaced() -> tuple[str, Plan]:
-        """The plan a session starts on when nothing was decided, and its label."""
-        if plain:
-            return first.label, referee()
+    if plain:
+        label, starter = first.label, referee()
+    else:
         from .optimizer import optimize
 
-        placed = optimize(source, providers=specs, assign=assign, profile=False, threads=threads, strict=strict,
-                          policy="literal")
-        nodes = {p: sum(len(s.nodes) for s in placed.stages if s.provider == p) for p in placed.get_providers()}
-        return max(nodes, key=nodes.get), placed
-
-    decided = {} if late else decisions.read()
-    label, starter, *_ = next(iter(decided.values()), ("", None))  # the most called bucket's plan
-    kept = starter is not None
-    if kept:  # the model as read is not held for the session's life: read again if `unplaced` is called
-        loaded = data = None
-    else:
-        label, starter = unplaced()
-
-    def candidates(stopped: Callable[[], bool],
-                   sample: Mapping[str, np.ndarray]) -> dict[str, Callable[[Mapping[str, np.ndarray]], Plan]]:
-        from .optimizer import analyze, first_then_rest, optimize
-        from ..partitioner.capabilities import capabilities
-
-        # probed here, off the caller's thread (what reading them warns of was said at the start): one listed
-        # from its files alone may fail to import
-        chosen = [p for p in resolve(specs, threads, strict, policy=policy) if p.present]
-        try:  # before a query or a compile starts them here, at the background's niceness
-            if priority.below(BACKGROUND_NICE):
-                priority.call(lambda: [p.prime() for p in chosen])
-        except Exception as error:  # noqa: BLE001 - a runtime that cannot start them says so as it compiles
-            log.debug("the runtimes' shared threads were not started first: %s", first_line(error))
-        # asked at the program's own inputs: a fixed-shape runtime (LiteRT) can then take what free
-        # dimensions keep from it (a BERT's Shape arithmetic), as the search's does
-        a = analyze(source, specs, assign, threads, resolved=chosen, inputs=dict(sample))
-
-        def search(sample: Mapping[str, np.ndarray]) -> Plan:  # a budget= given to the session is the search's
-            return optimize(source, providers=specs, assign=assign, threads=threads, strict=strict, policy=policy,
-                            inputs=dict(sample), stop=stopped, **{"budget": min(30.0, budget_s), **optimize_options})
-
-        recipes = {p.label: (lambda sample, label=p.label: first_then_rest(a, label, threads)) for p in a.providers}
-        # element types a runtime computes otherwise than ONNX Runtime (OpenVINO's float16, in f32 between ops)
-        # go to it only here, where each candidate's outputs are checked on the program's own inputs
-        dtypes = {t.dtype for t in a.graph.tensors.values()}
-        for p in a.providers:
-            if checked := sorted(p.table.checked_dtypes & dtypes):
-                recipes[f"{p.label} ({', '.join(checked)} checked)"] = lambda sample, p=p: first_then_rest(
-                    a, p.label, threads, capabilities(a.simplified, a.graph, p, table=p.table.admitting()))
-        # ONNX Runtime alone is the model as given on it, unsimplified: what a kept plan is re-checked against
-        # (the simplified model can run slower there: 1.2x on a GPT-2 step)
-        if plain:
-            recipes[first.label] = lambda sample: unplaced()[1]
-        # our kernels build a C library for the model's shapes (minutes for a large CNN): their turn comes last
-        slow = {label: recipes.pop(label) for label in [p.label for p in a.providers if p.id == "kernels"]}
-        return {**recipes, "search": search, **slow}
-
-    return Serving(starter, compile, label, candidates, budget_s=budget_s, decisions=decisions, decided=decided,
-                   recheck=LAST_RESORT, unplaced=unplaced if kept else None, tolerances=tolerances,
-                   referee=None if plain and not kept else referee, plain=plain, per_bucket={"search"})
+        starter = optimize(source, providers=specs, assign=assign, profile=False, threads=threads, strict=strict,
+                           policy="literal")
+        nodes = {p: sum(len(s.nodes) for s in starter.stages if s.provider == p) for p in starter.get_providers()}
+        label = max(nodes, key=nodes.get)
+    job = {"source": data if isinstance(data, str) else None, "providers": specs, "threads": threads,
+           "policy": policy, "assign": dict(assign or {}), "options": optimize_options}
+    explore = Explore(job, functools.partial(decisions_for, source, specs, threads, policy, assign),
+                      lambda: data if isinstance(data, bytes) else None, budget_s)
+    return Serving(starter, compile, label, explore, tolerances=tolerances, referee=referee, plain=plain)
 
 
 def model_size(source: Any) -> int | None:
@@ -454,11 +387,6 @@ def model_size(source: Any) -> int | None:
     return source.ByteSize() if hasattr(source, "ByteSize") else None
 
 
-def _large(source: Any) -> bool:
-    """Whether `source` is a model file of at least `cache.LARGE` bytes."""
-    return isinstance(source, (str, os.PathLike)) and (model_size(source) or 0) >= LARGE
-
-
 def decisions_for(source: Any, specs: list | None, threads: int | None, policy: str,
                   assign: Mapping[str, str] | None, digest: str | None = None) -> Decisions:
     """Where sessions keep their decisions for this model (by content: `digest`, its `model_digest` when
@@ -469,20 +397,8 @@ def decisions_for(source: Any, specs: list | None, threads: int | None, policy: 
     digest = digest or model_digest(source)
     key = json.dumps([digest, device_fingerprint(threads), __version__, repr(specs), policy, dict(assign or {})],
                      sort_keys=True)
-    # named by the model's size too: a model of a size nothing was kept for needs no digest (`_kept_for_size`)
     name = f"{model_size(source)}-{hashlib.sha256(key.encode()).hexdigest()[:32]}"
     return Decisions(cache_dir() / "sessions" / name, digest)
-
-
-def _kept_for_size(size: int | None) -> bool:
-    """Whether sessions kept decisions for any model of `size` bytes (True when that is not known)."""
-    try:
-        with os.scandir(cache_dir() / "sessions") as kept:
-            return size is None or any(entry.name.startswith(f"{size}-") for entry in kept)
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
 
 
 def _read_session_options(so: Any) -> dict[str, Any]:

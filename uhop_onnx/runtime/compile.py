@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..foundation.errors import StageError, UhopError, first_line, logger, outside, quiet
+from ..foundation.errors import StageError, UhopError, first_line, logger, outside
 from .executor import Check, Executor
 from ..foundation.graph import declared_outputs
 from .plan import Plan, Stage
@@ -84,7 +84,7 @@ class LastResort:
             entry = self.plan.fallbacks.setdefault(k, {"provider": LAST_RESORT, "count": 0, "last_error": ""})
             entry["count"] += 1
             entry["last_error"] = first_line(error)
-            first = k not in self._warned and not quiet()  # said to a caller, not to the background
+            first = k not in self._warned
             if first:
                 self._warned.add(k)
             if k not in self.runners:
