@@ -29,7 +29,6 @@ import os
 import platform
 from collections.abc import Iterable, Mapping
 from functools import cached_property
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -175,6 +174,8 @@ class Rknn(Provider):
             raise Absent(f"no Rockchip NPU on this {machine} host: its runtime runs on aarch64 boards; "
                          "to convert and simulate here, use ('rknn', {'simulate': True}) after "
                          "`uhop-onnx setup rknn`", install=SETUP)
+        from importlib.metadata import PackageNotFoundError, version
+
         try:
             lite = version("rknn-toolkit-lite2")
         except PackageNotFoundError:

@@ -14,12 +14,10 @@ import contextlib
 import hashlib
 import math
 import os
-import statistics
 import shutil
 import subprocess
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -268,7 +266,7 @@ class Serving:
         with bucket.switching:
             if bucket.state != "checking" or bucket.current is not arm:
                 return
-            now = statistics.median(bucket.paces)
+            now = float(np.median(bucket.paces))
             if now <= SLOWER * bucket.before:
                 self._settle(bucket, bucket.decision or f"{arm.label}, as decided")
                 return
@@ -416,7 +414,7 @@ class Serving:
                 if serving not in self._arms:
                     self._arms.append(serving)
                 if not why:  # timed on the calls that follow (`_checked`)
-                    bucket.before = statistics.median(bucket.paces) if bucket.paces else math.inf
+                    bucket.before = float(np.median(bucket.paces)) if bucket.paces else math.inf
                     bucket.state, bucket.decision, bucket.paces = "checking", kept.decision, deque(maxlen=PACES)
                 else:
                     bucket.decided(f"refused {kept.label}: {why}, held to {rule}; {serving.label} serves")
@@ -600,7 +598,7 @@ class Decisions:
         checks."""
         if plan is not None and self.digest:
             plan = replace(plan, model_hash=self.digest)
-        name = "" if plan is None else f"{hashlib.sha256(bucket.encode()).hexdigest()[:12]}-{uuid.uuid4().hex[:8]}"
+        name = "" if plan is None else f"{hashlib.sha256(bucket.encode()).hexdigest()[:12]}-{os.urandom(4).hex()}"
         try:
             if plan is not None:
                 plan.save(self.folder / name, report=False)
