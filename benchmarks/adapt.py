@@ -64,7 +64,7 @@ MODELS = {
 }
 
 
-def _model_feeds(name: str) -> dict[str, np.ndarray]:
+def model_feeds(name: str) -> dict[str, np.ndarray]:
     path, shapes = MODELS[name]
     if name == "magika":
         return {"bytes": np.random.default_rng(0).integers(0, 257, (1, 2048)).astype(np.int32)}
@@ -138,7 +138,7 @@ def compare(name: str, rounds: int, settle: float, start_only: bool, processes: 
     if path is None:
         print(f"{name}: skipped (its package is not installed)")
         return
-    feeds = _model_feeds(name) if feeds is None else feeds
+    feeds = model_feeds(name) if feeds is None else feeds
     work = Path(tempfile.mkdtemp(prefix="uhop-adapt-bench-"))
     feeds_path = work / "feeds.npz"
     np.savez(feeds_path, **feeds)

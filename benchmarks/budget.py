@@ -10,8 +10,9 @@ its figure the minimum of its round medians; the bounded plan runs in two proces
 ratio, printed beside the others, is the noise between two processes. Where both searches chose the same
 plan, the line says so.
 Every cold cache starts with the kernels library already built (it is built once per host, not per model: a
-first `optimize` on the shipped MobileNet builds it). `--models` takes `encoder` (the shipped one) and corpus names
-(`corpus_models.case`: `timm-resnet18`, `hf-bert@dynamo`, `int8-qdq`...), measured at their inputs.
+first `optimize` on the shipped MobileNet builds it). `--models` takes the models PyPI packages ship (`yolov8n`, `ocr-det`, `ocr-rec`,
+`magika`: `benchmarks/adapt.py`'s, at the shapes their libraries call them with), `encoder` (ours) and corpus
+names (`corpus_models.case`: `timm-resnet18`, `hf-bert@dynamo`, `int8-qdq`...), measured at their inputs.
 """
 
 from __future__ import annotations
@@ -36,16 +37,20 @@ from uhop_onnx.runtime.report import stages_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 UNBOUNDED = 100000.0  # seconds: the search runs to its end
-ENCODER = ROOT / "models" / "example_encoder.onnx"
 
 
 def model_case(name: str, folder: Path) -> tuple[str, list[str], dict[str, np.ndarray]]:
     """A model (the shipped encoder, or a corpus model: `corpus_models.case`), the options that give optimize
     its inputs (written to `folder`) and the inputs."""
-    if name == "encoder":
-        path, feeds = ENCODER, {"input_ids": np.random.default_rng(0).integers(0, 64, (1, 128)).astype(np.int64)}
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.adapt import MODELS as SHIPPED
+    from benchmarks.adapt import model_feeds
+
+    if name in SHIPPED:
+        path, feeds = SHIPPED[name][0], model_feeds(name)
+        if path is None:
+            raise typer.BadParameter(f"{name}: the package that ships it is not installed")
     else:
-        sys.path.insert(0, str(ROOT))
         from benchmarks.corpus_models import case
 
         path, feeds = case(name)

@@ -89,6 +89,10 @@ class OrtRunner(Runner):
         pays 10-30 us for each layer of Python around it)."""
         return self.session._sess.run(names, feeds if type(feeds) is dict else dict(feeds), None)
 
+    def close(self) -> None:
+        """Release the session now, not when the garbage collector finds the executor holding it."""
+        self.session = None
+
 
 class OnnxFile(ArtifactFormat):
     """The stage as an `.onnx` file, with the EP and the options it compiles with (host paths left out)."""

@@ -388,3 +388,18 @@ def test_the_explorers_job_names_the_model_file_and_carries_bytes_only_for_a_mod
     json.dumps(in_memory._explore.job)  # what the explorer is handed is plain data
     on_file.close()
     in_memory.close()
+
+
+def test_the_explorer_sees_the_cores_another_process_keeps_busy():
+    """What decides whether the explorer's timings are the candidates' or the program's: a process spinning on
+    one core shows as about one core busy, over the explorer's own work."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        begun = explore._machine()
+        time.sleep(1.0)
+        busy = explore._others_busy(begun)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert 0.7 < busy < 1.0 + os.cpu_count(), busy

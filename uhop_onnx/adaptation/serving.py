@@ -394,7 +394,7 @@ class Serving:
             if kept is None or bucket.current is None or _unsampled(feeds):
                 return None
             old, referee = bucket.current, self._umpire()
-            want = referee.executor.run(None, feeds)
+            want = [np.array(w, copy=True) for w in referee.executor.run(None, feeds)]  # not held in its memory
             with self._lock:
                 bucket.current = None  # released now unless another bucket or call uses it: one runtime at a time
                 self._retire(old)

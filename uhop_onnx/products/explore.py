@@ -34,6 +34,10 @@ import numpy as np
 
 from ..adaptation.serving import Decisions
 from ..foundation.errors import first_line
+from ..foundation.samples import reference_outputs
+from ..model.loader import load, load_as_read
+from ..precision import own
+from ..runtime.compile import compile_plan
 from .optimizer import optimize
 
 log = logging.getLogger("uhop_onnx.products.explore")  # its name when run as __main__ too
@@ -72,7 +76,7 @@ def main(fd: int) -> None:
 
 
 def explore(source: Any, job: Mapping[str, Any], bucket: Mapping[str, Any], sample: dict[str, np.ndarray],
-            decisions: Any) -> None:
+            decisions: Decisions) -> None:
     """Search the plan for one bucket at its sample, referee it, keep the decision (see the module)."""
     key = bucket["key"]
     providers = None if job["providers"] is None else [p if isinstance(p, str) else tuple(p) for p in job["providers"]]
@@ -85,6 +89,8 @@ def explore(source: Any, job: Mapping[str, Any], bucket: Mapping[str, Any], samp
                                 "budget": max(5.0, min(SEARCH_S, job["budget_s"] - _cpu_s())), **job["options"]})
         except Exception as error:  # noqa: BLE001 - a model the search cannot take keeps ONNX Runtime
             log.warning("%s: the search failed (%s); ONNX Runtime keeps serving", key, first_line(error))
+            decisions.keep(key, "ort-cpu", None, bucket["calls"],
+                           decision=f"kept ort-cpu: the search failed ({first_line(error)})")
             return
         busy = _others_busy(begun)
         if busy <= os.cpu_count() - SPARE_CORES:
@@ -97,20 +103,15 @@ def explore(source: Any, job: Mapping[str, Any], bucket: Mapping[str, Any], samp
     keep(source, key, bucket["calls"], plan, sample, decisions)
 
 
-def keep(source: Any, key: str, calls: int, plan: Any, sample: dict[str, np.ndarray], decisions: Any) -> None:
+def keep(source: Any, key: str, calls: int, plan: Any, sample: dict[str, np.ndarray], decisions: Decisions) -> None:
     """Keep `plan` as the bucket's decision once it agrees with ONNX Runtime on `sample` (None: ONNX Runtime
     serves on, for a plan of ONNX Runtime alone, or one that disagrees, which is refused)."""
-    from ..foundation.samples import reference_outputs
-    from ..model.loader import load, load_as_read
-    from ..precision import own
-    from ..runtime.compile import compile_plan
-
     profile = plan.profile or {}
     label = profile.get("chosen") or "search"
     found = candidates(profile)
-    if set(plan.get_providers()) <= {"ort-cpu"}:
-        decisions.keep(key, "ort-cpu", None, calls, candidates=found,
-                       decision=f"kept ort-cpu: {_said(found, label)}")
+    if set(plan.get_providers()) <= {"ort-cpu"} or profile.get("unmeasured"):  # an untimed plan never wins
+        why = f"the search timed no plan ({profile['unmeasured']})" if profile.get("unmeasured") else _said(found, label)
+        decisions.keep(key, "ort-cpu", None, calls, candidates=found, decision=f"kept ort-cpu: {why}")
         return
     structure = load_as_read(source)[0]
     rules = own.tolerances(structure, lambda: load(source, check=False))

@@ -41,11 +41,10 @@ class InferenceSession:
 
     `run(output_names, feeds)` returns what ONNX Runtime returns for the same model. A model given as such
     adapts (`adapt`, the default unless `profile=False`, `shapes`, `inputs`, `precision` or a plan is given,
-    which measure or place once): construction compiles one starter plan (the plan an earlier process decided
-    on for this model, host and providers, else the model as ONNX Runtime would run it for the providers
-    named) and returns; the session then learns from its own calls which plan is fastest per shape bucket
-    (see `adapt.Serving`; `session.adaptation` says what was tried, `adapt_budget` bounds the background
-    thread's CPU seconds). `session.plan` is the plan that served the latest call. `policy="literal"` (or the
+    which measure or place once): construction compiles the model as ONNX Runtime would run it for the
+    providers named, and returns; a shape bucket whose calls make it pay is then decided by a plan an earlier
+    process kept, or by the explorer, a process beside the program (see `adaptation.serving.Serving`;
+    `session.adaptation` says what it found, `adapt_budget` bounds the explorer's CPU seconds). `session.plan` is the plan that served the latest call. `policy="literal"` (or the
     session config entry `uhop.policy`) makes ONNX Runtime's EP names plain aliases of its runtimes;
     `uhop.adapt` = `0` turns adapting off. The second and third
     positional places are ONNX Runtime's: `sess_options` (an `onnxruntime.SessionOptions`: its
