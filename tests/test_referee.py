@@ -255,3 +255,42 @@ def test_a_quantized_or_fp16_model_is_held_to_its_own_precision_and_its_candidat
         entry = decisions.table.get("bucket")
         assert "differs" not in json.dumps(entry.get("refused", {})), entry
         assert entry["label"] != "ort-cpu", entry
+
+
+def test_a_switch_under_calls_from_many_threads_serves_only_what_onnxruntime_agrees_with(tmp_path):
+    """Threads calling while the bucket switches to a kept OpenVINO plan, every seventh call holding NaN: each
+    call's outputs are ONNX Runtime's (to the fp32 rule where OpenVINO served it), none fails."""
+    import threading
+
+    model = BUILDERS["cnn"]()
+    path = tmp_path / "cnn.onnx"
+    onnx.save(model, path)
+    bucket = f"{model.graph.input[0].name}: 1x3x32x32"
+    _keep(path, bucket, "openvino", optimize(model, providers=["openvino"], profile=False))
+    feeds = random_feeds(model)
+    poisoned = {name: np.where(np.arange(v.size).reshape(v.shape) % 5 == 0, np.nan, v).astype(v.dtype)
+                for name, v in feeds.items()}
+    wants = {False: _ort(path, feeds), True: _ort(path, poisoned)}
+    session = uhop_onnx.InferenceSession(str(path))
+    errors = []
+
+    def client(k: int) -> None:
+        try:
+            for call in range(60):
+                nan = (call + k) % 7 == 0
+                got = session.run(None, poisoned if nan else feeds)
+                if nan:
+                    assert _same(got, wants[True])
+                else:
+                    np.testing.assert_allclose(got[0], wants[False][0], rtol=2e-4, atol=2e-5)
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert session.adaptation[bucket]["serving"] == "openvino", session.adaptation
+    session.close()

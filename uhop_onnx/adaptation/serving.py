@@ -196,18 +196,22 @@ class Serving:
         else:  # (names, their dims)
             seen = (tuple(feeds), tuple([v.shape if type(v) is np.ndarray else _dims(v) for v in feeds.values()]))
         bucket = self._by_shapes.get(seen) or self._bucket(seen, feeds)
-        if bucket.pending is not None or bucket.current is None:  # a decision to switch to, or switching
-            served = self._switched(bucket, feeds)
-            if served is not None and output_names is None and host and timings is None:
-                return served
-        with self._lock:
-            arm = bucket.current
-            if arm.refereed and not _finite(feeds):  # the referee serves it (see `Arm`)
-                arm = None
-            else:
-                arm.running += 1
-                self._last = arm
-        if arm is None:
+        arm = None
+        while arm is None:
+            if bucket.pending is not None or bucket.current is None:  # a decision to switch to, or switching
+                served = self._switched(bucket, feeds)
+                if served is not None and output_names is None and host and timings is None:
+                    return served
+            current = bucket.current
+            # read only where a refereed arm may serve it (None: not read; a switch meanwhile refers the call)
+            finite = _finite(feeds) if current is not None and current.refereed else None
+            with self._lock:
+                arm = bucket.current  # None: another call began switching meanwhile, and is waited for
+                refer = arm is not None and arm.refereed and not finite
+                if arm is not None and not refer:
+                    arm.running += 1
+                    self._last = arm
+        if refer:  # the referee serves it (see `Arm`)
             referee = self._umpire()
             bucket.calls += 1
             return referee.executor.run(output_names, feeds, host=host, timings=timings), referee.plan
