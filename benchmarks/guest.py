@@ -108,7 +108,7 @@ def make_program(program: str, mode: str):
     if program not in MODELS:
         client = clients.load(program)
         app = client.build()
-        return (lambda x: client.call(app, x)), client.inputs(), lambda: clients.describe(client.sessions(app))
+        return (lambda x: client.call(app, x)), client.inputs(), lambda: described(client.sessions(app))
     import numpy as np
 
     path, default = str(model_path(program)), MODELS[program][2]
@@ -126,8 +126,17 @@ def make_program(program: str, mode: str):
     first = sess.get_inputs()[0]
     shape = [d if isinstance(d, int) else s for d, s in zip(first.shape, default)]
     x = rng.random(shape, dtype=np.float32)
-    return ((lambda x: sess.run(None, {first.name: x})), [x],
-            lambda: {"model": {"module": type(sess).__module__, "providers": list(sess.get_providers())}})
+    return (lambda x: sess.run(None, {first.name: x})), [x], lambda: described({"model": sess})
+
+
+def described(sessions: dict) -> dict:
+    """Per session: its class's module, the providers it reports and, for an adapting one, each bucket's
+    decision."""
+    found = clients.describe(sessions)
+    for name, session in sessions.items():
+        buckets = getattr(session, "adaptation", None) or {}
+        found[name]["decisions"] = {key: bucket["decision"] for key, bucket in buckets.items()}
+    return found
 
 
 def child(program: str, mode: str, out: str, spawned: float, seconds: float, idle_share: float) -> None:

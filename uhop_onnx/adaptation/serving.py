@@ -404,13 +404,21 @@ class Serving:
                 self._retire(old)
                 if referee is not old:
                     self._retire(referee)
+            with self._lock:  # the same plan another bucket serves is not compiled twice
+                shared = next((a for a in self._arms if a.executor is not None and _same_stages(a.plan, kept.plan)),
+                              None)
+                if shared is not None:
+                    shared.running += 1
             try:
-                arm = self._arm(kept.label, kept.plan)
+                arm = shared or self._arm(kept.label, kept.plan)
                 got = arm.executor.run(None, feeds)
                 why, rule, worst = judged(arm.executor.outputs, got, want, self._rules())
             except Exception as error:  # noqa: BLE001 - a plan that no longer compiles or runs is not served
                 arm, why, rule, worst = None, f"it does not run here now ({first_line(error)})", "", 0.0
-            if why and arm is not None:
+            finally:
+                if shared is not None:
+                    self._ended(shared)
+            if why and arm is not None and arm is not shared:
                 arm.executor.close()
             serving = arm if not why else self._umpire()
             with self._lock:
@@ -521,6 +529,14 @@ def _dims(value: Any) -> tuple[int, ...]:
 
 def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _same_stages(a: Plan, b: Plan) -> bool:
+    """Whether two plans run the same stages (by provider and nodes) of the same model."""
+    def layout(plan: Plan) -> list[tuple[str, list[str]]]:
+        return [(s.label, s.nodes) for s in plan.stages]
+
+    return a.model_hash == b.model_hash and layout(a) == layout(b)
 
 
 def whole_model(loaded: onnx.ModelProto, data: bytes | str, name: str, digest: str, provider: Provider) -> Plan:
