@@ -403,3 +403,20 @@ def test_the_explorer_sees_the_cores_another_process_keeps_busy():
         spinner.kill()
         spinner.wait()
     assert 0.7 < busy < 1.0 + os.cpu_count(), busy
+
+
+def test_buckets_decided_on_the_same_plan_share_one_compiled_copy_of_it(tmp_path):
+    """A model called at several shapes, each bucket kept on the same OpenVINO plan: it is compiled once."""
+    plan = optimize(ENCODER, providers=["openvino"], profile=False)
+    decisions = decisions_for(ENCODER, None, None, "device", None)
+    for seq in (8, 16):
+        decisions.keep(f"input_ids: 1x{seq}", "openvino first", plan, 10)
+    serving = adaptive(ENCODER, None, None, "device", compile_plan, budget_s=60.0, assign=None, strict=False)
+    model = onnx.load(ENCODER)
+    for seq in (8, 16):
+        feeds = {"input_ids": np.arange(seq, dtype=np.int64)[None] % 50}
+        for _ in range(EXPLORE_AFTER + 2):
+            assert_matches(serving.run(None, feeds)[0], reference(model, feeds))
+    assert {b["serving"] for b in serving.adaptation.values()} == {"openvino first"}, serving.adaptation
+    assert len([a for a in serving._arms if a.executor is not None and a.label == "openvino first"]) == 1
+    serving.close()

@@ -243,8 +243,8 @@ class Serving:
             else:
                 self._exact.add(shapes)
             key = ", ".join(f"{name}: {'x'.join(map(str, dims)) or 'scalar'}" for name, dims in shapes)
-            if key not in self._buckets:
-                self._buckets[key] = Bucket(key, self.starter)
+            if key not in self._buckets:  # on the starter, unless a switch released it (`_switched` compiles it)
+                self._buckets[key] = Bucket(key, self.starter if self.starter.executor is not None else None)
             if len(self._by_shapes) < 4 * EXACT_BUCKETS:  # the shapes seen most, found without the lock
                 self._by_shapes[seen] = self._buckets[key]
             return self._buckets[key]
@@ -394,6 +394,11 @@ class Serving:
         another caller switched it, or these feeds cannot check it (not all finite arrays: the next call
         will)."""
         with bucket.switching:
+            if bucket.current is None and bucket.pending is None:  # a new bucket: the starter, compiled again
+                starter = self._starter()
+                with self._lock:
+                    bucket.current = starter
+                return None
             kept = bucket.pending
             if kept is None or bucket.current is None or _unsampled(feeds):
                 return None
@@ -439,6 +444,19 @@ class Serving:
                 log.info("%s at %s: %s serves (max abs error %.3g against ONNX Runtime)", serving.plan.model_name,
                          bucket.key, kept.label, worst)
             return want, referee.plan
+
+    def _starter(self) -> Arm:
+        """The starter, compiled again where a switch released it."""
+        if not self.starter.refereed:  # ONNX Runtime on the model: the referee
+            self.starter = self._umpire()
+            return self.starter
+        with self._refereeing:
+            if self.starter.executor is None:
+                starter = self._arm(self.starter.label, self.starter.plan)
+                with self._lock:
+                    self._arms.append(starter)
+                    self.starter = starter
+            return self.starter
 
     def _umpire(self) -> Arm:
         """The referee: ONNX Runtime running the model itself, compiled when needed (on the calling thread)."""
