@@ -93,7 +93,7 @@ class Bucket:
     current: Arm | None  # None while it switches (`Serving._switch`)
     calls: int = 0
     busy_s: float = 0.0  # the time its calls took until it was handed to the explorer
-    paces: deque = field(default_factory=lambda: deque(maxlen=PACES))  # its latest calls' seconds, while timed
+    paces: deque = field(default_factory=lambda: deque(maxlen=PACES))  # its latest calls' seconds (`serving`, `checking`)
     before: float = 0.0  # the median call of the plan it switched from (`checking`)
     state: str = "serving"  # then `exploring`, `checking` (a plan switched to is timed), `decided`
     asked: int = 0  # explorers asked about it
@@ -215,7 +215,7 @@ class Serving:
             referee = self._umpire()
             bucket.calls += 1
             return referee.executor.run(output_names, feeds, host=host, timings=timings), referee.plan
-        timed = bucket.state != "decided"
+        timed = bucket.state in ("serving", "checking")  # not while it waits for the explorer, nor once decided
         start = time.perf_counter() if timed else 0.0
         try:
             results = arm.executor.run(output_names, feeds, host=host, timings=timings)
