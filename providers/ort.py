@@ -48,11 +48,13 @@ ORT_TABLE = CapabilityTable(
 )
 
 
-def session_options(threads: int | None, exclusive: bool, optimize: bool = True):
-    """ONNX Runtime session options for a stage that may share the process with other stages."""
+def session_options(threads: int | None, exclusive: bool, optimize: bool = True, arena: bool = True):
+    """ONNX Runtime session options for a stage that may share the process with other stages (`arena`: its
+    CPU memory arena, which a program may turn off for inputs of many shapes)."""
     ort = ortlib.load()
 
     so = ort.SessionOptions()
+    so.enable_cpu_mem_arena = arena
     so.log_severity_level = ortlib.log_severity()
     so.intra_op_num_threads = threads or 0
     so.inter_op_num_threads = 1
@@ -75,8 +77,9 @@ def new_session(model_bytes: bytes | str, so, providers: list):
 class OrtRunner(Runner):
     """An ONNX Runtime session over one stage."""
 
-    def __init__(self, model_bytes: bytes | str, providers: list, threads: int | None, exclusive: bool):
-        self.session = new_session(model_bytes, session_options(threads, exclusive), providers)
+    def __init__(self, model_bytes: bytes | str, providers: list, threads: int | None, exclusive: bool,
+                 arena: bool = True):
+        self.session = new_session(model_bytes, session_options(threads, exclusive, arena=arena), providers)
         self.outputs = [o.name for o in self.session.get_outputs()]
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
@@ -175,7 +178,8 @@ class OrtProvider(Provider):
             from uhop_onnx.model.loader import serialized  # protobuf's own serializer holds four times the model
 
             model = serialized(model)
-        return OrtRunner(model, [self.ep_entry()], self.threads, exclusive)
+        return OrtRunner(model, [self.ep_entry()], self.threads, exclusive,
+                         arena=self.options.get("enable_cpu_mem_arena", True))
 
 
 
@@ -188,13 +192,15 @@ def _refusals(entry: Any) -> None:
 class OrtCpu(OrtProvider):
     """ONNX Runtime on the CPU. Option `quantization`: how an int8 stage is made, "static" (the default: a
     QDQ model from `quantize_static`) or "dynamic" (`quantize_dynamic`: int8 MatMul weights, activations
-    quantized at run time, for MatMul-heavy stages where static ranges lose accuracy)."""
+    quantized at run time, for MatMul-heavy stages where static ranges lose accuracy). Option
+    `enable_cpu_mem_arena` (default True): ONNX Runtime's session option of that name (a session given
+    `sess_options` that turns it off starts on ONNX Runtime so)."""
 
     id = "ort-cpu"
     ep = "CPUExecutionProvider"
     lowerings = {"fp32": FP32, "int8": Lowering(quantized, methods=("static", "dynamic"))}  # int8: the QDQ model
     install = "pip install onnxruntime"
-    option_types = {"quantization": Literal["static", "dynamic"]}
+    option_types = {"quantization": Literal["static", "dynamic"], "enable_cpu_mem_arena": bool}
 
 
 class DeviceTensor:

@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 
 from ..foundation.cache import JsonTable
+from ..foundation.dtypes import TensorSig
 from ..foundation.errors import UhopError, first_line, logger
 from ..foundation.graph import declared_outputs, io_signatures
 from ..foundation.metadata import ModelMetadata
@@ -302,13 +303,13 @@ class Serving:
         self._poll(force=True)
         if bucket.state != "exploring" or bucket.pending is not None:
             return
-        why = _unsampled(feeds)
+        sample, why = _sampled(feeds, self.starter.plan.inputs)
         if why or bucket.asked >= EXPLORERS:
             self._settle(bucket, f"kept {bucket.current.label}: {why or 'the explorer never got to it'}")
             return
         with self._lock:
             bucket.asked += 1
-            self._queued.append((bucket, {name: np.array(value, copy=True) for name, value in feeds.items()}))
+            self._queued.append((bucket, {name: np.array(value, copy=True) for name, value in sample.items()}))
         self._poll(force=True)
 
     def _settle(self, bucket: Bucket, decision: str) -> None:
@@ -400,7 +401,8 @@ class Serving:
                     bucket.current = starter
                 return None
             kept = bucket.pending
-            if kept is None or bucket.current is None or _unsampled(feeds):
+            feeds, why = _sampled(feeds, self.starter.plan.inputs)
+            if kept is None or bucket.current is None or why:
                 return None
             old, referee = bucket.current, self._umpire()
             want = [np.array(w, copy=True) for w in referee.executor.run(None, feeds)]  # not held in its memory
@@ -507,13 +509,25 @@ class Serving:
                 arm.executor = None
 
 
-def _unsampled(feeds: Mapping[str, Any]) -> str:
-    """Why a call's feeds cannot be a bucket's sample ("" where they can): arrays all finite, within the cap."""
-    if not all(type(v) is np.ndarray for v in feeds.values()):
-        return "its inputs are not arrays"
-    if sum(v.nbytes for v in feeds.values()) > explorer.SAMPLE_CAP:
-        return f"its inputs are larger than the explorer's sample cap ({explorer.SAMPLE_CAP >> 20} MiB)"
-    return "" if _finite(feeds) else "its inputs hold NaN or Inf"
+def _sampled(feeds: Mapping[str, Any], inputs: Sequence[TensorSig]) -> tuple[dict[str, np.ndarray] | None, str]:
+    """A call's feeds as arrays of the model's declared types (a list of lists, an `OrtValue`, as ONNX Runtime
+    takes them), and why they cannot be a bucket's sample or check a switch ("" where they can: all finite,
+    within the explorer's cap)."""
+    dtypes = {sig.name: sig.dtype for sig in inputs}
+    arrays = {}
+    for name, value in feeds.items():
+        if type(value) is not np.ndarray:
+            value = value.numpy() if callable(getattr(value, "numpy", None)) else value
+            try:
+                value = np.asarray(value, dtype=dtypes[name]) if dtypes.get(name) is not None else None
+            except (TypeError, ValueError):
+                value = None
+            if value is None or value.dtype == object:
+                return None, "its inputs are not tensors"
+        arrays[name] = value
+    if sum(v.nbytes for v in arrays.values()) > explorer.SAMPLE_CAP:
+        return None, f"its inputs are larger than the explorer's sample cap ({explorer.SAMPLE_CAP >> 20} MiB)"
+    return (arrays, "") if _finite(arrays) else (None, "its inputs hold NaN or Inf")
 
 
 def _finite(feeds: Mapping[str, Any]) -> bool:

@@ -29,7 +29,7 @@ from ..adaptation.serving import Decisions, Explore, Serving, whole_model
 from ..foundation.cache import cache_dir, device_fingerprint, model_digest
 from ..model.loader import load, load_as_read, model_name
 from ..precision import Tolerance, own
-from ..providers import LAST_RESORT, resolve
+from ..providers import LAST_RESORT, create, resolve
 from ..runtime.compile import compile_plan
 
 log = logger(__name__)
@@ -48,8 +48,8 @@ class InferenceSession:
     session config entry `uhop.policy`) makes ONNX Runtime's EP names plain aliases of its runtimes;
     `uhop.adapt` = `0` turns adapting off. The second and third
     positional places are ONNX Runtime's: `sess_options` (an `onnxruntime.SessionOptions`: its
-    `intra_op_num_threads`, `enable_profiling`, `profile_file_prefix` and `log_severity_level` are read; a
-    list there is taken as `providers`), `providers` (ids, ONNX Runtime's EP names, or `(name, options)`
+    `intra_op_num_threads`, `enable_cpu_mem_arena`, `enable_profiling`, `profile_file_prefix` and
+    `log_severity_level` are read; a list there is taken as `providers`), `providers` (ids, ONNX Runtime's EP names, or `(name, options)`
     pairs) and `provider_options` (one dict per provider). A listed provider absent here is skipped with one
     warning (`strict=True`: an error). uhop's own parameters are keyword-only; any other keyword goes to
     `optimize`. With `fallback=True`, a stage that fails during a call is re-run on `ort-cpu` for that call
@@ -90,7 +90,7 @@ class InferenceSession:
             self._serving = Serving(plan, compile, "plan")
         elif adapt if adapt is not None else by_default:
             self._serving = adaptive(source, specs, threads, policy, compile, budget_s=adapt_budget,
-                                     assign=assign, strict=strict, **optimize_options)
+                                     assign=assign, strict=strict, arena=options["arena"], **optimize_options)
         else:
             plan = _optimize(source, providers=specs, assign=assign, profile=profile, threads=threads,
                              strict=strict, shapes=shapes, inputs=inputs, precision=precision, tolerance=tolerance,
@@ -338,13 +338,17 @@ def _optimize(source: Any, **options: Any) -> Plan:
 
 
 def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, compile: Callable[[Plan], Executor],
-             *, budget_s: float, assign: Mapping[str, str] | None, strict: bool, **optimize_options: Any) -> Serving:
+             *, budget_s: float, assign: Mapping[str, str] | None, strict: bool, arena: bool = True,
+             **optimize_options: Any) -> Serving:
     """An adapting session's `Serving`. It starts on the model placed on the runtimes `specs` name, as ONNX
     Runtime would run it (`ort-cpu`, the model as given, unsimplified, when none are named); what it decides
     later is found by the explorer, a process of its own (`adaptation.explorer`), and checked against ONNX
-    Runtime running the model as given before it serves."""
+    Runtime running the model as given before it serves; `arena` False (the program's `sess_options` turned
+    ONNX Runtime's memory arena off) is kept for the ONNX Runtime it starts on."""
     first = resolve(["ort-cpu"] if specs is None else specs, threads, strict, policy="literal")[0]
     plain = first.id == LAST_RESORT and not assign  # ONNX Runtime runs every node: nothing to place
+    if plain and not arena:
+        first = create((LAST_RESORT, {**first.options, "enable_cpu_mem_arena": False}), threads)
     loaded, data = load_as_read(source)  # its structure; ONNX Runtime checks the model as it reads it
 
     def referee() -> Plan:
@@ -404,7 +408,7 @@ def _read_session_options(so: Any) -> dict[str, Any]:
     """What uhop-onnx takes from an `onnxruntime.SessionOptions` (or None)."""
     if so is None:
         return {"threads": None, "profiling": False, "profile_prefix": "onnxruntime_profile_", "adapt": None,
-                "policy": "device"}
+                "policy": "device", "arena": True}
     if not hasattr(so, "intra_op_num_threads"):
         raise InputError(f"sess_options must be an onnxruntime.SessionOptions (or a list of providers), "
                          f"got {type(so).__name__}")
@@ -417,7 +421,8 @@ def _read_session_options(so: Any) -> dict[str, Any]:
         raise InputError(f"session config entry uhop.adapt is {adapt!r}; use '0' (keep one plan) or '1' (adapt)")
     return {"threads": so.intra_op_num_threads or None, "profiling": bool(so.enable_profiling),
             "profile_prefix": so.profile_file_prefix or "onnxruntime_profile_",
-            "adapt": None if adapt is None else adapt == "1", "policy": _config_entry(so, "uhop.policy") or "device"}
+            "adapt": None if adapt is None else adapt == "1", "policy": _config_entry(so, "uhop.policy") or "device",
+            "arena": bool(getattr(so, "enable_cpu_mem_arena", True))}
 
 
 def _config_entry(so: Any, key: str) -> str | None:
