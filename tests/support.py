@@ -333,3 +333,17 @@ def present_cpu_providers() -> list[str]:
     from uhop_onnx.providers import REGISTRY
 
     return [p for p in ("openvino", "litert", "kernels", "ort-cpu") if REGISTRY[p]().present]
+
+
+def count_closes(monkeypatch, closed: list) -> None:
+    """Every runner's `close` (the base's and each runner type's own) appends the runner to `closed` instead."""
+    from uhop_onnx.providers import Runner
+
+    kinds, found = [Runner], []
+    while kinds:
+        kind = kinds.pop()
+        found.append(kind)
+        kinds.extend(kind.__subclasses__())
+    for kind in found:
+        if "close" in kind.__dict__:
+            monkeypatch.setattr(kind, "close", lambda runner: closed.append(runner))

@@ -27,6 +27,7 @@ from uhop_onnx.providers import REGISTRY, Provider, Runner
 from uhop_onnx.providers.capability import CapabilityTable, OpRule
 
 from .conftest import assert_matches, reference
+from .support import count_closes
 
 
 class FaultyRunner(Runner):
@@ -219,7 +220,7 @@ def test_closing_a_session_closes_every_runner_it_compiled(monkeypatch):
     """The stages' runners and the last resort's compiled on failure are closed with the session."""
     monkeypatch.setitem(REGISTRY, Faulty.id, Faulty)
     closed: list[Runner] = []
-    monkeypatch.setattr(Runner, "close", lambda runner: closed.append(runner))
+    count_closes(monkeypatch, closed)
     session = InferenceSession(chain(), providers=["faulty"], profile=False, fallback=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -235,7 +236,7 @@ def test_closing_a_session_closes_every_runner_it_compiled(monkeypatch):
 def test_stages_compiled_before_one_that_cannot_be_are_closed(monkeypatch):
     monkeypatch.setitem(REGISTRY, Faulty.id, Faulty)
     closed: list[Runner] = []
-    monkeypatch.setattr(Runner, "close", lambda runner: closed.append(runner))
+    count_closes(monkeypatch, closed)
     refuse = Faulty.compile
 
     def compile(self, model, *, exclusive=True):

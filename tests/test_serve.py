@@ -26,7 +26,8 @@ from uhop_onnx.products.optimizer import optimize
 from uhop_onnx.serve.limits import Limits
 
 from .conftest import assert_matches, reference
-from .support import HOST, adder, ask, free_port, local_server, post, send_slowly, status_of, tower, wait_ready
+from .support import (HOST, adder, ask, count_closes, free_port, local_server, post, send_slowly, status_of, tower,
+                      wait_ready)
 
 httpclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402 - after the skip
@@ -250,7 +251,7 @@ def test_the_local_app_closes_every_stage_runner_of_its_replicas(plan, monkeypat
     from uhop_onnx.serve.local import local_app
 
     closed: list[Runner] = []
-    monkeypatch.setattr(Runner, "close", lambda runner: closed.append(runner))
+    count_closes(monkeypatch, closed)
     app = local_app(plan, "mlp", replicas=2)
     assert not closed
     app.state.replicas.close()  # as `run_local` does once the server stopped

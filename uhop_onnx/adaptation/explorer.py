@@ -36,9 +36,9 @@ runpy.run_module("uhop_onnx.products.explore", run_name="__main__", alter_sys=Tr
 
 def start(job: Mapping[str, Any], samples: Sequence[Mapping[str, np.ndarray]], model: bytes | None,
           log_to: Path) -> subprocess.Popen:
-    """The explorer process for `job` (see `uhop_onnx.products.explore.main`): `samples` (one per `job["buckets"]` entry) and `model`
-    (its bytes, when the session was not given a file) written to a memory file it reads; its stdin, a pipe
-    this process holds, is its lifeline; its stderr goes to `log_to`."""
+    """The explorer process for `job` (see `uhop_onnx.products.explore.main`): `samples` (one per `job["buckets"]`
+    entry) and `model` (its bytes, when the session was not given a file) written to a memory file it reads; its
+    stdin, a pipe this process holds, is its lifeline; its stderr goes to `log_to`."""
     arrays = {f"{k}/{name}": value for k, sample in enumerate(samples) for name, value in sample.items()}
     if model is not None:
         arrays["model"] = np.frombuffer(model, np.uint8)

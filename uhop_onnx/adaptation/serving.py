@@ -94,7 +94,8 @@ class Bucket:
     current: Arm | None  # None while it switches (`Serving._switch`)
     calls: int = 0
     busy_s: float = 0.0  # the time its calls took until it was handed to the explorer
-    paces: deque = field(default_factory=lambda: deque(maxlen=PACES))  # its latest calls' seconds (`serving`, `checking`)
+    paces: deque = field(default_factory=lambda: deque(maxlen=PACES))  # its latest calls' seconds (`serving`,
+    # `checking`)
     before: float = 0.0  # the median call of the plan it switched from (`checking`)
     state: str = "serving"  # then `exploring`, `checking` (a plan switched to is timed), `decided`
     asked: int = 0  # explorers asked about it
@@ -116,16 +117,17 @@ class Bucket:
 
 
 class Serving:
-    """Runs calls on the plan serving each shape bucket, exactly for the first `EXACT_BUCKETS` shape sets,
-    then with free axes rounded up to powers of two. Given `explore`, a bucket called `EXPLORE_AFTER` times for
-    `explore_after_s` seconds in all (`EXPLORE_AFTER_S` unless given) is decided: by what an earlier process kept for it, else by the explorer
-    (see `explorer`), given a copy of that call's feeds. A decision naming another plan is switched to on the
-    bucket's next call with finite array feeds: ONNX Runtime (the referee) runs it, the plan serving until then
-    is released (unless another bucket uses it), the new plan is compiled, runs it too, and serves from then on
-    only if it agrees (each output held to `tolerances`'s rule); one that does not is refused, with one warning,
-    and the refusal kept so that no process tries it again. A plan other than the referee serves only calls
-    whose float feeds are finite (see `Arm`). The referee is ONNX Runtime running the model itself: `referee`
-    builds it (the starter is it where `plain`). `run` is thread safe."""
+    """Runs calls on the plan serving each shape bucket, exactly for the first `EXACT_BUCKETS` shape sets, then with
+    free axes rounded up to powers of two. Given `explore`, a bucket called `EXPLORE_AFTER` times for
+    `explore_after_s` seconds in all (`EXPLORE_AFTER_S` unless given) is decided: by what an earlier process kept
+    for it, else by the explorer (see `explorer`), given a copy of that call's feeds. A decision naming another plan
+    is switched to on the bucket's next call with finite array feeds: ONNX Runtime (the referee) runs it, the plan
+    serving until then is released (unless another bucket uses it), the new plan is compiled, runs it too, and
+    serves from then on only if it agrees (each output held to `tolerances`'s rule); one that does not is refused,
+    with one warning, and the refusal kept so that no process tries it again; one that agrees is timed on the calls
+    that follow (`_checked`). Buckets decided on the same plan share one compiled copy. A plan other than the
+    referee serves only calls whose float feeds are finite (see `Arm`). The referee is ONNX Runtime running the
+    model itself: `referee` builds it (the starter is it where `plain`). `run` is thread safe."""
 
     def __init__(self, starter: Plan, compile: Callable[[Plan], Executor], label: str,
                  explore: Explore | None = None, *, explore_after_s: float | None = None,
@@ -275,8 +277,8 @@ class Serving:
             if now <= SLOWER * bucket.before:
                 self._settle(bucket, bucket.decision or f"{arm.label}, as decided")
                 return
-            said = (f"kept ort-cpu: {arm.label}, decided by the explorer, ran the program's calls in {now * 1e3:.3g} ms "
-                    f"against {bucket.before * 1e3:.3g} ms before it")
+            said = (f"kept ort-cpu: {arm.label}, decided by the explorer, ran the program's calls in "
+                    f"{now * 1e3:.3g} ms against {bucket.before * 1e3:.3g} ms before it")
             referee = self._umpire()
             with self._lock:
                 bucket.current = referee

@@ -1,15 +1,15 @@
 """The explorer: a process beside the program that finds the fastest plan for a session's shape buckets.
 
-A session (`adaptation.serving.Serving`, through `adaptation.explorer.start`) hands it the model, where the decisions are kept and, per bucket, a sample of
-the program's own inputs: in an anonymous memory file (`memfd_create`), never on disk. The process runs at the
-lowest priority (`SCHED_IDLE`, else nice 19: `adaptation.explorer.BOOT`), one per model and cache across a program's processes (a lock
-beside `decisions.json`), and ends with the program that started it (its stdin is a pipe from it; it ends at
-hangup, or once it is orphaned), after its buckets, or after its CPU budget. For each bucket it waits until
-the machine has a core to spare, runs the measured search (`optimize`: each whole plan timed in its own
-process, in alternating rounds), checks the plan chosen against ONNX Runtime running the model as given on
-the sample (the referee, `precision.own`'s rule), and keeps the decision (`Decisions.keep`). Timings taken
-while the program's own work left no core idle are the program's, not the candidates': they are thrown away
-and taken again once the machine is quieter.
+A session (`adaptation.serving.Serving`, through `adaptation.explorer.start`) hands it the model, where the
+decisions are kept and, per bucket, a sample of the program's own inputs: in an anonymous memory file
+(`memfd_create`), never on disk. The process runs at the lowest priority (`SCHED_IDLE`, else nice 19:
+`adaptation.explorer.BOOT`), one per model and cache across a program's processes (a lock beside `decisions.json`),
+and ends with the program that started it (its stdin is a pipe from it; it ends at hangup, or once it is orphaned),
+after its buckets, or after its CPU budget. For each bucket it waits until the machine has a core to spare, runs the
+measured search (`optimize`: each whole plan timed in its own process, in alternating rounds), checks the plan
+chosen against ONNX Runtime running the model as given on the sample (the referee, `precision.own`'s rule), and
+keeps the decision (`Decisions.keep`). Timings taken while the program's own work left no core idle are the
+program's, not the candidates': they are thrown away and taken again once the machine is quieter.
 
     python -P -c "$BOOT" FD
 """
@@ -110,7 +110,8 @@ def keep(source: Any, key: str, calls: int, plan: Any, sample: dict[str, np.ndar
     label = profile.get("chosen") or "search"
     found = candidates(profile)
     if set(plan.get_providers()) <= {"ort-cpu"} or profile.get("unmeasured"):  # an untimed plan never wins
-        why = f"the search timed no plan ({profile['unmeasured']})" if profile.get("unmeasured") else _said(found, label)
+        untimed = profile.get("unmeasured")
+        why = f"the search timed no plan ({untimed})" if untimed else _said(found, label)
         decisions.keep(key, "ort-cpu", None, calls, candidates=found, decision=f"kept ort-cpu: {why}")
         return
     structure = load_as_read(source)[0]

@@ -39,26 +39,25 @@ class InferenceSession:
     """A model (a path, its bytes, an `onnx.ModelProto`), a `Plan` or a plan folder, compiled stage by stage
     on its providers; called as `onnxruntime.InferenceSession` is.
 
-    `run(output_names, feeds)` returns what ONNX Runtime returns for the same model. A model given as such
-    adapts (`adapt`, the default unless `profile=False`, `shapes`, `inputs`, `precision` or a plan is given,
-    which measure or place once): construction compiles the model as ONNX Runtime would run it for the
-    providers named, and returns; a shape bucket whose calls make it pay is then decided by a plan an earlier
-    process kept, or by the explorer, a process beside the program (see `adaptation.serving.Serving`;
-    `session.adaptation` says what it found, `adapt_budget` bounds the explorer's CPU seconds). `session.plan` is the plan that served the latest call. `policy="literal"` (or the
-    session config entry `uhop.policy`) makes ONNX Runtime's EP names plain aliases of its runtimes;
-    `uhop.adapt` = `0` turns adapting off. The second and third
-    positional places are ONNX Runtime's: `sess_options` (an `onnxruntime.SessionOptions`: its
-    `intra_op_num_threads`, `enable_cpu_mem_arena`, `enable_profiling`, `profile_file_prefix` and
-    `log_severity_level` are read; a list there is taken as `providers`), `providers` (ids, ONNX Runtime's EP names, or `(name, options)`
-    pairs) and `provider_options` (one dict per provider). A listed provider absent here is skipped with one
-    warning (`strict=True`: an error). uhop's own parameters are keyword-only; any other keyword goes to
-    `optimize`. With `fallback=True`, a stage that fails during a call is re-run on `ort-cpu` for that call
-    only, with one warning per stage, and counted in `plan.fallbacks` (in memory; `plan.save` writes it);
-    otherwise the failure is raised as `StageError` naming the stage and provider. `run` may be called from
-    many threads at once. `shapes` (`{input: (1, 3, 640, 640)}`) or `inputs` (arrays by name, or an `.npz`)
-    are what measuring the placement runs at (see `optimize`); the session runs at every shape the model
-    allows. `precision`, `tolerance` and `calibration` let reduced-precision stages compete within the
-    tolerance (see `optimize`).
+    `run(output_names, feeds)` returns what ONNX Runtime returns for the same model. A model given as such adapts
+    (`adapt`, the default unless `profile=False`, `shapes`, `inputs`, `precision` or a plan is given, which measure
+    or place once): construction compiles the model as ONNX Runtime would run it for the providers named, and
+    returns; a shape bucket whose calls make it pay is then decided by a plan an earlier process kept, or by the
+    explorer, a process beside the program (see `adaptation.serving.Serving`; `session.adaptation` says what it
+    found, `adapt_budget` bounds the explorer's CPU seconds). `session.plan` is the plan that served the latest
+    call. `policy="literal"` (or the session config entry `uhop.policy`) makes ONNX Runtime's EP names plain aliases
+    of its runtimes; `uhop.adapt` = `0` turns adapting off. The second and third positional places are ONNX
+    Runtime's: `sess_options` (an `onnxruntime.SessionOptions`: its `intra_op_num_threads`, `enable_cpu_mem_arena`,
+    `enable_profiling`, `profile_file_prefix` and `log_severity_level` are read; a list there is taken as
+    `providers`), `providers` (ids, ONNX Runtime's EP names, or `(name, options)` pairs) and `provider_options` (one
+    dict per provider). A listed provider absent here is skipped with one warning (`strict=True`: an error). uhop's
+    own parameters are keyword-only; any other keyword goes to `optimize`. With `fallback=True`, a stage that fails
+    during a call is re-run on `ort-cpu` for that call only, with one warning per stage, and counted in
+    `plan.fallbacks` (in memory; `plan.save` writes it); otherwise the failure is raised as `StageError` naming the
+    stage and provider. `run` may be called from many threads at once. `shapes` (`{input: (1, 3, 640, 640)}`) or
+    `inputs` (arrays by name, or an `.npz`) are what measuring the placement runs at (see `optimize`); the session
+    runs at every shape the model allows. `precision`, `tolerance` and `calibration` let reduced-precision stages
+    compete within the tolerance (see `optimize`).
     """
 
     def __init__(self, path_or_bytes: Any, sess_options: Any = None, providers: Sequence | None = None,
