@@ -93,16 +93,21 @@ def test_a_forged_kept_plan_is_refused_on_its_first_call_and_onnxruntime_serves_
     again.close()
 
 
-def test_a_kept_openvino_plan_never_serves_a_call_holding_nan(tmp_path):
-    """OpenVINO turns NaN into numbers in the cnn (ONNX Runtime keeps NaN): the kept plan agrees with ONNX
-    Runtime on finite calls and serves them; every call holding NaN or Inf is ONNX Runtime's, before the
-    switch (a call holding NaN cannot check it) and after."""
+def _cnn_kept_on_openvino(tmp_path):
+    """The cnn saved to a file, kept on OpenVINO for its bucket: (model, path, bucket, feeds)."""
     model = BUILDERS["cnn"]()
     path = tmp_path / "cnn.onnx"
     onnx.save(model, path)
     bucket = f"{model.graph.input[0].name}: 1x3x32x32"
     _keep(path, bucket, "openvino", optimize(model, providers=["openvino"], profile=False))
-    feeds = random_feeds(model)
+    return model, path, bucket, random_feeds(model)
+
+
+def test_a_kept_openvino_plan_never_serves_a_call_holding_nan(tmp_path):
+    """OpenVINO turns NaN into numbers in the cnn (ONNX Runtime keeps NaN): the kept plan agrees with ONNX
+    Runtime on finite calls and serves them; every call holding NaN or Inf is ONNX Runtime's, before the
+    switch (a call holding NaN cannot check it) and after."""
+    model, path, bucket, feeds = _cnn_kept_on_openvino(tmp_path)
     poisoned = {name: value.copy() for name, value in feeds.items()}
     for value in poisoned.values():
         value.flat[::7] = np.nan
@@ -264,12 +269,7 @@ def test_a_switch_under_calls_from_many_threads_serves_only_what_onnxruntime_agr
     call's outputs are ONNX Runtime's (to the fp32 rule where OpenVINO served it), none fails."""
     import threading
 
-    model = BUILDERS["cnn"]()
-    path = tmp_path / "cnn.onnx"
-    onnx.save(model, path)
-    bucket = f"{model.graph.input[0].name}: 1x3x32x32"
-    _keep(path, bucket, "openvino", optimize(model, providers=["openvino"], profile=False))
-    feeds = random_feeds(model)
+    model, path, bucket, feeds = _cnn_kept_on_openvino(tmp_path)
     poisoned = {name: np.where(np.arange(v.size).reshape(v.shape) % 5 == 0, np.nan, v).astype(v.dtype)
                 for name, v in feeds.items()}
     wants = {False: _ort(path, feeds), True: _ort(path, poisoned)}
