@@ -60,6 +60,7 @@ MODELS = {
     "ocr-det": (_shipped("rapidocr", "models/PP-OCRv6_det_small.onnx"), {"x": (1, 3, 480, 640)}),
     "ocr-rec": (_shipped("rapidocr", "models/PP-OCRv6_rec_small.onnx"), {"x": (1, 3, 48, 320)}),
     "magika": (_shipped("magika", "models/standard_v3_3/model.onnx"), None),
+    "vad": (_shipped("silero_vad", "data/silero_vad.onnx"), None),
     "encoder": (ROOT / "models" / "example_encoder.onnx", None),
 }
 
@@ -68,6 +69,9 @@ def model_feeds(name: str) -> dict[str, np.ndarray]:
     path, shapes = MODELS[name]
     if name == "magika":
         return {"bytes": np.random.default_rng(0).integers(0, 257, (1, 2048)).astype(np.int32)}
+    if name == "vad":  # silero_vad's OnnxWrapper: 512 samples at 16 kHz after 64 of context, and its state
+        audio = np.random.default_rng(0).standard_normal((1, 576)).astype(np.float32) * 0.1
+        return {"input": audio, "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(16000, np.int64)}
     if name == "encoder":
         return {"input_ids": np.random.default_rng(0).integers(0, 64, (1, 128)).astype(np.int64)}
     return _feeds(shapes)
