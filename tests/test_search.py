@@ -424,6 +424,9 @@ def test_faster_compares_round_by_round():
     simple = figure(10.0, 10.2, 10.1, 13.0, 10.0)
     assert not uhop_faster(figure(9.9, 10.3, 9.8, 12.0, 9.95), simple), "one round slower: within the noise"
     assert uhop_faster(figure(9.0, 9.1, 9.0, 11.5, 9.0), simple), "a slow round slows both alike"
+    assert uhop_faster(figure(9.0, 9.1, 10.5, 11.5, 9.0), simple), "one outlier round of five forgiven"
+    assert not uhop_faster(figure(9.0, 10.5, 10.5, 11.5, 9.0), simple), "two are not"
+    assert not uhop_faster(figure(9.0, 10.5, 9.0), figure(10.0, 10.2, 10.1)), "nor one of three"
     assert not uhop_faster(Measurement(9.0, 0.3, 5), Measurement(10.0, 0.3, 5)), "apart: beyond the larger spread"
     assert uhop_faster(Measurement(9.0, 0.05, 5), Measurement(10.0, 0.05, 5))
 

@@ -148,11 +148,13 @@ def raw_runtime(runtime: str, model: str, feeds: dict[str, np.ndarray],
 @contextmanager
 def provider_alone(provider: str, model: str, feeds: dict[str, np.ndarray],
                    threads: int | None) -> Iterator[tuple[Callable[[], object], list[str]]]:
-    """A measuring worker's candidate: `model` placed on `provider` alone (first-supported; the last resort
-    takes what it cannot run), and its stages."""
+    """A measuring worker's candidate: `model` placed on `provider` alone at the shapes of `feeds`
+    (first-supported; the last resort takes what it cannot run), and its stages."""
     from .session import InferenceSession
 
-    with closing(InferenceSession(model, providers=[provider], profile=False, threads=threads)) as session:
+    shapes = {name: value.shape for name, value in feeds.items()}
+    with closing(InferenceSession(model, providers=[provider], profile=False, threads=threads,
+                                  shapes=shapes)) as session:
         yield (lambda: session.run(None, feeds)), stage_labels(session.plan)
 
 
