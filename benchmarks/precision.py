@@ -12,7 +12,8 @@ and OpenVINO int8 from NNCF (`nncf.quantize`, what the openvino provider uses), 
 full-integer `.tflite` our converter writes from the calibration ranges); and the plan
 `optimize(precision="auto", tolerance=1e-2)` chooses. Each one's error is measured on the checked inputs
 (not in the calibration set) against ONNX Runtime fp32: the worst max abs error, cosine and top-1 agreement
-over them, and whether every output is within the tolerance (`max|y - ref| <= 1e-2 * (1 + max|ref|)`).
+over them, and whether every output is within the tolerance (`max|y - ref| <= 1e-2 * (1 + max|ref|)`). A comment
+line per model names the plan auto chose and the fastest plan its own table shows the gate accepted.
 """
 
 from __future__ import annotations
@@ -95,6 +96,12 @@ def bench_model(name: str, work: Path, rounds: int, budget: float, threads: int 
     plan = optimize(path, precision="auto", tolerance=TOLERANCE, calibration=work / f"{name}-calibration.npz",
                     budget=budget, threads=threads)
     seconds = time.perf_counter() - started
+    table = {n: c for n, c in plan.profile["candidates"].items() if c.get("ms") is not None and not c.get("rejected")}
+    fastest = min(table, key=lambda n: table[n]["ms"])
+    chosen = plan.profile["candidates"].get(plan.profile["chosen"], {}).get("ms")
+    print(f"<!-- {name}: auto chose {plan.profile['chosen']} ({chosen and round(chosen, 2)} ms in its "
+          f"table); the fastest gated plan of its table: {fastest} ({table[fastest]['ms']:.2f} ms, "
+          f"{table[fastest]['stages']}); {len(table)} gated plans timed -->", flush=True)
     plan.save(work / f"{name}-auto")
     plans["auto plan"] = work / f"{name}-auto"
     candidates = [raw("ORT fp32", "onnxruntime"), raw("OpenVINO f32", "openvino"),
