@@ -12,9 +12,10 @@ each candidate keeps its lowest figure. The bounded plan runs in two processes, 
 beside the others, is the noise between two processes. Where both searches chose the same plan, or the bounded
 plan places every node as the fastest single runtime does, the line says so.
 Every cold cache starts with the kernels library already built (it is built once per host, not per model: a
-first `optimize` on the shipped MobileNet builds it). `--models` takes the models PyPI packages ship (`yolov8n`, `ocr-det`, `ocr-rec`,
-`magika`, `vad`: `benchmarks/adapt.py`'s, at the shapes their libraries call them with), `encoder` (ours) and corpus
-names (`corpus_models.case`: `timm-resnet18`, `hf-bert@dynamo`, `int8-qdq`...), measured at their inputs.
+first `optimize` on the shipped MobileNet builds it). `--models` takes the models PyPI packages ship (`yolov8n`,
+`ocr-det`, `ocr-rec`, `magika`, `vad`: `benchmarks/adapt.py`'s, at the shapes their libraries call them with),
+`encoder` (ours) and corpus names (`corpus_models.case`: `timm-resnet18`, `hf-bert@dynamo`, `int8-qdq`...),
+measured at their inputs.
 `--busy` runs one busy-looping process beside everything, searches and timings alike, for the whole run.
 """
 

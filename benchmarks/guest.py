@@ -7,15 +7,18 @@ Runtime alone, measured side by side in one run.
 Programs: the real clients of tests/clients/ (the library's object built, then its public call cycled over the
 client's inputs), and `yolov8n` (nudenet's shipped 320n.onnx) and `ocr-det` (rapidocr's shipped PP-OCRv6
 detector) called directly, `InferenceSession(path, providers=["CPUExecutionProvider"]).run` on a fixed random
-float32 input (1x3x320x320, 1x3x480x640). With `--idle-share F` the program sleeps F/(1-F) times each call's
-duration after it, leaving that share of a core idle (a program with work of its own between calls).
+float32 input (1x3x320x320, 1x3x480x640), and, when named, `hf-bert` (a transformers BertModel from
+benchmarks/corpus_models.py, TorchScript export) called on its corpus inputs. With `--idle-share F` the program
+sleeps F/(1-F) times each call's duration after it, leaving that share of a core idle (a program with work of its
+own between calls).
 
 Modes: `stock` and `stock2` (ONNX Runtime alone, twice: stock2/stock is the A/A noise floor), `uhop` (the plain
 swap `onnxruntime.InferenceSession = uhop_onnx.InferenceSession` before the library is imported; one cache folder
 for the whole run, so round 1 is a program's first process and is reported apart, or with `--cold` an empty one
-per process), `openvino` (yolov8n and ocr-det only: the model compiled by OpenVINO alone at f32, as uhop serves it, the serving runtime
-alone when uhop decides on it). Each program runs every mode in a fresh process per round, in a fresh shuffled
-order per round; `--busy` runs one busy-looping process beside them for the whole run.
+per process), `openvino` (yolov8n, ocr-det and hf-bert only: the model compiled by OpenVINO alone at f32, as
+uhop serves it, the serving runtime alone when uhop decides on it). Each program runs every mode in a fresh
+process per round, in a fresh shuffled order per round; `--busy` runs one busy-looping process beside them for
+the whole run.
 
 Each process measures itself: start_s (from the parent's spawn to the first result, imports included), calls in
 `--seconds` and per 10 s window from the first call's end, its own peak RSS (VmHWM, children excluded), its
@@ -52,6 +55,9 @@ import run as clients  # noqa: E402 -- tests/clients/run.py: the clients' regist
 # Model program -> (package, file inside it, the input shape where the model leaves a dimension free).
 MODELS = {"yolov8n": ("nudenet", "320n.onnx", (1, 3, 320, 320)),
           "ocr-det": ("rapidocr", "models/PP-OCRv6_det_small.onnx", (1, 3, 480, 640))}
+# Corpus models (`benchmarks/corpus_models.py`, their TorchScript export) called directly on their own inputs:
+# `hf-bert`, a transformers BertModel, is one where another runtime is clearly faster than ONNX Runtime here.
+CORPUS = ("hf-bert",)
 MODES = ("stock", "stock2", "uhop", "openvino")
 WINDOW_S = 10
 
@@ -107,6 +113,17 @@ def make_program(program: str, mode: str):
         import uhop_onnx
 
         onnxruntime.InferenceSession = uhop_onnx.InferenceSession
+    if program in CORPUS:  # the parent exported it and saved its inputs (`corpus_case`)
+        import numpy as np
+
+        path, feeds = os.environ["GUEST_MODEL"], dict(np.load(os.environ["GUEST_FEEDS"]))
+        if mode == "openvino":
+            import openvino
+
+            compiled = openvino.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+            return (lambda x: compiled(x)), [feeds], lambda: {"model": {"module": "openvino", "providers": ["CPU"]}}
+        sess = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+        return (lambda x: sess.run(None, x)), [feeds], lambda: described({"model": sess})
     if program not in MODELS:
         client = clients.load(program)
         app = client.build()
@@ -223,11 +240,25 @@ def sweep(known: set[int]) -> list[str]:
     return left
 
 
+def corpus_case(program: str, work: Path) -> dict[str, str]:
+    """A corpus program's model file and its inputs saved in `work`, as the environment its processes read."""
+    sys.path.insert(0, str(ROOT))
+    import numpy as np
+
+    from benchmarks.corpus_models import case
+
+    path, feeds = case(program)
+    np.savez(work / f"{program}.npz", **feeds)
+    return {"GUEST_MODEL": str(path), "GUEST_FEEDS": str(work / f"{program}.npz")}
+
+
 def run_one(program: str, mode: str, seconds: float, idle_share: float, cache: str, work: Path,
             known: set[int]) -> dict:
     """One program in one mode in a fresh process: what it measured, with exit_s and its leftovers."""
     out = str(work / f"{program}-{mode}-{len(os.listdir(work))}.json")
-    env = {**os.environ, "UHOP_CACHE_DIR": cache} if mode == "uhop" else dict(os.environ)
+    env = {**os.environ, **(corpus_case(program, work) if program in CORPUS else {})}
+    if mode == "uhop":
+        env["UHOP_CACHE_DIR"] = cache
     with open(out + ".log", "w") as log:
         spawned = time.monotonic()
         child_ = subprocess.Popen([sys.executable, __file__, "--child", program, mode, out, repr(spawned),
@@ -335,7 +366,8 @@ def programs_here(asked: list[str]) -> list[str]:
     """The programs of `asked` that can run here, with a line for each that cannot."""
     kept = []
     for name in asked:
-        why = (None if model_path(name) else f"{MODELS[name][0]} not installed") if name in MODELS else (
+        why = (None if model_path(name) else f"{MODELS[name][0]} not installed") if name in MODELS else None if (
+            name in CORPUS) else (
             clients.missing(name) if name in clients.CLIENTS else "unknown program")
         if why:
             print(f"skipped {name}: {why}")
@@ -371,7 +403,7 @@ def main(argv: list[str]) -> None:
         with tempfile.TemporaryDirectory(prefix="guest-") as tmp:
             work, shared = Path(tmp), tempfile.mkdtemp(prefix="cache-", dir=tmp)
             for program in programs_here(args.programs.split(",")):
-                here = [m for m in modes if m != "openvino" or program in MODELS]
+                here = [m for m in modes if m != "openvino" or program in MODELS or program in CORPUS]
                 mine = []
                 for r in range(1, args.rounds + 1):
                     order = random.sample(here, len(here))
