@@ -156,6 +156,7 @@ def measure_all(budget: float, models: str, rounds: int, repeats: int, results: 
                 "same_as_fastest_single": bool(fastest) and figures["bounded"]["stages"] == figures[fastest]["stages"]}
             print(f"{name}: optimize --budget {budget:g} took {r['wall_s']} s (unbounded {r['unbounded_wall_s']} s); "
                   f"plan {r['plan']} vs unbounded {r['unbounded_plan']}{' (the same plan)' if r['same_plan'] else ''}"
+                  f"{f' (the bounded plan is {fastest} placed alike)' if r['same_as_fastest_single'] else ''}"
                   f"; ms {r['ms']}; bounded/unbounded {r['bounded/unbounded']}, bounded/{fastest} "
                   f"{r['bounded/fastest_single']}, unbounded/{fastest} {r['unbounded/fastest_single']}; "
                   f"A/A (the bounded plan in two processes) {r['A/A']}"
