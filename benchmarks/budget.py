@@ -102,9 +102,9 @@ def timed(candidates: list[Candidate], model: str, feeds: dict[str, np.ndarray],
 
 
 def single(figures: dict[str, dict]) -> str | None:
-    """The fastest provider alone that ran every node itself (its stages on one provider)."""
+    """The fastest provider alone that ran every node itself (its stages all on that provider)."""
     singles = [name for name, f in figures.items() if name.endswith(" alone") and f["ms"] is not None
-               and len({stage.rsplit(" x", 1)[0] for stage in f["stages"]}) == 1]
+               and {stage.rsplit(" x", 1)[0] for stage in f["stages"]} == {name.removesuffix(" alone")}]
     return min(singles, key=lambda name: figures[name]["ms"], default=None)
 
 
