@@ -256,7 +256,10 @@ def run_one(program: str, mode: str, seconds: float, idle_share: float, cache: s
             known: set[int]) -> dict:
     """One program in one mode in a fresh process: what it measured, with exit_s and its leftovers."""
     out = str(work / f"{program}-{mode}-{len(os.listdir(work))}.json")
-    env = {**os.environ, **(corpus_case(program, work) if program in CORPUS else {})}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    # compiled once, as an installed package is: a source checkout run with PYTHONDONTWRITEBYTECODE would compile
+    # uhop-onnx's modules again in every fresh process and count that in its start
+    env.update(PYTHONPYCACHEPREFIX=str(work / "pycache"), **(corpus_case(program, work) if program in CORPUS else {}))
     if mode == "uhop":
         env["UHOP_CACHE_DIR"] = cache
     with open(out + ".log", "w") as log:
