@@ -59,6 +59,7 @@ MODELS = {"yolov8n": ("nudenet", "320n.onnx", (1, 3, 320, 320)),
 # `hf-bert`, a transformers BertModel, is one where another runtime is clearly faster than ONNX Runtime here.
 CORPUS = ("hf-bert",)
 MODES = ("stock", "stock2", "uhop", "openvino")
+PACKAGE_DIRS = ("uhop_onnx", "partitioner", "providers", "custom_ops", "models")  # what installs as uhop_onnx
 WINDOW_S = 10
 
 
@@ -256,10 +257,7 @@ def run_one(program: str, mode: str, seconds: float, idle_share: float, cache: s
             known: set[int]) -> dict:
     """One program in one mode in a fresh process: what it measured, with exit_s and its leftovers."""
     out = str(work / f"{program}-{mode}-{len(os.listdir(work))}.json")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    # compiled once, as an installed package is: a source checkout run with PYTHONDONTWRITEBYTECODE would compile
-    # uhop-onnx's modules again in every fresh process and count that in its start
-    env.update(PYTHONPYCACHEPREFIX=str(work / "pycache"), **(corpus_case(program, work) if program in CORPUS else {}))
+    env = {**os.environ, **(corpus_case(program, work) if program in CORPUS else {})}
     if mode == "uhop":
         env["UHOP_CACHE_DIR"] = cache
     with open(out + ".log", "w") as log:
@@ -399,6 +397,9 @@ def main(argv: list[str]) -> None:
           f"load at start {' '.join(f'{x:.2f}' for x in facts['load_start'])}")
     print(f"{args.rounds} rounds x {args.seconds:g} s, idle share {args.idle_share:g}, busy neighbour: {args.busy}, "
           f"uhop cache: {'empty per process' if args.cold else 'one for the run'}")
+    # uhop-onnx's modules compiled beside their sources, as installing it compiles them: a source checkout run with
+    # PYTHONDONTWRITEBYTECODE would compile them again in every uhop process and count that in its start
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *(str(ROOT / d) for d in PACKAGE_DIRS)], check=True)
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
     known = {busy.pid} if busy else set()
     runs, summary = [], {}
