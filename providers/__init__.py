@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections import UserDict
 from collections.abc import Iterable, Sequence
+from importlib import import_module
 from typing import Any
 
 from uhop_onnx.foundation.errors import InputError, ProviderError
@@ -10,15 +12,26 @@ from uhop_onnx.foundation.errors import InputError, ProviderError
 from .base import DEVICE_KINDS, ArtifactFormat, Availability, Lowering, Provider
 from .runner import Runner
 from .capability import CapabilityTable, OpRule, Support
-from .kernels import KernelsProvider
-from .litert import LiteRt
-from .openvino import OpenVino
-from .ort import OrtCpu, OrtCuda, OrtQnn, OrtRocm, OrtTensorRT
 from .ort_names import ORT_NAMES, from_ort, warn
-from .rknn import Rknn
+
+
+class _Registry(UserDict):
+    """Provider classes by id; a provider's module is imported when its class is first asked for, so that a
+    session on ONNX Runtime imports no other provider's module (and none of the runtimes they import)."""
+
+    def __getitem__(self, ident: str) -> type[Provider]:
+        found = self.data[ident]
+        if isinstance(found, str):
+            module, _, name = found.partition(":")
+            found = self.data[ident] = getattr(import_module(module, __name__), name)
+        return found
+
 
 # Accelerators first; ort-cpu, the last resort, last.
-REGISTRY: dict[str, type[Provider]] = {cls.id: cls for cls in (OrtTensorRT, OrtCuda, OrtRocm, OrtQnn, Rknn, OpenVino, LiteRt, KernelsProvider, OrtCpu)}
+REGISTRY: UserDict[str, type[Provider]] = _Registry({
+    "ort-tensorrt": ".ort:OrtTensorRT", "ort-cuda": ".ort:OrtCuda", "ort-rocm": ".ort:OrtRocm",
+    "ort-qnn": ".ort:OrtQnn", "rknn": ".rknn:Rknn", "openvino": ".openvino:OpenVino", "litert": ".litert:LiteRt",
+    "kernels": ".kernels:KernelsProvider", "ort-cpu": ".ort:OrtCpu"})
 LAST_RESORT = "ort-cpu"
 
 ProviderSpec = str | tuple[str, dict[str, Any]]
