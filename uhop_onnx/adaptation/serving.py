@@ -29,13 +29,13 @@ import onnx
 
 from ..foundation.cache import JsonTable
 from ..foundation.dtypes import TensorSig
-from ..foundation.errors import UhopError, first_line, logger
+from ..foundation.errors import InputError, UhopError, first_line, logger
 from ..foundation.graph import declared_outputs, io_signatures
 from ..foundation.metadata import ModelMetadata
 from ..precision import Tolerance
 from ..precision.own import judged
 from ..providers import Provider
-from ..runtime.executor import Executor, Timing
+from ..runtime.executor import Executor, Timing, as_array
 from ..runtime.plan import Plan, Stage
 from . import explorer
 
@@ -515,16 +515,18 @@ def _sampled(feeds: Mapping[str, Any], inputs: Sequence[TensorSig]) -> tuple[dic
     """A call's feeds as arrays of the model's declared types (a list of lists, an `OrtValue`, as ONNX Runtime
     takes them), and why they cannot be a bucket's sample or check a switch ("" where they can: all finite,
     within the explorer's cap)."""
-    dtypes = {sig.name: sig.dtype for sig in inputs}
+    sigs = {sig.name: sig for sig in inputs}
     arrays = {}
     for name, value in feeds.items():
         if type(value) is not np.ndarray:
-            value = value.numpy() if callable(getattr(value, "numpy", None)) else value
+            sig = sigs.get(name)
+            if sig is None or sig.dtype is None or not sig.type.startswith("tensor("):
+                return None, "its inputs are not tensors"
             try:
-                value = np.asarray(value, dtype=dtypes[name]) if dtypes.get(name) is not None else None
-            except (TypeError, ValueError):
-                value = None
-            if value is None or value.dtype == object:
+                value = as_array(sig, name, value)
+            except InputError:
+                return None, "its inputs are not tensors"
+            if value.dtype == object:
                 return None, "its inputs are not tensors"
         arrays[name] = value
     if sum(v.nbytes for v in arrays.values()) > explorer.SAMPLE_CAP:

@@ -221,13 +221,15 @@ def _checked_feed(sig: TensorSig | None, name: str, value: Any) -> Any:
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, np.ndarray) for v in value):
             raise InputError(f"input {name!r} is a sequence ({sig.type}); pass a list of numpy arrays")
         return list(value)
-    value = _as_array(sig, name, value)
+    value = as_array(sig, name, value)
     if sig is not None:
         _check_value(sig, value)
     return value
 
 
-def _as_array(sig: TensorSig | None, name: str, value: Any) -> np.ndarray:
+def as_array(sig: TensorSig | None, name: str, value: Any) -> np.ndarray:
+    """A tensor feed as an array, as ONNX Runtime reads it: an `OrtValue` on the host, a list (or scalar) as an
+    array of the input's type; `InputError` for anything else."""
     if isinstance(value, (np.ndarray, np.generic)):
         value = np.asarray(value)
         return value if value.dtype.isnative else value.astype(value.dtype.newbyteorder("="))
