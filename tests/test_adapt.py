@@ -66,8 +66,8 @@ def _state(session) -> dict:
 
 def _slowed(provider: str, path: Path):
     """An adapting `Serving` on the model at `path` whose plans on `provider` take 20 ms longer a call."""
-    def compile(plan):
-        return Slowed(compile_plan(plan), 0.02 if provider in plan.get_providers() else 0.0)
+    def compile(plan, **given):
+        return Slowed(compile_plan(plan, **given), 0.02 if provider in plan.get_providers() else 0.0)
 
     return adaptive(str(path), None, None, "device", compile, budget_s=60.0, assign=None, strict=False)
 

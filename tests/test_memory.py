@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import onnx
 import pytest
@@ -40,3 +41,20 @@ def test_finding_the_providers_present_imports_no_runtime():
     if not {"openvino", "litert"} & set(found):
         pytest.skip("neither OpenVINO nor LiteRT is installed here")
     assert imported == [], f"listing {found} imported {imported}"
+
+
+def test_a_session_on_onnx_runtime_imports_only_what_serves():
+    """A one-shot script pays for ONNX Runtime and uhop-onnx's own modules: the model's structure (`onnx`) is
+    read, and another runtime's module imported, only when a bucket is explored or `session.plan` is asked for."""
+    model = Path(__file__).parent.parent / "models" / "example_mobilenet.onnx"
+    code = ("import json, sys, numpy as np, uhop_onnx; "
+            f"s = uhop_onnx.InferenceSession({str(model)!r}, providers=['CPUExecutionProvider']); "
+            "i = s.get_inputs()[0]; s.run(None, {i.name: np.zeros(i.shape, np.float32)}); "
+            "heavy = lambda: sorted({m.split('.')[0] for m in sys.modules} & {'onnx', 'onnx_ir', 'openvino', "
+            "'ai_edge_litert', 'pydantic'} | {m for m in sys.modules if m.split('.')[2:3] in "
+            "(['openvino'], ['litert'], ['rknn'], ['kernels'])}); "
+            "served = heavy(); nodes = len(s.plan.stages[0].nodes); print(json.dumps([served, heavy(), nodes]))")
+    served, asked, nodes = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                                     check=True, timeout=120).stdout)
+    assert served == [], f"a session serving ONNX Runtime imported {served}"
+    assert "onnx" in asked and nodes == 14  # the plan asked for: the model read, its nodes named

@@ -25,18 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
 from ..foundation.cache import JsonTable
 from ..foundation.dtypes import TensorSig
 from ..foundation.errors import InputError, UhopError, first_line, logger
-from ..foundation.graph import declared_outputs, io_signatures
-from ..foundation.metadata import ModelMetadata
 from ..precision import Tolerance
-from ..precision.own import judged
-from ..providers import Provider
 from ..runtime.executor import Executor, Timing, as_array
-from ..runtime.plan import Plan, Stage
+from ..runtime.plan import Plan
 from . import explorer
 
 log = logger(__name__)
@@ -127,18 +122,20 @@ class Serving:
     with one warning, and the refusal kept so that no process tries it again; one that agrees is timed on the calls
     that follow (`_checked`). Buckets decided on the same plan share one compiled copy. A plan other than the
     referee serves only calls whose float feeds are finite (see `Arm`). The referee is ONNX Runtime running the
-    model itself: `referee` builds it (the starter is it where `plain`). `run` is thread safe."""
+    model itself: `referee` compiles it and says its plan (the starter is it where `plain`, `compiled` then its
+    executor). `run` is thread safe."""
 
     def __init__(self, starter: Plan, compile: Callable[[Plan], Executor], label: str,
                  explore: Explore | None = None, *, explore_after_s: float | None = None,
                  tolerances: Callable[[], Mapping[str, Tolerance]] = dict,
-                 referee: Callable[[], Plan] | None = None, plain: bool = False):
+                 referee: Callable[[], tuple[Plan, Executor]] | None = None, plain: bool = False,
+                 compiled: Executor | None = None):
         self._compile, self._explore = compile, explore
         self._tolerances: Callable[[], Mapping[str, Tolerance]] | Mapping[str, Tolerance] = tolerances
         self._explore_after_s = EXPLORE_AFTER_S if explore_after_s is None else explore_after_s
         self._lock = threading.Lock()
         self._fallback = False
-        self.starter = self._arm(label, starter, refereed=not plain)
+        self.starter = self._arm(label, starter, refereed=not plain, compiled=compiled)
         self._make_referee = referee
         self._referee: Arm | None = self.starter if plain else None
         self._refereeing = threading.Lock()
@@ -421,6 +418,8 @@ class Serving:
             try:
                 arm = shared or self._arm(kept.label, kept.plan)
                 got = arm.executor.run(None, feeds)
+                from ..precision.own import judged
+
                 why, rule, worst = judged(arm.executor.outputs, got, want, self._rules())
             except Exception as error:  # noqa: BLE001 - a plan that no longer compiles or runs is not served
                 arm, why, rule, worst = None, f"it does not run here now ({first_line(error)})", "", 0.0
@@ -467,7 +466,8 @@ class Serving:
         with self._refereeing:
             referee = self._referee
             if referee is None or referee.executor is None or referee.retired:
-                referee = self._arm("ort-cpu", self._make_referee(), refereed=False)
+                plan, compiled = self._make_referee()
+                referee = self._arm("ort-cpu", plan, refereed=False, compiled=compiled)
                 with self._lock:
                     if self._closed:
                         referee.executor.close()
@@ -491,8 +491,8 @@ class Serving:
             self._arms.remove(arm)
         arm.release()
 
-    def _arm(self, label: str, plan: Plan, refereed: bool = True) -> Arm:
-        executor = self._compile(plan)
+    def _arm(self, label: str, plan: Plan, refereed: bool = True, compiled: Executor | None = None) -> Arm:
+        executor = self._compile(plan) if compiled is None else compiled
         executor.fallback = self._fallback
         return Arm(label, plan, executor, refereed)
 
@@ -573,21 +573,6 @@ def _same_stages(a: Plan, b: Plan) -> bool:
         return [(s.label, s.nodes) for s in plan.stages]
 
     return a.model_hash == b.model_hash and layout(a) == layout(b)
-
-
-def whole_model(loaded: onnx.ModelProto, data: bytes | str, name: str, digest: str, provider: Provider) -> Plan:
-    """`loaded` (its structure, as `uhop_onnx.load_as_read` gives it, with `data`, the bytes it was read from
-    or its path; `digest`, its `model_digest`) as one stage on `provider`, an ONNX Runtime one, unsimplified:
-    what the runtime itself would run, built without placing anything (the model whole is parsed from `data`
-    when first needed)."""
-    inputs, outputs = io_signatures(loaded)
-    stage = Stage(provider=provider.id, options=dict(provider.options), nodes=[n.name for n in loaded.graph.node],
-                  inputs=[i.name for i in loaded.graph.input], outputs=[o.name for o in outputs],
-                  file=f"stage_00_{provider.id}.onnx", declared=declared_outputs(loaded), data=data)
-    return Plan(model_name=name, model_hash=digest, inputs=inputs, outputs=outputs,
-                providers=[{"id": provider.id, "options": dict(provider.options),
-                            "version": provider.availability.version}],
-                stages=[stage], metadata=ModelMetadata.of(loaded), placement="whole")
 
 
 @dataclass(frozen=True)

@@ -19,17 +19,15 @@ from typing import Any
 import numpy as np
 
 from ..foundation.dtypes import TensorSig
-from ..foundation.errors import FreeDimensionError, InputError, UhopError, logger
+from ..foundation.errors import FreeDimensionError, InputError, StageError, UhopError, first_line, logger
 from ..runtime.executor import Executor, Timing, mapping
 from ..foundation.files import atomic_file
-from ..foundation.graph import TensorInfo
 from ..foundation.metadata import ModelMetadata
-from ..runtime.plan import PLAN_FILE, Plan
-from ..adaptation.serving import Decisions, Explore, Serving, whole_model
+from ..runtime.plan import PLAN_FILE, Plan, Stage
+from ..adaptation.serving import Decisions, Explore, Serving
 from ..foundation.cache import cache_dir, device_fingerprint, model_digest
-from ..model.loader import load, load_as_read, model_name
-from ..precision import Tolerance, own
-from ..providers import LAST_RESORT, create, resolve
+from ..precision import Tolerance
+from ..providers import LAST_RESORT, Provider, Runner, create, resolve
 from ..runtime.compile import compile_plan
 
 log = logger(__name__)
@@ -95,7 +93,8 @@ class InferenceSession:
                              strict=strict, shapes=shapes, inputs=inputs, precision=precision, tolerance=tolerance,
                              calibration=calibration, policy=policy, **optimize_options)
             self._serving = Serving(plan, compile, "plan")
-        self.threads = threads if threads is not None else self.plan.threads
+        self._source = source
+        self.threads = threads if threads is not None else self._serving.plan.threads
         self._sess_options = sess_options
         self._serving.fallback = fallback
         self._close = weakref.finalize(self, self._serving.close)
@@ -107,7 +106,13 @@ class InferenceSession:
     @property
     def plan(self) -> Plan:
         """The plan that served the latest call (before any, the one the session started on)."""
-        return self._serving.plan
+        plan = self._serving.plan
+        stage = plan.stages[0] if len(plan.stages) == 1 else None
+        if stage is not None and not stage.nodes and stage.data is not None:  # made from ONNX Runtime's view
+            from ..model.loader import load_as_read
+
+            stage.nodes = [node.name for node in load_as_read(self._source)[0].graph.node]
+        return plan
 
     @property
     def _executor(self) -> Executor:
@@ -131,13 +136,15 @@ class InferenceSession:
     # onnxruntime's getters
 
     def get_inputs(self) -> list[TensorSig]:
-        return list(self.plan.inputs)
+        return list(self._serving.plan.inputs)
 
     def get_outputs(self) -> list[TensorSig]:
-        return list(self.plan.outputs)
+        return list(self._serving.plan.outputs)
 
     def get_overridable_initializers(self) -> list[TensorSig]:
         """Initializers that are also graph inputs: a feed of that name replaces the stored value."""
+        from ..foundation.graph import TensorInfo
+
         found: dict[str, TensorSig] = {}
         for stage in self.plan.stages:
             for value in self.plan.stage_model(stage).graph.input:
@@ -147,12 +154,12 @@ class InferenceSession:
         return list(found.values())
 
     def get_providers(self) -> list[str]:
-        return self.plan.get_providers()
+        return self._serving.plan.get_providers()
 
     def get_provider_options(self) -> dict[str, dict[str, Any]]:
         """Each provider the plan uses -> its options, in `get_providers()` order."""
         options: dict[str, dict[str, Any]] = {}
-        for stage in self.plan.stages:
+        for stage in self._serving.plan.stages:
             options.setdefault(stage.provider, dict(stage.options))
         return options
 
@@ -167,7 +174,7 @@ class InferenceSession:
         return self._sess_options
 
     def get_modelmeta(self) -> ModelMetadata:
-        return self.plan.metadata
+        return self._serving.plan.metadata
 
     # fallback switches
 
@@ -264,7 +271,7 @@ class InferenceSession:
         for k, begin, finish in timings:
             stage = plan.stages[k]
             events.append(event(f"stage_{k}", "Node", begin, finish, {
-                "provider": stage.label, "nodes": len(stage.nodes), "first_node": stage.nodes[0]}))
+                "provider": stage.label, "nodes": len(stage.nodes), "first_node": stage.nodes[0] if stage.nodes else ""}))
         with self._lock:
             if self._trace is not None:
                 self._trace.extend(events)
@@ -336,32 +343,37 @@ def _optimize(source: Any, **options: Any) -> Plan:
             return optimize(source, progress=log.info, **{**options, "profile": False})
 
 
-def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, compile: Callable[[Plan], Executor],
+def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, compile: Callable[..., Executor],
              *, budget_s: float, assign: Mapping[str, str] | None, strict: bool, arena: bool = True,
              **optimize_options: Any) -> Serving:
     """An adapting session's `Serving`. It starts on the model placed on the runtimes `specs` name, as ONNX
-    Runtime would run it (`ort-cpu`, the model as given, unsimplified, when none are named); what it decides
-    later is found by the explorer, a process of its own (`adaptation.explorer`), and checked against ONNX
-    Runtime running the model as given before it serves; `arena` False (the program's `sess_options` turned
-    ONNX Runtime's memory arena off) is kept for the ONNX Runtime it starts on."""
+    Runtime would run it (`ort-cpu`, the model as given, unsimplified and unread, when none are named); what it
+    decides later is found by the explorer, a process of its own (`adaptation.explorer`), and checked against
+    ONNX Runtime running the model as given before it serves; `arena` False (the program's `sess_options` turned
+    ONNX Runtime's memory arena off) is kept for the ONNX Runtime it starts on. `compile` is `compile_plan`, or
+    one that takes its keywords."""
     first = resolve(["ort-cpu"] if specs is None else specs, threads, strict, policy="literal")[0]
     plain = first.id == LAST_RESORT and not assign  # ONNX Runtime runs every node: nothing to place
     if plain and not arena:
         first = create((LAST_RESORT, {**first.options, "enable_cpu_mem_arena": False}), threads)
-    loaded, data = load_as_read(source)  # its structure; ONNX Runtime checks the model as it reads it
+    data = _as_given(source)
+    umpire = first if plain else resolve([LAST_RESORT], threads, False, policy="literal")[0]
 
-    def referee() -> Plan:
-        """ONNX Runtime running the model as given, unsimplified: what every other plan is compared with (its
-        model digest left blank until it is computed: `Serving` fills it in)."""
-        return whole_model(loaded, data, model_name(source, loaded), "",
-                           first if plain else resolve([LAST_RESORT], threads, False, policy="literal")[0])
+    def referee() -> tuple[Plan, Executor]:
+        """ONNX Runtime running the model as given, unsimplified: what every other plan is compared with."""
+        plan, runner = on_ort(source, data, umpire)
+        return plan, compile(plan, runners=[runner])
 
     def tolerances() -> dict[str, Tolerance]:
         """Per output, what a plan is held to against the referee: the model's own precision's rule."""
-        return own.tolerances(loaded, lambda: load(source, check=False))
+        from ..model.loader import load, load_as_read
+        from ..precision import own
 
+        return own.tolerances(load_as_read(source)[0], lambda: load(source, check=False))
+
+    compiled = None
     if plain:
-        label, starter = first.label, referee()
+        (starter, compiled), label = referee(), first.label
     else:
         from .optimizer import optimize
 
@@ -373,7 +385,52 @@ def adaptive(source: Any, specs: list | None, threads: int | None, policy: str, 
            "policy": policy, "assign": dict(assign or {}), "options": optimize_options}
     explore = Explore(job, functools.partial(decisions_for, source, specs, threads, policy, assign),
                       lambda: data if isinstance(data, bytes) else None, budget_s)
-    return Serving(starter, compile, label, explore, tolerances=tolerances, referee=referee, plain=plain)
+    return Serving(starter, compile, label, explore, tolerances=tolerances, referee=referee, plain=plain,
+                   compiled=compiled)
+
+
+def _as_given(source: Any) -> bytes | str:
+    """What ONNX Runtime is given, the model unread: a file's resolved path, or the model's bytes."""
+    if isinstance(source, (str, os.PathLike)) and os.path.isfile(source):
+        return str(Path(source).resolve())
+    if isinstance(source, bytes):
+        return source
+    from ..model.loader import load_as_read
+
+    return load_as_read(source)[1]  # a model object serialized; anything else refused as `load` refuses it
+
+
+def on_ort(source: Any, data: bytes | str, provider: Provider) -> tuple[Plan, Runner]:
+    """The model (`data`, as `_as_given` gives it) whole on `provider`, an ONNX Runtime one: compiled, and a plan
+    of it made from the runtime's own view (inputs, outputs, overridable initializers, metadata), the model's
+    structure unread: its stage names no nodes until `named` fills them in. A model ONNX Runtime refuses is
+    then read as `load` reads it, so that the error says what is wrong with it (its external data outside its
+    folder, an IR version out of range)."""
+    try:
+        runner = provider.compile(data, exclusive=True)
+    except Exception as error:
+        from ..model.loader import load_as_read
+
+        load_as_read(source)
+        raise StageError(f"the model could not be compiled on {provider.id}: {first_line(error)}", 0,
+                         provider.id) from error
+    session = runner.session
+    inputs, outputs = ([TensorSig(a.name, a.type, a.shape) for a in args]
+                       for args in (session.get_inputs(), session.get_outputs()))
+    stored = [a.name for a in session.get_overridable_initializers()]
+    meta = session.get_modelmeta()
+    name = (os.path.splitext(os.path.basename(os.fspath(source)))[0] if isinstance(source, (str, os.PathLike))
+            else meta.graph_name or "model")
+    stage = Stage(provider=provider.id, options=dict(provider.options), nodes=[],
+                  inputs=[*(i.name for i in inputs), *stored], outputs=[o.name for o in outputs],
+                  file=f"stage_00_{provider.id}.onnx", declared=[(o.name, None) for o in outputs], data=data)
+    plan = Plan(model_name=name, model_hash="", inputs=inputs, outputs=outputs,
+                providers=[{"id": provider.id, "options": dict(provider.options),
+                            "version": provider.availability.version}],
+                stages=[stage], placement="whole",
+                metadata=ModelMetadata(meta.producer_name, meta.graph_name, meta.domain, meta.description,
+                                       meta.graph_description, meta.version, dict(meta.custom_metadata_map)))
+    return plan, runner
 
 
 def model_size(source: Any) -> int | None:

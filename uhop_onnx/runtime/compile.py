@@ -12,7 +12,6 @@ import numpy as np
 
 from ..foundation.errors import StageError, UhopError, first_line, logger, outside
 from .executor import Check, Executor
-from ..foundation.graph import declared_outputs
 from .plan import Plan, Stage
 from ..providers import LAST_RESORT, Runner, create
 
@@ -20,14 +19,16 @@ log = logger(__name__)
 
 
 def compile_plan(plan: Plan, threads: int | None = None, fallback: bool = False,
-                 exclusive: bool | None = None) -> Executor:
+                 exclusive: bool | None = None, runners: list[Runner] | None = None) -> Executor:
     """An `Executor` over each stage of `plan` compiled on its provider at its precision, with `threads`
-    (default: the plan's). `exclusive` (default: when the plan has one stage) tells a runtime it has the
-    process to itself. The executor can re-run a failed stage on `ort-cpu` (`executor.fallback`, on with
-    `fallback`), counting it in `plan.fallbacks`; closing it closes every runner it compiled."""
+    (default: the plan's), or over `runners`, its stages compiled already. `exclusive` (default: when the plan
+    has one stage) tells a runtime it has the process to itself. The executor can re-run a failed stage on
+    `ort-cpu` (`executor.fallback`, on with `fallback`), counting it in `plan.fallbacks`; closing it closes
+    every runner it compiled."""
     threads = plan.threads if threads is None else threads
     exclusive = len(plan.stages) == 1 if exclusive is None else exclusive
-    return Executor(plan.stages, compile_stages(plan, threads, exclusive), plan.inputs,
+    runners = compile_stages(plan, threads, exclusive) if runners is None else runners
+    return Executor(plan.stages, runners, plan.inputs,
                     [o.name for o in plan.outputs], plan.constants, LastResort(plan, threads), fallback)
 
 
@@ -53,6 +54,8 @@ def compile_stage(plan: Plan, stage: Stage, threads: int | None, exclusive: bool
         provider = provider.at_precision(stage.precision)
     provider.require()
     if stage.declared is None:
+        from ..foundation.graph import declared_outputs
+
         stage.declared = declared_outputs(plan.stage_model(stage))
     try:
         return provider.compile(plan.stage_model(stage) if stage.data is None or on else stage.data,

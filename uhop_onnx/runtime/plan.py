@@ -68,7 +68,10 @@ class Stage:
 
     @property
     def described(self) -> str:
-        """The stage as messages name it: `openvino, 12 nodes from 'conv_0'`."""
+        """The stage as messages name it: `openvino, 12 nodes from 'conv_0'` (`ort-cpu, the model whole` where its
+        nodes are not named yet)."""
+        if not self.nodes:
+            return f"{self.label}, the model whole"
         return f"{self.label}, {len(self.nodes)} nodes from {self.nodes[0]!r}"
 
     def to_json(self) -> dict[str, Any]:
