@@ -545,20 +545,26 @@ class _Searching:
 
 
 class _Feeds:
-    """Sample values of every tensor: the blocks run once, in order, through the `Executor`, each on the
-    first of its providers that runs it (with a worker, ONNX Runtime's CPU, the reference, before them), its
-    runner closed once it ran. A block that fails on every one leaves without values only the blocks that
-    need its outputs."""
+    """Sample values of every block's inputs: the blocks run once, in order, through the `Executor`, each on
+    the first of its providers that runs it (with a worker, ONNX Runtime's CPU, the reference, before them),
+    its runner closed once it ran. With a worker, each block's inputs are written to the worker's folder as the
+    run reaches it, and only the values later blocks still read are held (as ONNX Runtime holds a model's
+    activations); without one, every block's are held. A block that fails on every one leaves without values
+    only the blocks that need its outputs."""
 
     def __init__(self, search: _Searching, models: Sequence[onnx.ModelProto], allowed: Sequence[Sequence[str]]):
         self.search, self.models, self.allowed = search, models, allowed
         self.failed: dict[int, str] = {}  # block -> its error on every provider, where none ran it
         self.files: dict[int, tuple[str, str]] = {}  # block -> its model and its inputs, saved for the worker
+        self.inputs: dict[int, str] = {}  # block -> its inputs' `.npz`, written as the run reached it (a worker)
         self._values: dict[str, Any] | None = None
 
     def for_block(self, k: int) -> dict[str, Any]:
         """Block k's inputs; a `ProviderError` naming the earlier blocks that failed when one is missing."""
         values = self._computed() if self._values is None else self._values
+        if k in self.inputs:
+            with np.load(self.inputs[k]) as saved:
+                values = {name: saved[name] for name in saved.files}
         names = [i.name for i in self.models[k].graph.input]
         missing = {name for name in names if name not in values}
         if missing:
@@ -583,35 +589,43 @@ class _Feeds:
     def _saved(self, k: int) -> tuple[str, str]:
         """Where block k's model and inputs (an `.npz`) are saved, in the worker's folder."""
         if k not in self.files:
-            inputs = self.for_block(k)
-            folder = self.search.worker.folder
-            model, feeds = folder / f"block{k}.onnx", folder / f"block{k}.npz"
+            self.for_block(k)  # its inputs were written as the run reached it
+            model = self.search.worker.folder / f"block{k}.onnx"
             saved(self.models[k], model)
-            np.savez(feeds, **{name: np.asarray(v) for name, v in inputs.items()})
-            self.files[k] = str(model), str(feeds)
+            self.files[k] = str(model), self.inputs[k]
         return self.files[k]
 
+    def reached(self, k: int, feeds: Mapping[str, Any]) -> None:
+        """Block k's inputs, as the run reached it: written for the worker, where there is one."""
+        if self.search.worker is not None:
+            path = self.search.worker.folder / f"block{k}.npz"
+            np.savez(path, **{name: np.asarray(v) for name, v in feeds.items()})
+            self.inputs[k] = str(path)
+
     def _computed(self) -> dict[str, Any]:
-        """Every tensor's value; where a block fails everywhere, the blocks downstream of it are left out
-        and the rest run again."""
+        """The values held (`_Feeds`): every block is run; where one fails everywhere, the blocks downstream
+        of it are left out and the rest run again."""
         stages = [Stage(f"block {k}", {}, [n.name for n in m.graph.node], [i.name for i in m.graph.input],
                         [o.name for o in m.graph.output], file="", declared=[]) for k, m in enumerate(self.models)]
         graph, feeds = self.search.graph, self.search.feeds
-        wanted = [name for stage in stages for name in stage.outputs]
+        held = self.search.worker is None
         reference = create(LAST_RESORT, self.search.config.threads) if self.search.worker else None
-        executor = Executor(stages, [_FirstThatRuns(self, k, reference) for k in range(len(stages))],
-                            [graph.signature(name) for name in graph.inputs], wanted, {})
+        lost: set[str] = set()  # the outputs of the blocks that failed and of those downstream of them
         while True:
+            running = [stage for stage in stages if not lost.intersection(stage.outputs)]
+            read = {name for stage in running for name in stage.inputs}
+            wanted = [name for stage in running for name in stage.outputs if held or name not in read]
+            executor = Executor(stages, [_FirstThatRuns(self, k, reference) for k in range(len(stages))],
+                                [graph.signature(name) for name in graph.inputs], wanted, {})
             try:
                 self._values = {**feeds, **dict(zip(wanted, executor.run(wanted, feeds), strict=True))}
                 return self._values
             except StageError as error:
                 self.failed[error.stage] = str(error.__cause__ or error)
-                lost = set(stages[error.stage].outputs)
+                lost.update(stages[error.stage].outputs)
                 for stage in stages[error.stage + 1:]:
                     if lost.intersection(stage.inputs):
                         lost.update(stage.outputs)
-                wanted = [name for name in wanted if name not in lost]
 
 
 class _FirstThatRuns(Runner):
@@ -623,6 +637,7 @@ class _FirstThatRuns(Runner):
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         errors = []
+        self.feeds.reached(self.k, feeds)
         search, model = self.feeds.search, self.feeds.models[self.k]
         providers = [search.providers[label] for label in self.feeds.allowed[self.k]]
         if self.reference is not None and self.reference.present:
