@@ -57,7 +57,7 @@ MODELS = {"yolov8n": ("nudenet", "320n.onnx", (1, 3, 320, 320)),
           "ocr-det": ("rapidocr", "models/PP-OCRv6_det_small.onnx", (1, 3, 480, 640))}
 # Corpus models (`benchmarks/corpus_models.py`, their TorchScript export) called directly on their own inputs:
 # `hf-bert`, a transformers BertModel, is one where another runtime is clearly faster than ONNX Runtime here.
-CORPUS = ("hf-bert",)
+CORPUS = ("hf-bert", "timm-resnet18")
 MODES = ("stock", "stock2", "uhop", "openvino")
 PACKAGE_DIRS = ("uhop_onnx", "partitioner", "providers", "custom_ops", "models")  # what installs as uhop_onnx
 WINDOW_S = 10
