@@ -21,7 +21,7 @@ import pytest
 import uhop_onnx
 from uhop_onnx.adaptation import explorer
 from uhop_onnx.products import explore
-from uhop_onnx.adaptation.serving import EXPLORE_AFTER, Decisions, Serving
+from uhop_onnx.adaptation.serving import EXPLORE_AFTER, EXPLORE_LIVED_S, Decisions, Serving
 from uhop_onnx.foundation.cache import cache_dir
 from uhop_onnx.models import BUILDERS
 from uhop_onnx.products.optimizer import optimize
@@ -338,6 +338,23 @@ def test_shape_buckets_are_exact_then_rounded_up_to_powers_of_two(monkeypatch):
         serving.run(None, {"input_ids": np.arange(seq, dtype=np.int64)[None] % 100})
     keys = list(serving.adaptation)
     assert "input_ids: 1x3" in keys and "input_ids: 1x16" in keys and "input_ids: 1x9" not in keys
+    serving.close()
+
+
+def test_a_bucket_called_seldom_is_explored_once_it_was_first_called_long_enough_ago(monkeypatch):
+    """A server between requests: its calls never add up to `EXPLORE_AFTER_S`, yet it lives long enough to gain."""
+    due = []
+    monkeypatch.setattr("uhop_onnx.adaptation.serving.EXPLORE_AFTER_S", 1e9)  # its calls never add up to it
+    monkeypatch.setattr(Serving, "_due", lambda self, bucket, feeds: due.append(bucket.key))
+    serving = adaptive(ENCODER, None, None, "device", compile_plan, budget_s=60.0, assign=None, strict=False)
+    feeds = {"input_ids": np.arange(4, dtype=np.int64)[None]}
+    for _ in range(EXPLORE_AFTER + 2):
+        serving.run(None, feeds)
+    assert due == []
+    bucket = next(iter(serving._buckets.values()))
+    bucket.first -= EXPLORE_LIVED_S  # its first call that long ago
+    serving.run(None, feeds)
+    assert due == [bucket.key]
     serving.close()
 
 

@@ -38,6 +38,7 @@ log = logger(__name__)
 
 EXPLORE_AFTER = 3  # calls at a bucket before it is worth exploring, once they took `explore_after_s` too
 EXPLORE_AFTER_S = 2.0  # seconds of calls at a bucket before it is (short programs never pay)
+EXPLORE_LIVED_S = 30.0  # or seconds since its first call: a program that calls seldom (a server between requests)
 EXACT_BUCKETS = 8  # distinct shape sets kept exact; beyond, free axes are rounded up to powers of two
 POLL_S = 0.5  # how often a call looks for the explorer's decisions (a stat of their file)
 RETRY_S = 30.0  # a bucket the explorer left undecided (it was busy elsewhere, the machine was) is asked again after
@@ -89,6 +90,7 @@ class Bucket:
     current: Arm | None  # None while it switches (`Serving._switch`)
     calls: int = 0
     busy_s: float = 0.0  # the time its calls took until it was handed to the explorer
+    first: float = field(default_factory=time.monotonic)  # when it was first called
     paces: deque = field(default_factory=lambda: deque(maxlen=PACES))  # its latest calls' seconds (`serving`,
     # `checking`)
     before: float = 0.0  # the median call of the plan it switched from (`checking`)
@@ -114,8 +116,9 @@ class Bucket:
 class Serving:
     """Runs calls on the plan serving each shape bucket, exactly for the first `EXACT_BUCKETS` shape sets, then with
     free axes rounded up to powers of two. Given `explore`, a bucket called `EXPLORE_AFTER` times for
-    `explore_after_s` seconds in all (`EXPLORE_AFTER_S` unless given) is decided: by what an earlier process kept
-    for it, else by the explorer (see `explorer`), given a copy of that call's feeds. A decision naming another plan
+    `explore_after_s` seconds in all (`EXPLORE_AFTER_S` unless given), or over `EXPLORE_LIVED_S` since its first
+    call, is decided: by what an earlier process kept for it, else by the explorer (see `explorer`), given a
+    copy of that call's feeds. A decision naming another plan
     is switched to on the bucket's next call with finite array feeds: ONNX Runtime (the referee) runs it, the plan
     serving until then is released (unless another bucket uses it), the new plan is compiled, runs it too, and
     serves from then on only if it agrees (each output held to `tolerances`'s rule); one that does not is refused,
@@ -260,8 +263,9 @@ class Serving:
                 self._checked(bucket, arm)
             return
         bucket.busy_s += seconds
-        if (bucket.state == "serving" and bucket.calls >= EXPLORE_AFTER and bucket.busy_s >= self._explore_after_s
-                and time.monotonic() >= bucket.retry_at):
+        now = time.monotonic()
+        if (bucket.state == "serving" and bucket.calls >= EXPLORE_AFTER and now >= bucket.retry_at
+                and (bucket.busy_s >= self._explore_after_s or now - bucket.first >= EXPLORE_LIVED_S)):
             self._due(bucket, feeds)
 
     def _checked(self, bucket: Bucket, arm: Arm) -> None:
