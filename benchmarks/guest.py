@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import collections
 import json
 import logging
 import os
@@ -161,7 +162,9 @@ def described(sessions: dict) -> dict:
 
 def child(program: str, mode: str, out: str, spawned: float, seconds: float, idle_share: float) -> None:
     """Runs `program` in `mode` for `seconds` after its first result and writes what it measured to `out`, then
-    the instant of its last statement to `out`.end."""
+    the instant of its last statement to `out`.end. Between calls it sleeps `idle_share / (1 - idle_share)` times
+    the median of its latest calls (one slow call, a switch, does not stretch the pause after it), never past
+    the end."""
     start = process_state()
     call, inputs, sessions = make_program(program, mode)
     pause = idle_share / (1 - idle_share)
@@ -169,7 +172,7 @@ def child(program: str, mode: str, out: str, spawned: float, seconds: float, idl
     call(inputs[0])
     first_end = time.monotonic()
     time.sleep(pause * (first_end - began))
-    windows, calls, i = [0] * int(seconds // WINDOW_S), 0, 1
+    windows, calls, i, latest = [0] * int(seconds // WINDOW_S), 0, 1, collections.deque([first_end - began], 32)
     threads_max, next_sample = len(os.listdir("/proc/self/task")), first_end + 1
     while (now := time.monotonic()) - first_end < seconds:
         call(inputs[i % len(inputs)])
@@ -180,7 +183,8 @@ def child(program: str, mode: str, out: str, spawned: float, seconds: float, idl
                 windows[int((done - first_end) // WINDOW_S)] += 1
         if done >= next_sample:
             threads_max, next_sample = max(threads_max, len(os.listdir("/proc/self/task"))), done + 1
-        time.sleep(pause * (done - now))
+        latest.append(done - now)
+        time.sleep(max(0.0, min(pause * statistics.median(latest), seconds - (time.monotonic() - first_end))))
     try:
         described = sessions()
     except Exception as e:  # a session that cannot say what it is is a finding, not a crash
