@@ -35,8 +35,8 @@ starts alone).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import collections
+import ctypes
 import json
 import logging
 import os
