@@ -220,6 +220,24 @@ def test_exec_runs_a_script_named_python_something_as_the_script(form, tmp_path)
     assert python(*form, sys.executable, "python3-tool", "z", cwd=tmp_path) == "['python3-tool', 'z']\n"
 
 
+def test_the_uhop_onnx_command_starts_a_program_without_the_clis_modules(tmp_path):
+    """A program under `uhop-onnx exec` pays at start for the patch, not for typer, rich or onnx."""
+    command = Path(sys.executable).parent / "uhop-onnx"
+    if not command.is_file():
+        pytest.skip("the uhop-onnx command is not installed beside this interpreter")
+    model = Path(__file__).parent.parent / "models" / "example_mobilenet.onnx"
+    (tmp_path / "app.py").write_text(
+        "import sys, numpy as np, onnxruntime as ort\n"
+        "s = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])\n"
+        "i = s.get_inputs()[0]\n"
+        "s.run(None, {i.name: np.zeros(i.shape, np.float32)})\n"
+        "print(sorted({'typer', 'rich', 'onnx'} & set(sys.modules)), type(s).__module__)\n")
+    done = subprocess.run([str(command), "exec", "--", "python", "app.py", str(model)], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120, env={**os.environ, "UHOP_CACHE_DIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == "[] uhop_onnx.products.patch\n"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("form", EXEC_FORMS, ids=["python -m uhop_onnx.exec", "uhop-onnx exec python"])
 def test_exec_passes_the_interpreters_options_on(form, tmp_path):

@@ -17,7 +17,6 @@ from typing import Any
 
 from ..foundation import ortlib
 from ..foundation.errors import InputError
-from .optimizer import optimize
 from .session import InferenceSession
 
 log = logging.getLogger(__name__)
@@ -74,6 +73,10 @@ def unpatch_onnxruntime() -> None:
 
 def _check(defaults: Mapping[str, Any]) -> None:
     """`InputError` for a default that is no keyword of the session (or of `optimize`, where it goes)."""
+    if not defaults:
+        return
+    from .optimizer import optimize
+
     valid = {name for fn in (InferenceSession.__init__, optimize) for name, p in inspect.signature(fn).parameters.items()
              if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self", "model", *_ORT_PARAMETERS}
     wrong = sorted(set(defaults) - valid)
@@ -92,7 +95,7 @@ def _session_class(defaults: Mapping[str, Any]) -> type[InferenceSession]:
         def __init__(self, path_or_bytes: Any, *args: Any, **kwargs: Any):
             super().__init__(path_or_bytes, *args, **{**self.patch_defaults, **kwargs})
             log.info("onnxruntime.InferenceSession(%s) runs on uhop-onnx: %s in %d stage(s)", _described(path_or_bytes),
-                     ", ".join(self.get_providers()), len(self.plan.stages))
+                     ", ".join(self.get_providers()), len(self._serving.plan.stages))  # its structure unread
 
     PatchedSession.__name__ = PatchedSession.__qualname__ = "InferenceSession"
     return PatchedSession
