@@ -84,7 +84,7 @@ from .placer import Analysis, Block, Candidate, Choice, Effort, Failure, Placeme
 log = logger(__name__)
 
 NOISY = 0.25  # a cached figure whose spread is above this is measured again
-CHUNK = 8  # blocks measured together between two looks at the deadline
+CHUNK = 4  # blocks measured together between two looks at the deadline
 IN_PROCESS = LAST_RESORT  # the provider whose blocks are measured in this process even with a worker
 BEST = "best so far: "  # the progress step that names the best plan so far and its figure
 NOT_MEASURED = "not measured: the budget ran out"
