@@ -20,7 +20,8 @@ FLOORS = {
     "uhop_onnx.runtime": 4, "uhop_onnx.bundle": 4, "uhop_onnx.adaptation": 4,
     "uhop_onnx.partitioner": 5,
     "uhop_onnx.products": 6, "uhop_onnx.serve": 6, "uhop_onnx.backend": 6,
-    "uhop_onnx.cli": 7, "uhop_onnx.serve.cli": 7, "uhop_onnx.exec": 7, "uhop_onnx.providers.rknn.cli": 7,
+    "uhop_onnx.cli": 7, "uhop_onnx.serve.cli": 7, "uhop_onnx.exec": 7, "uhop_onnx.command": 7,
+    "uhop_onnx.providers.rknn.cli": 7,
     "uhop_onnx.products.bench": 7, "uhop_onnx.products.kernels_bench": 7,
 }
 NAMES = {1: "foundation", 2: "model", 3: "providers", 4: "runtime", 5: "placement", 6: "products", 7: "faces"}

@@ -28,16 +28,6 @@ VALUED = "WX"  # and those with one: `-W error`, `-Xdev`
 NATIVE = (b"\x7fELF", b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe", b"\xca\xfe\xba\xbe")  # ELF, Mach-O, fat Mach-O
 
 
-def command() -> None:
-    """The `uhop-onnx` command. `uhop-onnx exec ...` runs here, before the CLI's modules (typer, rich, every
-    command's) are imported: a program started so pays at start only for what the patch imports."""
-    if sys.argv[1:2] == ["exec"]:
-        sys.exit(main(sys.argv[2:], prog="uhop-onnx exec"))
-    from .cli import main as cli
-
-    cli()
-
-
 def main(argv: list[str], prog: str = "python -m uhop_onnx.exec") -> int:
     """Run the program `argv` names (`["app.py", ...]`, `["-m", "pkg.app", ...]`, `["-c", CODE, ...]`; a
     leading interpreter or `--` dropped) under the patch; its exit status (1 and its traceback when it
