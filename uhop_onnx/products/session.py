@@ -271,7 +271,7 @@ class InferenceSession:
         for k, begin, finish in timings:
             stage = plan.stages[k]
             events.append(event(f"stage_{k}", "Node", begin, finish, {
-                "provider": stage.label, "nodes": len(stage.nodes), "first_node": stage.nodes[0] if stage.nodes else ""}))
+                "provider": stage.label, "nodes": len(stage.nodes), "first_node": (stage.nodes or [""])[0]}))
         with self._lock:
             if self._trace is not None:
                 self._trace.extend(events)
