@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+
+
+def model_name(source: object, graph_name: str) -> str:
+    """A model's name for plans and logs: its file's stem, else its graph's name."""
+    if isinstance(source, (str, os.PathLike)):
+        return os.path.splitext(os.path.basename(os.fspath(source)))[0]
+    return graph_name or "model"
 
 
 @dataclass(frozen=True)

@@ -364,9 +364,3 @@ def _sort(graph: onnx.GraphProto, writer: dict[str, int], where: str) -> None:
         del graph.node[:]
         graph.node.extend(nodes[i] for i in order)
 
-
-def model_name(source: object, loaded: onnx.ModelProto) -> str:
-    """A model's name for plans and logs: its file's stem, else its graph's name."""
-    if isinstance(source, (str, os.PathLike)):
-        return os.path.splitext(os.path.basename(os.fspath(source)))[0]
-    return loaded.graph.name or "model"

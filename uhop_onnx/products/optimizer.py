@@ -20,7 +20,7 @@ from ..foundation.cache import JsonTable, cache_dir, code_fingerprint, device_fi
 from ..foundation.errors import InputError, PlanError, TooLargeError, UhopError, first_line, logger
 from ..foundation.graph import Graph, declared_outputs
 from ..foundation.inputs import Inputs, Shapes, free_inputs, inputs_digest, measured_shapes, profile_feeds
-from ..model.loader import load, model_name, sha256
+from ..model.loader import load, sha256
 from ..runtime.measure import LATE, Measurement, Profiler, SearchWorker, WorkerFailed, time_plans_in_processes
 from ..partitioner.capabilities import capabilities, only_the_rest, whole_model
 from ..partitioner.extract import extract
@@ -28,7 +28,7 @@ from ..partitioner.partition import partition
 from ..partitioner.first_supported import FirstSupported, first_supported
 from ..partitioner.placer import Analysis, Choice, Placement
 from ..partitioner.search import Search, in_process
-from ..foundation.metadata import ModelMetadata
+from ..foundation.metadata import ModelMetadata, model_name
 from ..runtime.plan import PLAN_FILE, Plan, Stage
 from ..precision import FP32_TOLERANCE, Precision, check_samples, compare, read_choice, sample_error, wanted
 from ..providers import (
@@ -465,7 +465,7 @@ def build_plan(a: Analysis, choice: Sequence[str], threads: int | None, model_ha
             fp32=fp32,
         ))
     return Plan(
-        model_name=model_name(a.source, a.loaded),
+        model_name=model_name(a.source, a.loaded.graph.name),
         model_hash=model_hash or sha256(a.loaded),
         inputs=[graph.signature(name) for name in graph.inputs],
         outputs=[graph.signature(name) for name in graph.outputs],

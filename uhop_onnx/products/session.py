@@ -22,7 +22,7 @@ from ..foundation.dtypes import TensorSig
 from ..foundation.errors import FreeDimensionError, InputError, StageError, UhopError, first_line, logger
 from ..runtime.executor import Executor, Timing, mapping
 from ..foundation.files import atomic_file
-from ..foundation.metadata import ModelMetadata
+from ..foundation.metadata import ModelMetadata, model_name
 from ..runtime.plan import PLAN_FILE, Plan, Stage
 from ..adaptation.serving import Decisions, Explore, Serving
 from ..foundation.cache import cache_dir, device_fingerprint, model_digest
@@ -403,7 +403,7 @@ def _as_given(source: Any) -> bytes | str:
 def on_ort(source: Any, data: bytes | str, provider: Provider) -> tuple[Plan, Runner]:
     """The model (`data`, as `_as_given` gives it) whole on `provider`, an ONNX Runtime one: compiled, and a plan
     of it made from the runtime's own view (inputs, outputs, overridable initializers, metadata), the model's
-    structure unread: its stage names no nodes until `named` fills them in. A model ONNX Runtime refuses is
+    structure unread: its stage names no nodes until `InferenceSession.plan` is asked for. A model ONNX Runtime refuses is
     then read as `load` reads it, so that the error says what is wrong with it (its external data outside its
     folder, an IR version out of range)."""
     try:
@@ -419,12 +419,10 @@ def on_ort(source: Any, data: bytes | str, provider: Provider) -> tuple[Plan, Ru
                        for args in (session.get_inputs(), session.get_outputs()))
     stored = [a.name for a in session.get_overridable_initializers()]
     meta = session.get_modelmeta()
-    name = (os.path.splitext(os.path.basename(os.fspath(source)))[0] if isinstance(source, (str, os.PathLike))
-            else meta.graph_name or "model")
     stage = Stage(provider=provider.id, options=dict(provider.options), nodes=[],
                   inputs=[*(i.name for i in inputs), *stored], outputs=[o.name for o in outputs],
                   file=f"stage_00_{provider.id}.onnx", declared=[(o.name, None) for o in outputs], data=data)
-    plan = Plan(model_name=name, model_hash="", inputs=inputs, outputs=outputs,
+    plan = Plan(model_name=model_name(source, meta.graph_name), model_hash="", inputs=inputs, outputs=outputs,
                 providers=[{"id": provider.id, "options": dict(provider.options),
                             "version": provider.availability.version}],
                 stages=[stage], placement="whole",
