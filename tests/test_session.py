@@ -213,3 +213,17 @@ def test_a_call_missing_an_input_raises_and_onnx_runtime_prints_nothing():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "missing input(s) 'input'" in done.stdout, done.stderr[-2000:]
     assert "onnxruntime" not in done.stderr, done.stderr
+
+
+def test_an_input_of_unknown_rank_takes_an_ortvalue_or_a_list_of_any_rank():
+    """ONNX Runtime shows such an input's shape as `[]`, as it shows a scalar's: a session that starts from its
+    view leaves the rank to ONNX Runtime, which runs these as it would alone."""
+    import onnxruntime
+
+    io = [onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in "xy"]
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "relu", io[:1], io[1:])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+    session = uhop_onnx.InferenceSession(model.SerializeToString())
+    value = onnxruntime.OrtValue.ortvalue_from_numpy(-np.ones((2, 3), np.float32))
+    np.testing.assert_array_equal(session.run(None, {"x": value})[0], np.zeros((2, 3), np.float32))
+    np.testing.assert_array_equal(session.run(None, {"x": [[1.0, -2.0]]})[0], np.array([[1, 0]], np.float32))

@@ -415,8 +415,10 @@ def on_ort(source: Any, data: bytes | str, provider: Provider) -> tuple[Plan, Ru
         raise StageError(f"the model could not be compiled on {provider.id}: {first_line(error)}", 0,
                          provider.id) from error
     session = runner.session
-    inputs, outputs = ([TensorSig(a.name, a.type, a.shape) for a in args]
-                       for args in (session.get_inputs(), session.get_outputs()))
+    # ONNX Runtime shows `[]` for a scalar and for a rank it does not know alike: such an input's rank is left
+    # unknown here, and ONNX Runtime checks it
+    inputs = [TensorSig(a.name, a.type, a.shape or None) for a in session.get_inputs()]
+    outputs = [TensorSig(a.name, a.type, a.shape) for a in session.get_outputs()]
     stored = [a.name for a in session.get_overridable_initializers()]
     meta = session.get_modelmeta()
     stage = Stage(provider=provider.id, options=dict(provider.options), nodes=[],
