@@ -2,7 +2,8 @@
 Runtime alone, measured side by side in one run.
 
     python benchmarks/guest.py [--programs yolov8n,ocr-det,magika_files,...] [--modes stock,stock2,uhop]
-                               [--rounds 3] [--seconds 120] [--idle-share 0] [--busy] [--cold] [--json out.json]
+                               [--rounds 3] [--seconds 120] [--idle-share 0] [--busy] [--cold | --cache DIR]
+                               [--json out.json]
 
 Programs: the real clients of tests/clients/ (the library's object built, then its public call cycled over the
 client's inputs), and `yolov8n` (nudenet's shipped 320n.onnx) and `ocr-det` (rapidocr's shipped PP-OCRv6
@@ -16,7 +17,9 @@ Modes: `stock` and `stock2` (ONNX Runtime alone, twice: stock2/stock is the A/A 
 swap `onnxruntime.InferenceSession = uhop_onnx.InferenceSession` before the library is imported; one cache folder
 for the whole run, so round 1 is a program's first process and is reported apart, or with `--cold` an empty one
 per process), `openvino` (yolov8n, ocr-det and hf-bert only: the model compiled by OpenVINO alone at f32, as
-uhop serves it, the serving runtime alone when uhop decides on it). Each program runs every mode in a fresh
+uhop serves it, the serving runtime alone when uhop decides on it), `litert` (corpus programs only: the model
+converted to `.tflite` at its inputs' shapes by uhop's LiteRT converter, as uhop serves it, run by the LiteRT
+interpreter alone). `/alone` is a process's peak over the openvino or litert process of its round. Each program runs every mode in a fresh
 process per round, in a fresh shuffled order per round; `--busy` runs one busy-looping process beside them for
 the whole run.
 
@@ -59,7 +62,8 @@ MODELS = {"yolov8n": ("nudenet", "320n.onnx", (1, 3, 320, 320)),
 # Corpus models (`benchmarks/corpus_models.py`, their TorchScript export) called directly on their own inputs:
 # `hf-bert`, a transformers BertModel, is one where another runtime is clearly faster than ONNX Runtime here.
 CORPUS = ("hf-bert", "timm-resnet18")
-MODES = ("stock", "stock2", "uhop", "openvino")
+MODES = ("stock", "stock2", "uhop", "openvino", "litert")
+ALONE = ("openvino", "litert")  # a runtime uhop may serve, run alone
 PACKAGE_DIRS = ("uhop_onnx", "partitioner", "providers", "custom_ops", "models")  # what installs as uhop_onnx
 WINDOW_S = 10
 
@@ -124,6 +128,8 @@ def make_program(program: str, mode: str):
 
             compiled = openvino.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
             return (lambda x: compiled(x)), [feeds], lambda: {"model": {"module": "openvino", "providers": ["CPU"]}}
+        if mode == "litert":
+            return litert_program(os.environ["GUEST_TFLITE"], feeds)
         sess = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
         return (lambda x: sess.run(None, x)), [feeds], lambda: described({"model": sess})
     if program not in MODELS:
@@ -245,8 +251,9 @@ def sweep(known: set[int]) -> list[str]:
     return left
 
 
-def corpus_case(program: str, work: Path) -> dict[str, str]:
-    """A corpus program's model file and its inputs saved in `work`, as the environment its processes read."""
+def corpus_case(program: str, work: Path, mode: str) -> dict[str, str]:
+    """A corpus program's model file and its inputs saved in `work` (and for `litert`, the model converted at
+    their shapes), as the environment its processes read."""
     sys.path.insert(0, str(ROOT))
     import numpy as np
 
@@ -254,14 +261,40 @@ def corpus_case(program: str, work: Path) -> dict[str, str]:
 
     path, feeds = case(program)
     np.savez(work / f"{program}.npz", **feeds)
-    return {"GUEST_MODEL": str(path), "GUEST_FEEDS": str(work / f"{program}.npz")}
+    tflite = work / f"{program}.tflite"
+    if mode == "litert" and not tflite.exists():
+        from uhop_onnx.model.loader import load
+        from uhop_onnx.model.simplify import at_fixed_shapes
+        from uhop_onnx.providers.litert.converter import convert
+
+        tflite.write_bytes(convert(at_fixed_shapes(load(path), {k: v.shape for k, v in feeds.items()})))
+    return {"GUEST_MODEL": str(path), "GUEST_FEEDS": str(work / f"{program}.npz"), "GUEST_TFLITE": str(tflite)}
+
+
+def litert_program(path: str, feeds: dict):
+    """(call, inputs, sessions) of a `.tflite` model on the LiteRT interpreter alone, on every core, fed and read
+    by the ONNX names its inputs and outputs carry."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=path, num_threads=os.cpu_count())
+    interpreter.allocate_tensors()
+    ins = [(d["name"], d["index"], d["dtype"]) for d in interpreter.get_input_details()]
+    outs = [d["index"] for d in interpreter.get_output_details()]
+
+    def call(x):
+        for name, index, dtype in ins:
+            interpreter.set_tensor(index, x[name].astype(dtype))
+        interpreter.invoke()
+        return [interpreter.get_tensor(index) for index in outs]
+
+    return call, [feeds], lambda: {"model": {"module": "ai_edge_litert", "providers": ["CPU"]}}
 
 
 def run_one(program: str, mode: str, seconds: float, idle_share: float, cache: str, work: Path,
             known: set[int]) -> dict:
     """One program in one mode in a fresh process: what it measured, with exit_s and its leftovers."""
     out = str(work / f"{program}-{mode}-{len(os.listdir(work))}.json")
-    env = {**os.environ, **(corpus_case(program, work) if program in CORPUS else {})}
+    env = {**os.environ, **(corpus_case(program, work, mode) if program in CORPUS else {})}
     if mode == "uhop":
         env["UHOP_CACHE_DIR"] = cache
     with open(out + ".log", "w") as log:
@@ -301,14 +334,14 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
-def compare(run: dict, stock: dict, openvino: dict | None) -> dict:
-    """One process's figures, and its ratios to the stock process (and the openvino one) of its round."""
+def compare(run: dict, stock: dict, alone: dict | None) -> dict:
+    """One process's figures, and its ratios to the stock process (and the openvino or litert one) of its round."""
     worst = min((w / s for w, s in zip(run["windows"], stock["windows"]) if s), default=None)
     return {"calls": run["calls"], "calls_ratio": ratio(run["calls"], stock["calls"]), "worst_window_ratio": worst,
             "start_s": run["start_s"], "start_ratio": ratio(run["start_s"], stock["start_s"]),
             "exit_s": run["exit_s"], "exit_minus_stock_s": run["exit_s"] - stock["exit_s"],
             "peak_mib": run["peak_mib"], "peak_ratio": ratio(run["peak_mib"], stock["peak_mib"]),
-            "peak_ratio_openvino": ratio(run["peak_mib"], openvino["peak_mib"]) if openvino else None,
+            "peak_ratio_alone": ratio(run["peak_mib"], alone["peak_mib"]) if alone else None,
             "threads_end": run["threads_end"], "threads_max": run["threads_max"], "leftovers": run["leftovers"]}
 
 
@@ -324,7 +357,8 @@ def summarize(runs: list[dict], modes: list[str], shared_cache: bool) -> dict:
             groups = [("uhop, first process", rounds[:1])] + ([("uhop, later", rounds[1:])] if len(rounds) > 1 else [])
         for label, rs in groups:
             mine = [by[(r, mode)] for r in rs if (r, mode) in by]
-            good = [(by[(r, mode)], by.get((r, "stock")), by.get((r, "openvino"))) for r in rs if (r, mode) in by]
+            good = [(by[(r, mode)], by.get((r, "stock")), next((by[(r, m)] for m in ALONE if (r, m) in by), None))
+                    for r in rs if (r, mode) in by]
             good = [(m, s, o if o and "error" not in o else None) for m, s, o in good
                     if "error" not in m and s and "error" not in s]
             per = [compare(m, s, o) for m, s, o in good]
@@ -349,7 +383,7 @@ def print_table(program: str, rows: dict) -> None:
     print(f"\n{program}  (ratios to the stock process of the same round, median over rounds; min start: the "
           "fastest start over the rounds, over stock's)")
     print(f"  {'mode':<20} {'calls':>6} {'/stock':>6} {'worst10s':>8} {'start s':>7} {'/stock':>6} {'min/stock':>9} "
-          f"{'exit s':>6} {'-stock':>6} {'peak MiB':>8} {'/stock':>6} {'/ov':>5} {'thr end/max':>11} {'left':>4}")
+          f"{'exit s':>6} {'-stock':>6} {'peak MiB':>8} {'/stock':>6} {'/alone':>6} {'thr end/max':>11} {'left':>4}")
     floor = rows.get("stock", {}).get("start_min_s")
     for label, r in rows.items():
         if r["rounds"]:
@@ -357,7 +391,7 @@ def print_table(program: str, rows: dict) -> None:
                   f"{fmt(r['worst_window_ratio'], '8.2f')} {fmt(r['start_s'], '7.2f')} {fmt(r['start_ratio'], '6.2f')} "
                   f"{fmt(ratio(r['start_min_s'], floor), '9.2f')} "
                   f"{fmt(r['exit_s'], '6.2f')} {fmt(r['exit_minus_stock_s'], '+6.2f')} {fmt(r['peak_mib'], '8.0f')} "
-                  f"{fmt(r['peak_ratio'], '6.2f')} {fmt(r['peak_ratio_openvino'], '5.2f')} "
+                  f"{fmt(r['peak_ratio'], '6.2f')} {fmt(r['peak_ratio_alone'], '6.2f')} "
                   f"{fmt(r['threads_end'], '.0f'):>5}/{fmt(r['threads_max'], '<5.0f')} {fmt(r['leftovers'], '4d')}")
         for c in r["changes"]:
             print(f"  {'':<20} changed: {c}")
@@ -390,6 +424,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--idle-share", type=float, default=0.0)
     parser.add_argument("--busy", action="store_true", help="a busy-looping process beside every measured one")
     parser.add_argument("--cold", action="store_true", help="an empty uhop cache folder for every uhop process")
+    parser.add_argument("--cache", type=Path, help="this uhop cache folder for the run, as it is (the decisions an "
+                        "earlier run kept): every uhop process is a later one")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
@@ -400,7 +436,7 @@ def main(argv: list[str]) -> None:
     print(f"host: {facts['cpu']}, {facts['cores']} cores, avx512: {' '.join(facts['avx512']) or 'none'}, "
           f"load at start {' '.join(f'{x:.2f}' for x in facts['load_start'])}")
     print(f"{args.rounds} rounds x {args.seconds:g} s, idle share {args.idle_share:g}, busy neighbour: {args.busy}, "
-          f"uhop cache: {'empty per process' if args.cold else 'one for the run'}")
+          f"uhop cache: {'empty per process' if args.cold else args.cache or 'one for the run'}")
     # uhop-onnx's modules compiled beside their sources, as installing it compiles them: a source checkout run with
     # PYTHONDONTWRITEBYTECODE would compile them again in every uhop process and count that in its start
     subprocess.run([sys.executable, "-m", "compileall", "-q", *(str(ROOT / d) for d in PACKAGE_DIRS)], check=True)
@@ -409,9 +445,10 @@ def main(argv: list[str]) -> None:
     runs, summary = [], {}
     try:
         with tempfile.TemporaryDirectory(prefix="guest-") as tmp:
-            work, shared = Path(tmp), tempfile.mkdtemp(prefix="cache-", dir=tmp)
+            work, shared = Path(tmp), str(args.cache or tempfile.mkdtemp(prefix="cache-", dir=tmp))
             for program in programs_here(args.programs.split(",")):
-                here = [m for m in modes if m != "openvino" or program in MODELS or program in CORPUS]
+                here = [m for m in modes if m == "openvino" and program in (*MODELS, *CORPUS)
+                        or m == "litert" and program in CORPUS or m not in ALONE]
                 mine = []
                 for r in range(1, args.rounds + 1):
                     order = random.sample(here, len(here))
@@ -422,7 +459,7 @@ def main(argv: list[str]) -> None:
                         said = found.get("error") or (f"{found['calls']} calls, start {found['start_s']:.2f} s, "
                                                       f"peak {found['peak_mib']:.0f} MiB")
                         print(f"  {program} round {r} {mode}: {said}", flush=True)
-                summary[program] = summarize(mine, here, not args.cold)
+                summary[program] = summarize(mine, here, not args.cold and not args.cache)
                 print_table(program, summary[program])
                 runs += mine
     finally:

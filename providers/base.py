@@ -389,8 +389,18 @@ class Provider(ABC):
         shape and integer value it is run at, simplified there (`PerShapeRunner`)."""
         self.require()
         if self.static_shapes and PerShapeRunner.needed(model):
-            return PerShapeRunner(model, lambda fixed: self.build(fixed, exclusive=exclusive))
+            return PerShapeRunner(model, lambda shapes, values: self.build_at(model, shapes, values,
+                                                                              exclusive=exclusive))
         return self.build(model, exclusive=exclusive)
+
+    def build_at(self, model: onnx.ModelProto, shapes: Mapping[str, tuple], values: Mapping[str, np.ndarray], *,
+                 exclusive: bool = True) -> Runner:
+        """On a `static_shapes` runtime, the runner of a stage with free dimensions at one set of input shapes and
+        values of its small integer inputs: the stage fixed there and simplified (`simplify.at_fixed_shapes`),
+        then built."""
+        from uhop_onnx.model.simplify import at_fixed_shapes
+
+        return self.build(at_fixed_shapes(model, shapes, values), exclusive=exclusive)
 
     def build(self, model: onnx.ModelProto, *, exclusive: bool = True) -> Runner:
         """The runner of a stage on this runtime, present here (`compile` checked it); on a `static_shapes`

@@ -96,14 +96,15 @@ def _listing(shapes: Mapping[str, tuple]) -> str:
 class PerShapeRunner(Runner):
     """A stage on a runtime that builds for fixed shapes, run at whatever its inputs are: one runner built per
     set of input shapes seen and values of its small integer inputs (`shape_values`: shapes, repeats, slice
-    bounds another stage computed), `build` taking the stage model fixed at them, with those values as
-    constants, simplified there (`simplify.at_fixed_shapes`, as capability was asked of), the last `keep`
+    bounds another stage computed), by `build(shapes, values)` (the provider's `build_at`: the stage fixed at
+    them, with those values as constants, simplified there, as capability was asked of), the last `keep`
     kept. Each new key costs a conversion, so at most `limit` keys are built (default `$UHOP_MAX_SHAPES`, else
     `SHAPE_LIMIT`); a call at one more is refused with `InputError`. A key whose build its check refuses
     (`CheckError`) raises that again on every call at it, without converting again. Safe to call from many threads: a
     key is built once, and a runner dropped from the cache is left to the calls still using it."""
 
-    def __init__(self, model: onnx.ModelProto, build: Callable[[onnx.ModelProto], Runner], keep: int = 8,
+    def __init__(self, model: onnx.ModelProto, build: Callable[[dict[str, tuple], dict[str, np.ndarray]], Runner],
+                 keep: int = 8,
                  limit: int | None = None):
         from onnx import helper
 
@@ -143,9 +144,7 @@ class PerShapeRunner(Runner):
                                      "--max-shapes)")
                 self.built.add(key)
                 try:
-                    from uhop_onnx.model.simplify import at_fixed_shapes
-
-                    runner = self.build(at_fixed_shapes(self.model, shapes, values))
+                    runner = self.build(shapes, values)
                 except CheckError as error:
                     self.refused[key] = error
                     raise

@@ -41,3 +41,44 @@ def test_a_checked_conversion_is_reused_and_a_damaged_one_redone(fresh_cache, ca
     assert any("not the conversion that was checked" in m for m in said)
     assert any("converted in" in m for m in said)
     assert_matches(third.run(None, feeds), reference(cnn(seed=21), feeds))
+
+
+# A stage with a free dimension, its index input checked against the table it indexes (`indices.checked`).
+STAGE = """
+import logging, sys, numpy as np, onnx
+from onnx import TensorProto, helper, numpy_helper
+from uhop_onnx.providers import create
+
+logging.basicConfig(level=logging.INFO)
+table = numpy_helper.from_array(np.arange(40, dtype=np.float32).reshape(10, 4), "table")
+node = helper.make_node("Gather", ["table", "ids"], ["y"], name="lookup")
+graph = helper.make_graph([node], "lookup", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n", 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3, 4])], [table])
+runner = create("litert").compile(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+got = runner.run({"ids": np.array([[0, 9, -10], [1, 2, 3]], np.int64)})["y"]
+assert got[0, 1, 0] == 36 and got[0, 2, 0] == 0, got
+try:
+    runner.run({"ids": np.array([[0, 10, 1], [1, 2, 3]], np.int64)})
+except Exception as error:
+    print("refused:", error)
+print("simplifier:", "uhop_onnx.model.simplify" in sys.modules or "onnx_ir" in sys.modules)
+"""
+
+
+def test_a_stage_converted_at_a_shape_loads_there_again_without_the_simplifier(fresh_cache):
+    """A process that runs a free-shaped stage at a shape converted before loads the kept conversion without
+    fixing and simplifying the stage again (no onnx-ir, no sympy), and still checks its index inputs."""
+    pytest.importorskip("ai_edge_litert")
+    import subprocess
+    import sys
+
+    def run() -> str:
+        done = subprocess.run([sys.executable, "-c", STAGE], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout + done.stderr
+
+    first, again = run(), run()
+    assert "simplifier: True" in first and "converted in" in first
+    assert "simplifier: False" in again and "as converted and verified earlier" in again, again
+    for said in (first, again):
+        assert "refused: lookup: indices 'ids' hold 0..10, outside -10..9" in said

@@ -184,15 +184,43 @@ class LiteRt(Provider):
         (`CheckError` when they differ); not at all at a zero-sized input shape (`empty_runner`)."""
         return empty_runner(model) or indices.checked(model, self._compile_fixed(model))
 
+    def build_at(self, model: onnx.ModelProto, shapes: Mapping[str, tuple], values: Mapping[str, np.ndarray], *,
+                 exclusive: bool = True) -> Runner:
+        """`Provider.build_at`; a conversion of the stage checked at these shapes and values earlier on this machine
+        is loaded as kept, without fixing and simplifying the stage again (a program's process that serves it then
+        imports no simplifier)."""
+        start = time.perf_counter()
+        key = _at_shapes_key(self._conversion_key(model), shapes, values)
+        entry = _at_shapes().get(key)
+        runner = entry and self._kept(entry["conversion"])
+        if runner:
+            log.info("litert: %s at %s as converted and verified earlier on this machine (%.2f s); max abs error "
+                     "%.3g", model.graph.name, dict(shapes), time.perf_counter() - start, runner.error)
+            found = [indices.Bound(*bound) for bound in entry["bounds"]]
+            return indices.CheckedIndices(runner, found) if found else runner
+        runner = super().build_at(model, shapes, values, exclusive=exclusive)
+        conversion = getattr(runner, "conversion", None)  # none for an empty input's runner: nothing converted
+        if conversion:
+            bounds = runner.bounds if isinstance(runner, indices.CheckedIndices) else []
+            _at_shapes().update({key: {"conversion": conversion, "bounds": [list(b) for b in bounds]}})
+        return runner
+
+    def _kept(self, key: str) -> LiteRtRunner | None:
+        """The conversion kept under `key`, loaded; None when there is none."""
+        kept = _kept(key)
+        if kept is None:
+            return None
+        runner = LiteRtRunner(kept[0], self.threads, **self.delegate_options())
+        runner.error, runner.conversion = kept[1], key
+        return runner
+
     def _compile_fixed(self, model: onnx.ModelProto) -> LiteRtRunner:
         from .converter import convert, prepared
 
         start = time.perf_counter()
         key = self._conversion_key(model)
-        kept = _kept(key)
-        if kept is not None:
-            runner = LiteRtRunner(kept[0], self.threads, **self.delegate_options())
-            runner.error = kept[1]
+        runner = self._kept(key)
+        if runner is not None:
             log.info("litert: %s as converted and verified earlier on this machine (%.2f s); max abs error %.3g",
                      model.graph.name, time.perf_counter() - start, runner.error)
             return runner
@@ -207,6 +235,7 @@ class LiteRt(Provider):
         log.info("litert: %s converted in %.2f s (%d bytes), verified in %.2f s; max abs error %.3g",
                  model.graph.name, converted - start, len(blob), time.perf_counter() - converted, runner.error)
         _keep(key, blob, runner.error)
+        runner.conversion = key
         return runner
 
     def _calibrated(self, model: onnx.ModelProto):
@@ -311,6 +340,27 @@ def _conversions() -> Path:
 def _verified() -> JsonTable:
     """Key -> {"sha256", "error"} of each conversion checked on this machine."""
     return JsonTable(_conversions() / "verified.json", lambda entry: (str(entry["sha256"]), float(entry["error"])))
+
+
+def _at_shapes() -> JsonTable:
+    """(stage, input shapes and values) key -> {"conversion": the key of its checked conversion, "bounds": the index
+    inputs `indices.checked` checks there}, for each shape a stage was converted at on this machine."""
+    def check(entry: Any) -> None:
+        assert isinstance(entry["conversion"], str)
+        for node, name, size in entry["bounds"]:
+            assert isinstance(node, str) and isinstance(name, str) and isinstance(size, int)
+
+    return JsonTable(_conversions() / "at_shapes.json", check)
+
+
+def _at_shapes_key(stage: str, shapes: Mapping[str, tuple], values: Mapping[str, np.ndarray]) -> str:
+    """A stage's conversion key with the input shapes and integer input values it is fixed at."""
+    digest = hashlib.sha256(stage.encode())
+    digest.update(json.dumps(sorted((name, list(shape)) for name, shape in shapes.items())).encode())
+    for name in sorted(values):
+        value = np.asarray(values[name])
+        digest.update(f"{name}:{value.dtype.str}:{value.shape}".encode() + value.tobytes())
+    return digest.hexdigest()[:32]
 
 
 def _kept(key: str) -> tuple[bytes, float] | None:

@@ -38,6 +38,7 @@ class LiteRtRunner(Runner):
     concurrent calls each borrow one from a pool (made on demand, with its own delegate)."""
 
     error: float | None = None  # largest difference from ONNX Runtime found when the stage was checked
+    conversion: str | None = None  # the key the checked conversion is kept under in the cache
 
     def __init__(self, model: bytes, threads: int | None = None, delegate: str | None = None,
                  delegate_options: Mapping[str, Any] | None = None, allow_fallback: bool = False):
