@@ -79,6 +79,7 @@ from .capabilities import whole_model
 from .extract import extract
 from .path import cheapest_path
 from .first_supported import first_supported
+from .partition import partition
 from .placer import Analysis, Block, Candidate, Choice, Effort, Failure, Placement, Undecided
 
 log = logger(__name__)
@@ -89,6 +90,11 @@ IN_PROCESS = LAST_RESORT  # the provider whose blocks are measured in this proce
 BEST = "best so far: "  # the progress step that names the best plan so far and its figure
 NOT_MEASURED = "not measured: the budget ran out"
 REJECTED = "not timed: outside the accuracy tolerance"
+# A whole plan of more stages is not timed: each stage holds its runtime's session and its activations' buffers
+# (on the PP-OCR detector a plan of 248 stages, every node the kernels run on them, held 653 MiB, the largest
+# process of `optimize`'s tree), and so many crossings lose already on its blocks' figures.
+WHOLE_STAGES = 32
+FRAGMENTED = "not timed: {} stages, over the {} a whole plan is timed with (its blocks were timed one by one)"
 MARGIN = 0.01  # `faster`'s margin: a difference below it is noise
 PlanTimer = Callable[[Mapping[str, Choice]], dict[str, Measurement]]  # named choices -> their whole figures
 # A choice -> whether its outputs are within the accuracy budget, and its figures (None: nothing to check)
@@ -258,8 +264,8 @@ class _Searching:
         if choice in candidates.values():
             return best
         candidates[name] = choice
-        if not self._accepts(name, choice):
-            whole[name] = Measurement.failed(REJECTED)
+        if self._fragmented(choice) or not self._accepts(name, choice):
+            whole[name] = self._fragmented(choice) or Measurement.failed(REJECTED)
             return best
         self._step(f"timing the {name} plan ({stages_summary(_stage_labels(choice))}) against {best}")
         if self._decided(candidates, whole, name, best, wins=0) == name:
@@ -484,9 +490,17 @@ class _Searching:
             boundary.setdefault((q, p), {})[c] = _less(measured[key], entry[q][c])
         return entry, boundary
 
+    def _fragmented(self, choice: Choice) -> Measurement | None:
+        """The failure a whole plan of more than `WHOLE_STAGES` stages is recorded with instead of a timing."""
+        count = len(partition(self.graph, choice))
+        return Measurement.failed(FRAGMENTED.format(count, WHOLE_STAGES)) if count > WHOLE_STAGES else None
+
     def _measure_plans(self, choices: Mapping[str, Choice]) -> dict[str, Measurement]:
-        """Whole plans timed together now (never from the cache: figures compared come from the same rounds)."""
-        return self.config.time_plans(choices)
+        """Whole plans timed together now (never from the cache: figures compared come from the same rounds); one
+        of more than `WHOLE_STAGES` stages fails untimed."""
+        over = {name: self._fragmented(choice) for name, choice in choices.items() if self._fragmented(choice)}
+        timed = {name: choice for name, choice in choices.items() if name not in over}
+        return (self.config.time_plans(timed) if timed else {}) | over
 
     def _improve(self, candidates: dict[str, Choice], whole: dict[str, Measurement], best: str,
                  units: Sequence[Sequence[int]], allowed: Sequence[Sequence[str]]) -> str:

@@ -416,6 +416,21 @@ def test_a_plan_within_noise_of_the_simplest_is_not_preferred(monkeypatch, clock
     assert len(plan.stages) == 1
 
 
+def test_a_plan_of_more_stages_than_a_whole_plan_is_timed_with_is_recorded_untimed(monkeypatch, clock, tmp_path):
+    """Past `WHOLE_STAGES`, the searched mix (each provider at what it is fast at) is not timed whole: the report
+    says so with its stage count, and a plan of fewer stages is chosen, timed."""
+    from uhop_onnx.partitioner import search
+
+    install(monkeypatch, clock, conv={"Conv": 1.0, "Gemm": 20.0}, gemm={"Conv": 20.0, "Gemm": 1.0})
+    monkeypatch.setattr(search, "WHOLE_STAGES", 1)
+    plan = optimize(cnn(), clock, tmp_path)
+    candidates = plan.profile["candidates"]
+    assert candidates["searched"]["ms"] is None
+    assert candidates["searched"]["error"].startswith("not timed: 2 stages, over the 1 a whole plan is timed with")
+    assert len(plan.stages) == 1 and candidates[plan.profile["chosen"]]["ms"] is not None
+    assert all(c["stages"].count(" > ") == 0 for c in candidates.values() if c["ms"] is not None)
+
+
 def test_faster_compares_round_by_round():
     def figure(*medians):
         return Measurement(min(medians), (max(medians) - min(medians)) / min(medians), len(medians),
