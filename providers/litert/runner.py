@@ -53,7 +53,7 @@ class LiteRtRunner(Runner):
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         with self.interpreters.borrow() as interpreter:
             for name, index, dtype in self.inputs:
-                interpreter.set_tensor(index, np.require(feeds[name], dtype, "C"))
+                interpreter.set_tensor(index, np.asarray(feeds[name], dtype, order="C"))
             interpreter.invoke()
             return {name: interpreter.get_tensor(index) for name, index in self.outputs}
 
