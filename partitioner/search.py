@@ -264,8 +264,9 @@ class _Searching:
         if choice in candidates.values():
             return best
         candidates[name] = choice
-        if self._fragmented(choice) or not self._accepts(name, choice):
-            whole[name] = self._fragmented(choice) or Measurement.failed(REJECTED)
+        untimed = self._fragmented(choice) or (None if self._accepts(name, choice) else Measurement.failed(REJECTED))
+        if untimed:
+            whole[name] = untimed
             return best
         self._step(f"timing the {name} plan ({stages_summary(_stage_labels(choice))}) against {best}")
         if self._decided(candidates, whole, name, best, wins=0) == name:
@@ -498,7 +499,7 @@ class _Searching:
     def _measure_plans(self, choices: Mapping[str, Choice]) -> dict[str, Measurement]:
         """Whole plans timed together now (never from the cache: figures compared come from the same rounds); one
         of more than `WHOLE_STAGES` stages fails untimed."""
-        over = {name: self._fragmented(choice) for name, choice in choices.items() if self._fragmented(choice)}
+        over = {name: failure for name, choice in choices.items() if (failure := self._fragmented(choice))}
         timed = {name: choice for name, choice in choices.items() if name not in over}
         return (self.config.time_plans(timed) if timed else {}) | over
 
