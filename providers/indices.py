@@ -98,5 +98,9 @@ class CheckedIndices(Runner):
 
 def checked(model: onnx.ModelProto, runner: Runner) -> Runner:
     """`runner` with its index inputs checked, or itself when the stage has none."""
-    found = bounds(model)
+    return guarded(runner, bounds(model))
+
+
+def guarded(runner: Runner, found: list[Bound]) -> Runner:
+    """`runner` with the index inputs `found` (a stage's `bounds`) checked, or itself when there are none."""
     return CheckedIndices(runner, found) if found else runner

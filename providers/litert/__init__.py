@@ -196,8 +196,7 @@ class LiteRt(Provider):
         if runner:
             log.info("litert: %s at %s as converted and verified earlier on this machine (%.2f s); max abs error "
                      "%.3g", model.graph.name, dict(shapes), time.perf_counter() - start, runner.error)
-            found = [indices.Bound(*bound) for bound in entry["bounds"]]
-            return indices.CheckedIndices(runner, found) if found else runner
+            return indices.guarded(runner, [indices.Bound(*bound) for bound in entry["bounds"]])
         runner = super().build_at(model, shapes, values, exclusive=exclusive)
         conversion = getattr(runner, "conversion", None)  # none for an empty input's runner: nothing converted
         if conversion:
