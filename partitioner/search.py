@@ -10,7 +10,7 @@ that stops at its deadline with the best plan found so far. What settles the mos
    its place when faster beyond the noise in two of (at most) three timings (afresh, in fresh processes
    when the timer makes processes: one process may run a plan 10-20% slower than the next).
 2. Blocks (`blocks.py`) are timed on the providers that can run them whole, the providers whose own plans
-   were fastest first, a few blocks at a time; then each provider's cost of entering a stage, and for each
+   were fastest first, one block at a time; then each provider's cost of entering a stage, and for each
    ordered pair of providers the cost of a stage on the second right after one on the first (the tensor
    handed over as the session does: left on a device both share, else copied to the host), per size class
    of the tensors live where blocks start (powers of 16 bytes, from 4 KiB): what a boundary of that size
@@ -85,7 +85,8 @@ from .placer import Analysis, Block, Candidate, Choice, Effort, Failure, Placeme
 log = logger(__name__)
 
 NOISY = 0.25  # a cached figure whose spread is above this is measured again
-CHUNK = 4  # blocks measured together between two looks at the deadline
+CHUNK = 1  # blocks measured together between two looks at the deadline: one, so a worker holds one block's runtime
+# at a time (four held the detector's search worker 40-60 MiB higher, in no less time)
 IN_PROCESS = LAST_RESORT  # the provider whose blocks are measured in this process even with a worker
 BEST = "best so far: "  # the progress step that names the best plan so far and its figure
 NOT_MEASURED = "not measured: the budget ran out"

@@ -413,9 +413,11 @@ def test_a_wrong_answer_is_refused_at_build_time():
                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
-    assert verify(one("Relu"), LiteRtRunner(convert(one("Relu"))), {"rtol": 1e-4, "atol": 1e-5}) == 0.0
+    runner, error = verify(one("Relu"), lambda: LiteRtRunner(convert(one("Relu"))), {"rtol": 1e-4, "atol": 1e-5})
+    assert error == 0.0
+    runner.close()
     with pytest.raises(ProviderError, match="differs from ONNX Runtime on output 'y'"):
-        verify(one("Relu"), LiteRtRunner(convert(one("Sigmoid"))), {"rtol": 1e-4, "atol": 1e-5})
+        verify(one("Relu"), lambda: LiteRtRunner(convert(one("Sigmoid"))), {"rtol": 1e-4, "atol": 1e-5})
 
 
 @pytest.mark.parametrize("error, refused", [(0.9, False), (1.1, True), (np.nan, True)])

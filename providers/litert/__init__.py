@@ -8,7 +8,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -73,7 +73,8 @@ class Tflite(ArtifactFormat):
         except Exception as error:  # noqa: BLE001 - missing or broken, the runtime cannot check it here
             log.info("litert: %s written unchecked: no LiteRT interpreter on this host (%s)", stem, error)
         else:
-            verify(model, LiteRtRunner(blob, provider.threads), provider.tolerance, inputs=_check_inputs(calibrated))
+            verify(model, lambda: LiteRtRunner(blob, provider.threads), provider.tolerance,
+                   inputs=_check_inputs(calibrated))[0].close()
         (folder / f"{stem}.tflite").write_bytes(blob)
         options = {k: v for k, v in provider.delegate_options().items() if v}
         return Artifact("tflite", [f"{stem}.tflite"], options, FP16_TOLERANCE if fp16 else None)
@@ -227,10 +228,11 @@ class LiteRt(Provider):
         model = prepared(model)  # shape-only inputs pinned: random values for them would not be shapes
         blob = convert(model, fp16=self.precision == "fp16", ranges=calibrated and calibrated.ranges)
         converted = time.perf_counter()
-        runner = LiteRtRunner(blob, self.threads, **self.delegate_options())
         uncalibrated = self.precision == "int8" and not calibrated  # built at fp32
-        runner.error = verify(model, runner, FP32_TOLERANCE if uncalibrated else self.tolerance,
-                              inputs=_check_inputs(calibrated))
+        runner, runner_error = verify(model, lambda: LiteRtRunner(blob, self.threads, **self.delegate_options()),
+                                      FP32_TOLERANCE if uncalibrated else self.tolerance,
+                                      inputs=_check_inputs(calibrated))
+        runner.error = runner_error
         log.info("litert: %s converted in %.2f s (%d bytes), verified in %.2f s; max abs error %.3g",
                  model.graph.name, converted - start, len(blob), time.perf_counter() - converted, runner.error)
         _keep(key, blob, runner.error)
@@ -267,11 +269,12 @@ def _check_inputs(calibrated) -> dict[str, tuple[float, float, float, float]] | 
     return calibrated and {name: (*moments, *calibrated.ranges[name]) for name, moments in calibrated.moments.items()}
 
 
-def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], seed: int = 0,
-           inputs: dict[str, tuple[float, float, float, float]] | None = None) -> float:
-    """Run `runner` and ONNX Runtime on the same random inputs (`check_feeds`) and judge each output (`judge`).
-    The largest absolute difference, or a `CheckError` naming the first output outside `tolerance`, or ONNX
-    Runtime's failure on the inputs."""
+def verify(model: onnx.ModelProto, build: Callable[[], Runner], tolerance: dict[str, float], seed: int = 0,
+           inputs: dict[str, tuple[float, float, float, float]] | None = None) -> tuple[Runner, float]:
+    """ONNX Runtime's outputs on random inputs (`check_feeds`), its session released before `build()` makes the
+    runner (the two runtimes never hold their memory at once), then the runner's on the same inputs, each output
+    judged (`judge`). The runner and the largest absolute difference; or a `CheckError` naming the first output
+    outside `tolerance` (the runner closed), or ONNX Runtime's failure on the inputs."""
     feeds = check_feeds(model, seed, inputs)
     try:
         session = ortlib.reference_session(model.SerializeToString())
@@ -279,7 +282,13 @@ def verify(model: onnx.ModelProto, runner: Runner, tolerance: dict[str, float], 
     except Exception as error:  # noqa: BLE001 - without a reference there is no check, and no stage
         raise CheckError(f"litert: cannot check stage {model.graph.name!r}: ONNX Runtime failed on random "
                          f"inputs ({first_line(error)})") from None
-    return judge(model.graph.name, runner.run(feeds), expected, tolerance)
+    del session
+    runner = build()
+    try:
+        return runner, judge(model.graph.name, runner.run(feeds), expected, tolerance)
+    except BaseException:
+        runner.close()
+        raise
 
 
 def check_feeds(model: onnx.ModelProto, seed: int = 0,
