@@ -30,7 +30,7 @@ def _compile(caplog) -> tuple[uhop_onnx.InferenceSession, list[str]]:
 def test_a_checked_conversion_is_reused_and_a_damaged_one_redone(fresh_cache, caplog):
     pytest.importorskip("ai_edge_litert")
     first, said = _compile(caplog)
-    assert said and all("converted in" in m for m in said)
+    assert said and all("converted and verified in" in m for m in said)
     again, said = _compile(caplog)
     assert said and all("converted and verified earlier on this machine" in m for m in said)
     feeds = random_feeds(cnn(seed=21))
@@ -39,7 +39,7 @@ def test_a_checked_conversion_is_reused_and_a_damaged_one_redone(fresh_cache, ca
         kept.write_bytes(kept.read_bytes()[:-8] + np.zeros(8, np.uint8).tobytes())
     third, said = _compile(caplog)
     assert any("not the conversion that was checked" in m for m in said)
-    assert any("converted in" in m for m in said)
+    assert any("converted and verified in" in m for m in said)
     assert_matches(third.run(None, feeds), reference(cnn(seed=21), feeds))
 
 
@@ -78,7 +78,7 @@ def test_a_stage_converted_at_a_shape_loads_there_again_without_the_simplifier(f
         return done.stdout + done.stderr
 
     first, again = run(), run()
-    assert "simplifier: True" in first and "converted in" in first
+    assert "simplifier: True" in first and "converted and verified in" in first
     assert "simplifier: False" in again and "as converted and verified earlier" in again, again
     for said in (first, again):
         assert "refused: lookup: indices 'ids' hold 0..10, outside -10..9" in said

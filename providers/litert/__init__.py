@@ -226,16 +226,18 @@ class LiteRt(Provider):
             return runner
         calibrated = self._calibrated(model)
         model = prepared(model)  # shape-only inputs pinned: random values for them would not be shapes
-        blob = convert(model, fp16=self.precision == "fp16", ranges=calibrated and calibrated.ranges)
-        converted = time.perf_counter()
         uncalibrated = self.precision == "int8" and not calibrated  # built at fp32
-        runner, runner_error = verify(model, lambda: LiteRtRunner(blob, self.threads, **self.delegate_options()),
-                                      FP32_TOLERANCE if uncalibrated else self.tolerance,
-                                      inputs=_check_inputs(calibrated))
-        runner.error = runner_error
-        log.info("litert: %s converted in %.2f s (%d bytes), verified in %.2f s; max abs error %.3g",
-                 model.graph.name, converted - start, len(blob), time.perf_counter() - converted, runner.error)
-        _keep(key, blob, runner.error)
+
+        def converted() -> LiteRtRunner:  # after ONNX Runtime's reference run, which never holds the blob
+            blob = convert(model, fp16=self.precision == "fp16", ranges=calibrated and calibrated.ranges)
+            return LiteRtRunner(blob, self.threads, **self.delegate_options())
+
+        runner, error = verify(model, converted, FP32_TOLERANCE if uncalibrated else self.tolerance,
+                               inputs=_check_inputs(calibrated))
+        runner.error = error
+        log.info("litert: %s converted and verified in %.2f s (%d bytes); max abs error %.3g",
+                 model.graph.name, time.perf_counter() - start, len(runner.model), runner.error)
+        _keep(key, runner.model, runner.error)
         runner.conversion = key
         return runner
 
