@@ -103,6 +103,8 @@ class Calibration:
         """Per sample, the values of the model's tensors `names` (ONNX Runtime CPU; its inputs as given)."""
         import onnx
 
+        from uhop_onnx.model.loader import reference_session
+
         given = [n for n in names if n in self.samples[0]]
         computed = [n for n in names if n not in self.samples[0]]
         if computed:
@@ -111,7 +113,7 @@ class Calibration:
             known = {v.name: v for v in (*model.graph.value_info, *model.graph.output)}
             model.graph.output.extend(known.get(n) or onnx.ValueInfoProto(name=n) for n in computed
                                       if n not in {o.name for o in model.graph.output})
-            session = ortlib.reference_session(model.SerializeToString())
+            session = reference_session(model)
             inputs = {i.name for i in session.get_inputs()}
         for sample in self.samples:
             got = session.run(computed, {k: v for k, v in sample.items() if k in inputs}) if computed else []

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from uhop_onnx.foundation import ortlib
 from uhop_onnx.foundation.cache import JsonTable, cache_dir, prune, touch
 from uhop_onnx.foundation.errors import CheckError, ProviderError, first_line, logger, missing_module
 from uhop_onnx.foundation.files import atomic_file
@@ -277,9 +276,11 @@ def verify(model: onnx.ModelProto, build: Callable[[], Runner], tolerance: dict[
     runner (the two runtimes never hold their memory at once), then the runner's on the same inputs, each output
     judged (`judge`). The runner and the largest absolute difference; or a `CheckError` naming the first output
     outside `tolerance` (the runner closed), or ONNX Runtime's failure on the inputs."""
+    from uhop_onnx.model.loader import reference_session
+
     feeds = check_feeds(model, seed, inputs)
     try:
-        session = ortlib.reference_session(model.SerializeToString())
+        session = reference_session(model)
         expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
     except Exception as error:  # noqa: BLE001 - without a reference there is no check, and no stage
         raise CheckError(f"litert: cannot check stage {model.graph.name!r}: ONNX Runtime failed on random "

@@ -17,6 +17,7 @@ from uhop_onnx.foundation.dtypes import tflite_type
 PLACEHOLDER_FOR_GREATER_OP_CODES = 127
 VERSIONS = {BuiltinOperator.BROADCAST_TO: 2}  # builtins LiteRT registers from a version above 1
 ALIGNMENT = 16  # LiteRT reads constant buffers in place: keep them aligned
+TABLE_BYTES = 512  # more than a tensor's or an operator's tables and vectors take, its name apart
 
 
 def _builder(table: str, name: str):
@@ -85,7 +86,9 @@ class ModelWriter:
         used = sorted({i for op in operators for i in (*op.inputs, *op.outputs) if i >= 0}
                       | set(self.inputs) | set(self.outputs))
         renumber = {old: new for new, old in enumerate(used)} | {-1: -1}
-        b = flatbuffers.Builder(1024 + sum(len(self.buffers[self.tensors[i].buffer]) for i in used))
+        # sized for all it will hold, so it never grows (each growth copies the whole buffer into one twice its size)
+        b = flatbuffers.Builder(1024 + sum(len(self.buffers[self.tensors[i].buffer]) + ALIGNMENT + TABLE_BYTES
+                                           + len(self.tensors[i].name) for i in used) + TABLE_BYTES * len(operators))
         buffers = [_buffer(b, b"")] + [_buffer(b, self.buffers[self.tensors[i].buffer]) for i in used
                                        if self.tensors[i].buffer]
         tensors, next_buffer = [], 1
@@ -110,7 +113,7 @@ class ModelWriter:
                        Description=description,
                        Buffers=_vector(b, "Model", "Buffers", buffers, offsets=True))
         b.Finish(model, file_identifier=b"TFL3")
-        return bytes(b.Output())
+        return bytes(memoryview(b.Bytes)[b.Head():])  # one copy (`Output()` slices a copy first)
 
     def _live(self) -> list[Operator]:
         needed, live = set(self.outputs), []

@@ -14,7 +14,8 @@ from google.protobuf.message import DecodeError, Message
 from onnx import external_data_helper, shape_inference
 
 from ..foundation.errors import ModelError, first_line, logger
-from ..foundation.files import check_external_data, check_locations, read_mapped, skeleton
+from ..foundation import ortlib
+from ..foundation.files import check_external_data, check_locations, read_mapped, skeleton, temporary_folder
 from ..foundation.graph import outer_inputs
 
 log = logger(__name__)
@@ -124,6 +125,16 @@ def saved(model: onnx.ModelProto, path: str | os.PathLike) -> str:
             f.write(piece)
             digest.update(piece)
     return digest.hexdigest()
+
+
+def reference_session(model: onnx.ModelProto):
+    """ONNX Runtime's reference session (`ortlib.reference_session`) of `model`, read from a file written piece by
+    piece (`saved`): given the bytes, ONNX Runtime holds them beside its own copy while it builds (a ResNet-18
+    of 45 MB peaks at 319 MiB so, at 261 from a file)."""
+    with temporary_folder("reference") as folder:
+        path = os.path.join(folder, "model.onnx")
+        saved(model, path)
+        return ortlib.reference_session(path)
 
 
 def sha256(model: onnx.ModelProto) -> str:
