@@ -30,7 +30,8 @@ def _compile(caplog) -> tuple[uhop_onnx.InferenceSession, list[str]]:
 def test_a_checked_conversion_is_reused_and_a_damaged_one_redone(fresh_cache, caplog):
     pytest.importorskip("ai_edge_litert")
     first, said = _compile(caplog)
-    assert said and all("converted and verified in" in m for m in said)
+    # converted once, by the capability check: the plan's stage loads that conversion
+    assert sum("converted and verified in" in m for m in said) == 1, said
     again, said = _compile(caplog)
     assert said and all("converted and verified earlier on this machine" in m for m in said)
     feeds = random_feeds(cnn(seed=21))
@@ -82,3 +83,23 @@ def test_a_stage_converted_at_a_shape_loads_there_again_without_the_simplifier(f
     assert "simplifier: False" in again and "as converted and verified earlier" in again, again
     for said in (first, again):
         assert "refused: lookup: indices 'ids' hold 0..10, outside -10..9" in said
+
+
+def test_the_nodes_a_capability_check_converted_are_not_converted_again_for_a_stage_of_them(fresh_cache, caplog):
+    """The check names its model "check"; a plan's stage of the same nodes, named otherwise, loads that conversion
+    (the whole-plan LiteRT candidate converted and checked the model again in its own process)."""
+    pytest.importorskip("ai_edge_litert")
+    from uhop_onnx.providers import create
+
+    checked = cnn(seed=21)
+    checked.graph.name = "check"
+    create("litert").check(checked)
+    with caplog.at_level(logging.INFO, logger="uhop_onnx.providers.litert"):
+        create("litert").compile(cnn(seed=21)).close()
+    said = [r.getMessage() for r in caplog.records if r.name == "uhop_onnx.providers.litert"]
+    assert said and all("as converted and verified earlier on this machine" in m for m in said), said
+    other = cnn(seed=22)  # other weights: another conversion
+    with caplog.at_level(logging.INFO, logger="uhop_onnx.providers.litert"):
+        caplog.clear()
+        create("litert").compile(other).close()
+    assert any("converted and verified in" in r.getMessage() for r in caplog.records)

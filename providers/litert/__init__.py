@@ -255,7 +255,7 @@ class LiteRt(Provider):
     def _conversion_key(self, model: onnx.ModelProto) -> str:
         """What a checked conversion depends on: the stage (with the calibration ranges an int8 one carries),
         the precision, options and tolerance, LiteRT's version and the converter's own source."""
-        digest = hashlib.sha256(model.SerializeToString(deterministic=True))
+        digest = _stage_digest(model)
         digest.update(json.dumps([self.precision, self.options, self.tolerance, _version(), _converter_digest()],
                                  sort_keys=True, default=repr).encode())
         return digest.hexdigest()[:32]
@@ -362,6 +362,23 @@ def _at_shapes() -> JsonTable:
             assert isinstance(node, str) and isinstance(name, str) and isinstance(size, int)
 
     return JsonTable(_conversions() / "at_shapes.json", check)
+
+
+def _stage_digest(model: onnx.ModelProto):
+    """A sha256 of the stage, its graph's name apart (the nodes a capability check named "check" converted are the
+    same conversion as a plan's stage of them): each field, and each item of a repeated one, serialized alone,
+    so a model of large weights is never serialized whole."""
+    digest = hashlib.sha256()
+    for message, apart in ((model, "graph"), (model.graph, "name")):
+        for field, value in message.ListFields():
+            if field.name == apart:
+                continue
+            digest.update(field.name.encode())
+            for item in value if field.label == field.LABEL_REPEATED else [value]:
+                data = item.SerializeToString(deterministic=True) if hasattr(item, "SerializeToString") else (
+                    str(item).encode())
+                digest.update(len(data).to_bytes(8, "little") + data)
+    return digest
 
 
 def _at_shapes_key(stage: str, shapes: Mapping[str, tuple], values: Mapping[str, np.ndarray]) -> str:
