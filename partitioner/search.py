@@ -345,7 +345,7 @@ class _Searching:
         if self.worker is None:
             return gate(choice)
         try:
-            return self.worker.call(gate, choice)
+            return self.worker.call(gate, choice, runtime=_runtimes(self.providers[label] for label in set(choice)))
         except Unsendable:
             return gate(choice)
         except WorkerFailed as crash:
@@ -477,7 +477,7 @@ class _Searching:
         def in_worker(todo: Mapping[str, tuple]) -> dict[str, Measurement]:
             try:
                 return self.worker.call(_entry_figures, providers, todo, self.model, self.config.profiler,
-                                        self.deadline.left())
+                                        self.deadline.left(), runtime=_runtimes(providers.values()))
             except Unsendable:
                 return here(todo)
             except WorkerFailed as crash:
@@ -716,6 +716,11 @@ def _raised_by(provider: Provider, call: Callable[..., Any], *args: Any, **kwarg
     except Exception as error:  # noqa: BLE001 - a runtime may fail in any way; say whose it was
         text = first_line(error)
         raise ProviderError(text if text.startswith(f"{provider.label}:") else f"{provider.label}: {text}") from error
+
+
+def _runtimes(providers: Iterable[Provider]) -> str:
+    """The runtimes `providers` load, as a worker serving them is known by (`SearchWorker.call`)."""
+    return "+".join(sorted({p.id for p in providers}))
 
 
 def _version(provider: Provider) -> str:

@@ -3,6 +3,7 @@ call that hangs is stopped at its deadline and is a failure, never a winner."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import threading
@@ -61,6 +62,47 @@ class HangingQuery(OrtCpu):
 def hanging_gate(choice):
     """A gate whose run of the candidate plan never returns."""
     time.sleep(3600)
+
+
+def held() -> tuple[int, int]:
+    """The process's id and resident set (KiB)."""
+    with open("/proc/self/status") as f:
+        return os.getpid(), next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def freed_between_live_chunks(mebibytes: int) -> None:
+    """`mebibytes` of C heap written, then freed but one chunk in 16: glibc cannot shrink its heap past the
+    chunks left, so the pages freed between them stay resident until the heap is trimmed (as runtimes leave
+    theirs)."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    chunks = [libc.malloc(1 << 16) for _ in range(16 * mebibytes)]
+    for chunk in chunks:
+        ctypes.memset(chunk, 1, 1 << 16)
+    for k, chunk in enumerate(chunks):
+        if k % 16:
+            libc.free(ctypes.c_void_p(chunk))
+
+
+def test_a_worker_serves_one_runtime_and_a_request_for_another_ends_it_first():
+    with SearchWorker() as worker:
+        first, _ = worker.call(held, runtime="openvino")
+        assert worker.call(held, runtime="openvino")[0] == first
+        assert worker.call(held)[0] == first  # a request for any runtime
+        second, _ = worker.call(held, runtime="litert")
+        assert second != first
+        with pytest.raises(ProcessLookupError):
+            os.kill(first, 0)  # ended, and waited for
+        assert worker.call(held, runtime="litert")[0] == second
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "malloc_trim"), reason="a C library without malloc_trim")
+def test_a_worker_returns_the_heap_a_request_freed_before_the_next():
+    with SearchWorker() as worker:
+        _, before = worker.call(held)
+        worker.call(freed_between_live_chunks, 200)
+        _, after = worker.call(held)
+    assert after - before < 50 * 1024, (before, after)  # about 190 MiB stays resident untrimmed
 
 
 @pytest.mark.slow

@@ -148,7 +148,7 @@ def _asked(worker: SearchWorker | None, provider: Provider, graph: Graph, questi
     if worker is None or provider.id == LAST_RESORT or not worker.takes(provider):
         return question(*args)
     try:
-        return worker.call(question, *args)
+        return worker.call(question, *args, runtime=provider.id)
     except WorkerFailed as failure:  # it crashed, or did not answer in time and was stopped
         if worker.deadline is not None and worker.deadline.abandoned:
             raise  # stopped as the search was abandoned: nobody waits for the answer

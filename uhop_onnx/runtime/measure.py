@@ -223,9 +223,11 @@ class SearchWorker:
     held leaves with the process. Started at once (it imports the runtimes while its coordinator loads the
     model) and again after a crash, or when a call outlives its deadline; what it is sent is pickled into a
     temporary folder, a model once per object. Requests go to its stdin, its replies come on a pipe of their
-    own (`worker_protocol.spawn`). A call still running `grace` seconds past the `deadline` (`CALL_SECONDS`
-    after it began, without one) is stopped with the worker (`grace` default: `CALL_GRACE_SECONDS`). `close`
-    ends it."""
+    own (`worker_protocol.spawn`). A worker serves one runtime (a request names the one it loads): a request
+    for another ends it first and starts a new one, so that what a runtime keeps after its runners are closed
+    (arenas, compiled code, packed weights) never lies under another's peak. A call still running `grace`
+    seconds past the `deadline` (`CALL_SECONDS` after it began, without one) is stopped with the worker
+    (`grace` default: `CALL_GRACE_SECONDS`). `close` ends it."""
 
     def __init__(self, deadline: Deadline | None = None, grace: float | None = None) -> None:
         self.deadline, self.grace = deadline, CALL_GRACE_SECONDS if grace is None else grace
@@ -235,15 +237,16 @@ class SearchWorker:
         self.models: dict[int, tuple[Any, str]] = {}  # id of a model sent -> (the model, its file)
         self.calls = self.written = 0
         self.worker: subprocess.Popen | None = None
+        self.serving: str | None = None  # the runtime the worker has loaded for its requests; None: none yet
         self.replies: Any = None
         self.log: Any = None
         self._started()
 
-    def call(self, function: Callable[..., T], *args: Any) -> T:
+    def call(self, function: Callable[..., T], *args: Any, runtime: str | None = None) -> T:
         """`function(*args)` run in the worker (a module-level function or a bound method, and arguments
-        that pickle); what it raises is raised here. `WorkerFailed` naming the signal when the worker
-        crashed, or saying so when the call ran out of time and the worker was stopped (a new one answers
-        the next call); `Unsendable` when the call does not pickle."""
+        that pickle) that serves `runtime` (any, when None); what it raises is raised here. `WorkerFailed`
+        naming the signal when the worker crashed, or saying so when the call ran out of time and the worker
+        was stopped (a new one answers the next call); `Unsendable` when the call does not pickle."""
         self.calls += 1
         path = self.folder / f"call{self.calls}.pickle"
         try:
@@ -252,7 +255,7 @@ class SearchWorker:
         except (pickle.PicklingError, AttributeError, TypeError) as error:
             os.unlink(path)
             raise Unsendable(f"{function!r} cannot be sent to a worker: {first_line(error)}") from error
-        worker = self._started()
+        worker = self._started(runtime)
         limit = CALL_SECONDS if self.deadline is None else max(self.deadline.left(), 0.0) + self.grace
         expired = threading.Event()
         watchdog = _watchdog(self.deadline, limit, lambda: (expired.set(), kill(worker)))
@@ -323,7 +326,7 @@ class SearchWorker:
              ) -> tuple[dict[str, Measurement] | None, str | None]:
         """The worker's figures of `blocks`, or None and the block it was building when it ended (None when
         it ended while timing them all)."""
-        worker = self._started()
+        worker = self._started(provider.id)
         watchdog = _watchdog(deadline, deadline.left() + HANG_SECONDS, lambda: kill(worker))
         building = None
         try:
@@ -345,7 +348,12 @@ class SearchWorker:
             watchdog.set()
         return None, building
 
-    def _started(self) -> subprocess.Popen:
+    def _started(self, runtime: str | None = None) -> subprocess.Popen:
+        """The worker that serves `runtime` (any, when None): the one running unless it served another."""
+        if runtime is not None and self.serving not in (None, runtime):
+            self._stop()
+        if runtime is not None:
+            self.serving = runtime
         if self.worker is None:
             self.log = tempfile.TemporaryFile(mode="w+")
             self.worker, self.replies = _spawn(["search", str(self.folder)], self.log)
@@ -386,7 +394,7 @@ class SearchWorker:
                 self.worker.stdin.close()
             self.replies.close()
             self.log.close()
-            self.worker = None
+            self.worker = self.serving = None
 
     def close(self) -> None:
         """Stop the worker and remove what was sent to it."""

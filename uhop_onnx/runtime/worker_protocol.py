@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import pickle
@@ -208,7 +209,8 @@ def _search(replies: Any, lifeline: _Lifeline | None, prepare: Callable[[], obje
     "blocks": {KEY: [MODEL, FEEDS]}, "profiler": SETTINGS, "seconds": S}`: say `at KEY` before lowering,
     compiling and first running each block, `rounds` before timing them together (with a `Profiler` of those
     settings, for at most S seconds), then `figures {KEY: figure}`; the runners are closed before the next
-    line. `prepare()` runs first (the runtimes imported, while the coordinator loads the model)."""
+    line, and after each answer the heap freed is returned (`_returned_freed`). `prepare()` runs first (the
+    runtimes imported, while the coordinator loads the model)."""
     prepare()
     providers: dict[str, Any] = {}
     models: dict[str, Any] = {}
@@ -217,6 +219,7 @@ def _search(replies: Any, lifeline: _Lifeline | None, prepare: Callable[[], obje
         if "call" in ask:
             _answer(ask["call"], models)
             print("done", file=replies)
+            _returned_freed()
             continue
         if ask["provider"] not in providers:
             with open(ask["provider"], "rb") as f:
@@ -233,8 +236,16 @@ def _search(replies: Any, lifeline: _Lifeline | None, prepare: Callable[[], obje
             print("rounds", file=replies)
             figures = Profiler(**ask["profiler"]).measure(calls, Deadline.after(ask["seconds"])) | failed
         print("figures", json.dumps({k: _named(provider.label, m).to_json() for k, m in figures.items()}), file=replies)
+        _returned_freed()
     if lifeline is not None:
         lifeline.ended()
+
+
+def _returned_freed() -> None:
+    """The heap the runtimes freed handed back to the system (glibc keeps it for reuse, so a worker would hold
+    every request's peak under the next one's); nothing where the C library has no `malloc_trim`."""
+    with suppress(OSError, AttributeError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def _answer(path: str, models: dict[str, Any]) -> None:
