@@ -15,6 +15,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from uhop_onnx.foundation.errors import ProviderError
+from uhop_onnx.foundation.inference import inferred
 
 from .int8 import full_integer
 from .lowering import Lowering, Node, Unsupported, identity
@@ -53,7 +54,9 @@ def prepared(model: onnx.ModelProto) -> onnx.ModelProto:
     shape, Expand's, Tile's repeats, Split's sizes, ConstantOfShape's shape, Resize's sizes) replaced by
     the constant the static shapes give. It computes what `model` does on every input its static shapes
     admit; a stage cut from a model may get such a value from another provider, as a variable."""
-    model = onnx.shape_inference.infer_shapes(model)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    model = inferred(copy, data_prop=False)
     known = {v.name: tuple(d.dim_value if d.HasField("dim_value") else 0 for d in v.type.tensor_type.shape.dim)
              for v in (*model.graph.input, *model.graph.value_info, *model.graph.output)
              if v.type.tensor_type.HasField("shape")}

@@ -100,13 +100,15 @@ def empty_runner(model) -> EmptyRunner | None:
     import onnx
     from onnx import helper
 
+    from uhop_onnx.foundation.inference import weightless
+
     def dims(value):
         shape = value.type.tensor_type.shape
         return [d.dim_value if d.HasField("dim_value") else None for d in shape.dim]
 
     if all(0 not in dims(v) for v in model.graph.input):
         return None
-    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    inferred = onnx.shape_inference.infer_shapes(weightless(model), data_prop=True)
     outputs = {}
     for value in inferred.graph.output:
         shape = dims(value) if value.type.tensor_type.HasField("shape") else [None]

@@ -17,6 +17,7 @@ import numpy as np
 
 from .dtypes import TensorSig
 from .errors import FreeDimensionError, InputError
+from .inference import inferred
 from .samples import sample_feeds
 
 Shapes = Mapping[str, Sequence[int]]
@@ -164,7 +165,7 @@ def at_shapes(model, shapes: Shapes, values: Mapping[str, np.ndarray] | None = N
     for value in graph.output:
         if value.type.HasField("tensor_type"):
             value.type.tensor_type.ClearField("shape")
-    return onnx.shape_inference.infer_shapes(fixed, data_prop=True)
+    return inferred(fixed)
 
 
 def measured_shapes(feeds: Mapping[str, np.ndarray]) -> dict[str, list[int]]:

@@ -67,30 +67,21 @@ def check_runs_fit(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], 
 
 def largest_node(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> tuple[str, int]:
     """The node whose tensors (the ones it reads that are not weights, and the ones it writes) take the most
-    bytes at `shapes`, and those bytes; `("", 0)` where shape inference fails. Inference runs on a copy
-    without the weights' values (those of 1024 elements or more, which shapes are never computed from); a
-    dimension it cannot find counts as 1."""
+    bytes at `shapes`, and those bytes; `("", 0)` where shape inference fails. Inference runs on the model's
+    `weightless` copy; a dimension it cannot find counts as 1."""
     import onnx  # here, not at the top: a board's runner reads samples and has no onnx
-    from onnx import helper
 
-    g = model.graph
-    weights = {t.name for t in g.initializer}
-    values = [t for t in g.initializer if math.prod(t.dims) < 1024]
-    typed = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in g.initializer
-             if math.prod(t.dims) >= 1024]
-    inputs = [helper.make_tensor_value_info(i.name, i.type.tensor_type.elem_type, list(shapes[i.name]))
-              if i.name in shapes and i.type.HasField("tensor_type") else i for i in g.input if i.name not in weights]
-    outputs = [helper.make_tensor_value_info(o.name, o.type.tensor_type.elem_type, None)
-               if o.type.HasField("tensor_type") else o for o in g.output]
-    light = helper.make_model(helper.make_graph(g.node, g.name, inputs + typed, outputs, initializer=values),
-                              ir_version=model.ir_version, opset_imports=model.opset_import, functions=model.functions)
+    from .inference import weightless
+
+    weights = {t.name for t in model.graph.initializer}
+    light = weightless(model, shapes)
     try:
         inferred = onnx.shape_inference.infer_shapes(light, data_prop=True).graph
     except Exception:  # noqa: BLE001 - no estimate is no refusal; the run itself says what is wrong
         return "", 0
     sizes = {v.name: _nbytes(v) for v in (*inferred.input, *inferred.value_info, *inferred.output)}
     activations = ((n.name, sum(sizes.get(t, 0) for t in {*n.input, *n.output} if t and t not in weights))
-                   for n in g.node)
+                   for n in model.graph.node)
     return max(activations, key=lambda pair: pair[1], default=("", 0))
 
 

@@ -17,6 +17,7 @@ from ..foundation.errors import ModelError, first_line, logger
 from ..foundation import ortlib
 from ..foundation.files import check_external_data, check_locations, read_mapped, skeleton, temporary_folder
 from ..foundation.graph import outer_inputs
+from ..foundation.inference import inferred
 
 log = logger(__name__)
 
@@ -190,18 +191,20 @@ def _record(number: int, size: int) -> bytes:
 
 
 def _infer_shapes(model: bytes, where: str) -> onnx.ModelProto:
-    """The serialized `model` parsed with its shapes inferred strictly; an error inside the body of a standard
-    op's function (onnx's own bodies do not all pass strict inference) is logged and inference redone
-    leniently."""
+    """The serialized `model` parsed with its shapes inferred strictly (`inference.inferred`); an error inside
+    the body of a standard op's function (onnx's own bodies do not all pass strict inference) is logged and
+    inference redone leniently."""
+    proto = onnx.load_from_string(model)
+    del model
     try:
-        return shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+        return inferred(proto, check_type=True, strict_mode=True)
     except shape_inference.InferenceError as error:
         if not _in_function_body(str(error)):
             raise ModelError(f"{where}: {first_line(error)}") from None
         log.warning("%s: shape inference failed inside a function body (%s); using partial shapes",
                     where, first_line(error))
     try:
-        return shape_inference.infer_shapes(model, check_type=True, strict_mode=False, data_prop=True)
+        return inferred(proto, check_type=True, strict_mode=False)
     except shape_inference.InferenceError as error:
         raise ModelError(f"{where}: {first_line(error)}") from None
 

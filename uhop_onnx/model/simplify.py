@@ -13,6 +13,7 @@ import onnx_ir as ir
 from onnx_ir.passes import common
 
 from ..foundation.errors import logger
+from ..foundation.inference import inferred
 from ..foundation.inputs import Shapes, at_shapes
 
 log = logger(__name__)
@@ -151,8 +152,7 @@ def simplify(model: onnx.ModelProto, fixed: bool = False) -> onnx.ModelProto:
     result = passes(ir.serde.deserialize_model(model))
     if not result.modified:
         return model
-    simplified = ir.serde.serialize_model(result.model)
-    return onnx.shape_inference.infer_shapes(simplified, data_prop=True)
+    return inferred(ir.serde.serialize_model(result.model))
 
 
 def at_fixed_shapes(model: onnx.ModelProto, shapes: Shapes,
