@@ -81,7 +81,8 @@ class ModelWriter:
         return operator
 
     def serialize(self) -> bytes:
-        """The model as `.tflite` bytes, without operators whose results nothing reads."""
+        """The model as `.tflite` bytes, without operators whose results nothing reads. Each constant is let go
+        once it is written, so the weights are held twice at most (the writer is spent after)."""
         operators = self._live()
         used = sorted({i for op in operators for i in (*op.inputs, *op.outputs) if i >= 0}
                       | set(self.inputs) | set(self.outputs))
@@ -89,8 +90,11 @@ class ModelWriter:
         # sized for all it will hold, so it never grows (each growth copies the whole buffer into one twice its size)
         b = flatbuffers.Builder(1024 + sum(len(self.buffers[self.tensors[i].buffer]) + ALIGNMENT + TABLE_BYTES
                                            + len(self.tensors[i].name) for i in used) + TABLE_BYTES * len(operators))
-        buffers = [_buffer(b, b"")] + [_buffer(b, self.buffers[self.tensors[i].buffer]) for i in used
-                                       if self.tensors[i].buffer]
+        buffers = [_buffer(b, b"")]
+        for i in used:
+            if self.tensors[i].buffer:
+                buffers.append(_buffer(b, self.buffers[self.tensors[i].buffer]))
+                self.buffers[self.tensors[i].buffer] = b""
         tensors, next_buffer = [], 1
         for i in used:
             tensor = self.tensors[i]

@@ -143,9 +143,9 @@ def _opsets_converted(simplified: onnx.ModelProto, graph: Graph, chosen: Sequenc
 def _asked(worker: SearchWorker | None, provider: Provider, graph: Graph, question: Callable[..., dict[str, Support]],
            *args: Any) -> dict[str, Support]:
     """`question(*args)`: `provider`'s capability answers, in `worker` (where its conversions and queries
-    may crash natively) unless it is ONNX Runtime's CPU; when the worker crashes, a "no" for every node,
-    naming the signal."""
-    if worker is None or provider.id == LAST_RESORT or not worker.takes(provider):
+    may crash natively, and what its runtime keeps of them leaves with the worker: ONNX Runtime's CPU
+    session of the whole model too); when the worker crashes, a "no" for every node, naming the signal."""
+    if worker is None or not worker.takes(provider):
         return question(*args)
     try:
         return worker.call(question, *args, runtime=provider.id)
