@@ -103,3 +103,24 @@ def test_the_nodes_a_capability_check_converted_are_not_converted_again_for_a_st
         caplog.clear()
         create("litert").compile(other).close()
     assert any("converted and verified in" in r.getMessage() for r in caplog.records)
+
+
+
+def test_a_stage_that_declares_its_weights_types_loads_the_conversion_of_the_same_nodes(fresh_cache, caplog):
+    """A plan's stage of a Paddle-exported model declares its weights' types as value infos, which the capability
+    check's simplified model does not: they restate the weights, so the conversion is the same."""
+    pytest.importorskip("ai_edge_litert")
+    from onnx import helper
+
+    from uhop_onnx.providers import create
+
+    checked = cnn(seed=24)
+    checked.graph.name = "check"
+    create("litert").check(checked)
+    stage = cnn(seed=24)
+    stage.graph.value_info.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                                  for t in stage.graph.initializer)
+    with caplog.at_level(logging.INFO, logger="uhop_onnx.providers.litert"):
+        create("litert").compile(stage).close()
+    said = [r.getMessage() for r in caplog.records if r.name == "uhop_onnx.providers.litert"]
+    assert said and all("as converted and verified earlier on this machine" in m for m in said), said

@@ -365,16 +365,20 @@ def _at_shapes() -> JsonTable:
 
 
 def _stage_digest(model: onnx.ModelProto):
-    """A sha256 of the stage, its graph's name apart (the nodes a capability check named "check" converted are the
-    same conversion as a plan's stage of them): each field, and each item of a repeated one, serialized alone,
-    so a model of large weights is never serialized whole."""
+    """A sha256 of the stage, its graph's name and the value infos that restate its initializers' types apart
+    (the nodes a capability check named "check" converted are the same conversion as a plan's stage of them,
+    which declares its weights' types): each field, and each item of a repeated one, serialized alone, so a
+    model of large weights is never serialized whole."""
     digest = hashlib.sha256()
+    weights = {t.name for t in model.graph.initializer}
     for message, apart in ((model, "graph"), (model.graph, "name")):
         for field, value in message.ListFields():
             if field.name == apart:
                 continue
             digest.update(field.name.encode())
             for item in value if field.label == field.LABEL_REPEATED else [value]:
+                if field.name == "value_info" and item.name in weights:
+                    continue
                 data = item.SerializeToString(deterministic=True) if hasattr(item, "SerializeToString") else (
                     str(item).encode())
                 digest.update(len(data).to_bytes(8, "little") + data)
