@@ -73,3 +73,20 @@ def test_the_compare_command_holds_a_gated_plan_to_its_gate(tmp_path):
         assert json.loads(result.stdout)["tolerance"] == tolerance_for(tolerance)
     told = uhop("compare", str(tmp_path / "plan-0.01"), "--rtol", "1e-4", "--json")
     assert told.returncode == 1 and json.loads(told.stdout)["tolerance"]["rtol"] == 1e-4
+
+
+def test_an_output_larger_than_a_chunk_is_judged_as_a_whole():
+    """`compare` works `CHUNK` elements at a time: what each chunk finds adds up to the output's figures."""
+    from uhop_onnx.precision.accuracy import CHUNK
+
+    want = np.linspace(-1.0, 1.0, 2 * CHUNK + 3, dtype=np.float32)
+    got = want.copy()
+    got[CHUNK + 1] = np.inf  # the second chunk: outside every tolerance
+    got[-1] += np.float32(0.5)  # the last, partial chunk: the largest error
+    figures = compare(got, want, {"rtol": 1e-4, "atol": 1e-5})
+    assert not figures["ok"] and figures["nonfinite"] == 1
+    assert figures["max_abs_error"] == pytest.approx(0.5) and figures["scale"] == pytest.approx(2.0)
+    got[CHUNK + 1] = want[CHUNK + 1]
+    assert not compare(got, want, {"rtol": 1e-4, "atol": 1e-5})["ok"]  # the last chunk's error alone
+    got[-1] = want[-1]
+    assert compare(got, want, {"rtol": 0.0, "atol": 0.0})["ok"] and compare(got, want)["cosine"] == pytest.approx(1.0)

@@ -13,12 +13,14 @@ uses it).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 Tolerance = Mapping[str, float]
+CHUNK = 1 << 18  # elements compared at a time: float64 working copies of 2 MiB each
 FP32_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}  # an fp32 provider's results against ONNX Runtime CPU
 
 
@@ -32,7 +34,8 @@ def compare(got: Any, want: Any, tolerance: Tolerance | None = None) -> dict[str
     `max_rel_error`, `cosine`, `scale` (`1 + max|ref|`), `nonfinite` (elements outside every tolerance by
     the NaN rule) and, for 2-D float scores, `top1_agrees` (in every row); with a `tolerance`, `ok`.
     Outputs of different shapes, or non-numeric ones that differ, are `{"ok": False, "error"}` (no `ok`
-    without a tolerance)."""
+    without a tolerance). Compared `CHUNK` elements at a time, so its float64 working copies stay small
+    whatever the output's size."""
     got, want = np.asarray(got), np.asarray(want)
     verdict = {} if tolerance is None else {"ok": False}
     if got.shape != want.shape:
@@ -42,23 +45,36 @@ def compare(got: Any, want: Any, tolerance: Tolerance | None = None) -> dict[str
             return {**verdict, "error": "differs (not numbers: compared whole)"}
         entry = {"max_abs_error": None, "max_rel_error": None, "cosine": None}
         return entry if tolerance is None else {**entry, "ok": True}
-    a, b = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
-    agree = (a == b) | (np.isnan(a) & np.isnan(b))
-    diff = np.abs(np.subtract(a, b, out=np.zeros_like(a), where=~agree))
-    finite, both = np.isfinite(diff), np.isfinite(a) & np.isfinite(b)
-    worst = float(diff[finite].max()) if finite.any() else 0.0
-    peak = float(np.abs(b[np.isfinite(b)]).max()) if np.isfinite(b).any() else 0.0
-    norms = float(np.linalg.norm(a[both]) * np.linalg.norm(b[both]))
+    elementwise = tolerance is not None and "scaled" not in tolerance
+    flat_got, flat_want = got.ravel(), want.ravel()
+    worst = peak = dot = norm_got = norm_want = 0.0
+    nonfinite, ok, same = 0, True, True
+    for start in range(0, max(flat_got.size, 1), CHUNK):
+        a = flat_got[start:start + CHUNK].astype(np.float64)
+        b = flat_want[start:start + CHUNK].astype(np.float64)
+        agree = (a == b) | (np.isnan(a) & np.isnan(b))
+        diff = np.abs(np.subtract(a, b, out=np.zeros_like(a), where=~agree))
+        finite, both, known = np.isfinite(diff), np.isfinite(a) & np.isfinite(b), np.isfinite(b)
+        worst = max(worst, float(diff[finite].max())) if finite.any() else worst
+        peak = max(peak, float(np.abs(b[known]).max())) if known.any() else peak
+        if elementwise:
+            ok = ok and bool((agree | finite & (diff <= tolerance["atol"] + tolerance["rtol"] * np.abs(b))).all())
+        nonfinite += int((~finite).sum())
+        a, b = a[both], b[both]
+        dot += float(a @ b)
+        norm_got = math.hypot(norm_got, float(np.linalg.norm(a)))  # hypot: no overflow where a norm would not
+        norm_want = math.hypot(norm_want, float(np.linalg.norm(b)))
+        same = same and np.array_equal(a, b)
+    norms = norm_got * norm_want
     entry = {"max_abs_error": worst, "max_rel_error": worst / peak if peak else worst,
-             "cosine": float(a[both] @ b[both] / norms) if norms > 0 else float(np.array_equal(a[both], b[both])),
-             "scale": 1.0 + peak, "nonfinite": int((~finite).sum())}
+             "cosine": dot / norms if norms > 0 else float(same), "scale": 1.0 + peak, "nonfinite": nonfinite}
     if want.ndim == 2 and want.dtype.kind == "f" and want.shape[1] > 1:
         entry["top1_agrees"] = bool((got.argmax(1) == want.argmax(1)).all())
     if tolerance is None:
         return entry
     if "scaled" in tolerance:
         return {**entry, "ok": within_scaled(entry, tolerance["scaled"])}
-    return {**entry, "ok": bool((agree | finite & (diff <= tolerance["atol"] + tolerance["rtol"] * np.abs(b))).all())}
+    return {**entry, "ok": ok}
 
 
 def within_scaled(entry: Mapping[str, Any], tolerance: float) -> bool:
