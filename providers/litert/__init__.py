@@ -309,9 +309,14 @@ def check_feeds(model: onnx.ModelProto, seed: int = 0,
         dtype = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
         # integers are indices: 0 and 1 are valid wherever an axis has two entries (and are both booleans)
         mean, spread, least, greatest = (inputs or {}).get(value.name, (0.0, 1.0, -np.inf, np.inf))
-        feeds[value.name] = np.asarray(rng.integers(0, 2, dims) if np.dtype(dtype).kind in "biu"
-                                       else np.clip(rng.standard_normal(dims) * spread + mean, least, greatest),
-                                       dtype)  # an array, 0-d ones included (a scalar is not a feed)
+        if np.dtype(dtype).kind in "biu":
+            drawn = rng.integers(0, 2, dims)
+        else:  # in place: one float64 draw held, not one per step
+            drawn = rng.standard_normal(dims)
+            drawn *= spread
+            drawn += mean
+            np.clip(drawn, least, greatest, out=drawn)
+        feeds[value.name] = np.asarray(drawn, dtype)  # an array, 0-d ones included (a scalar is not a feed)
     return feeds
 
 
