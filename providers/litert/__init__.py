@@ -66,7 +66,7 @@ class Tflite(ArtifactFormat):
                                 "with calibration=...")
         fp16 = provider.precision == "fp16"
         model = prepared(model)
-        blob = convert(model, fp16=fp16, ranges=calibrated and calibrated.ranges)
+        blob = convert(model, fp16=fp16, ranges=calibrated and calibrated.ranges, prepare=False)
         try:
             interpreter_module()
         except Exception as error:  # noqa: BLE001 - missing or broken, the runtime cannot check it here
@@ -228,7 +228,8 @@ class LiteRt(Provider):
         uncalibrated = self.precision == "int8" and not calibrated  # built at fp32
 
         def converted() -> LiteRtRunner:  # after ONNX Runtime's reference run, which never holds the blob
-            blob = convert(model, fp16=self.precision == "fp16", ranges=calibrated and calibrated.ranges)
+            blob = convert(model, fp16=self.precision == "fp16", ranges=calibrated and calibrated.ranges,
+                           prepare=False)
             return LiteRtRunner(blob, self.threads, **self.delegate_options())
 
         runner, error = verify(model, converted, FP32_TOLERANCE if uncalibrated else self.tolerance,

@@ -26,10 +26,12 @@ RANDOM = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "Random
                     "Multinomial"})
 
 
-def convert(model: onnx.ModelProto, fp16: bool = False, ranges: Mapping[str, Sequence[float]] | None = None) -> bytes:
+def convert(model: onnx.ModelProto, fp16: bool = False, ranges: Mapping[str, Sequence[float]] | None = None, *,
+            prepare: bool = True) -> bytes:
     """The stage as a `.tflite` model whose inputs and outputs are the stage's, by name, in ONNX layout;
-    full-integer int8 inside, from the calibration `ranges` of its values, when they are given."""
-    cx, _ = _lower(prepared(model), fp16, strict=True)
+    full-integer int8 inside, from the calibration `ranges` of its values, when they are given. With `prepare`
+    False, `model` is as `prepared` gave it (not copied again)."""
+    cx, _ = _lower(prepared(model) if prepare else model, fp16, strict=True)
     try:
         _declare_outputs(cx)
         if ranges is not None:
