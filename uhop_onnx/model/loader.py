@@ -43,7 +43,7 @@ def load(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool = True)
         return proto
     _check_structure(proto.graph, where)
     _check_sizes(proto.graph, where)
-    del data  # the checker and shape inference read one serialization of the model, and nothing else is held
+    del data  # the checker reads one serialization of the model, shape inference the model parsed from it
     with _within_protobuf(where, external):
         checked = serialized(proto)
     del proto
@@ -51,7 +51,9 @@ def load(model: str | os.PathLike | onnx.ModelProto | bytes, check: bool = True)
         onnx.checker.check_model(checked)
     except onnx.checker.ValidationError as error:
         raise ModelError(f"{where}: {first_line(error)}") from None
-    return _infer_shapes(checked, where)
+    proto = onnx.load_from_string(checked)
+    del checked
+    return _infer_shapes(proto, where)
 
 
 _SKELETON = 1 << 20  # a smaller model is parsed whole: walking its wire format costs more
@@ -190,12 +192,10 @@ def _record(number: int, size: int) -> bytes:
     return bytes(head)
 
 
-def _infer_shapes(model: bytes, where: str) -> onnx.ModelProto:
-    """The serialized `model` parsed with its shapes inferred strictly (`inference.inferred`); an error inside
-    the body of a standard op's function (onnx's own bodies do not all pass strict inference) is logged and
-    inference redone leniently."""
-    proto = onnx.load_from_string(model)
-    del model
+def _infer_shapes(proto: onnx.ModelProto, where: str) -> onnx.ModelProto:
+    """`proto` with its shapes inferred strictly (`inference.inferred`); an error inside the body of a standard
+    op's function (onnx's own bodies do not all pass strict inference) is logged and inference redone
+    leniently."""
     try:
         return inferred(proto, check_type=True, strict_mode=True)
     except shape_inference.InferenceError as error:
