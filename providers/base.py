@@ -188,6 +188,10 @@ class Provider(ABC):
     # A runtime that builds for fixed shapes: its capability is asked of the model at the measured shapes, its
     # shape arithmetic folded, and a stage is built once per shape and shape value it is run at (`PerShapeRunner`).
     static_shapes: ClassVar[bool] = False
+    # A runtime whose stages are converted, checked and kept on this machine (a later build of the same stage at the
+    # same shapes loads the conversion): the search converts a plan's stages on it before the plan is timed in its
+    # own process (`measure.time_plans_in_processes`), so that process holds no converter.
+    keeps_conversions: ClassVar[bool] = False
     # The precision this instance builds stages at (`precisions` lists those it offers), and for int8 the
     # calibration (`providers.quantize.Calibration`) its stages are quantized on.
     precision: str = "fp32"

@@ -198,9 +198,9 @@ def test_a_failing_folder_leaves_the_shape_arithmetic_to_the_converter(monkeypat
 def unfolded(monkeypatch):
     """Simplification without shape folding, as for a model whose control flow keeps it unfolded: the
     converter meets the shape arithmetic itself."""
-    from uhop_onnx.model import simplify
+    from uhop_onnx.model import passes
 
-    monkeypatch.setattr(simplify, "FOLDING", ())
+    monkeypatch.setattr(passes, "FOLDING", ())
 
 
 def test_shape_arithmetic_is_folded_into_the_litert_stage(unfolded):

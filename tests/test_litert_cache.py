@@ -124,3 +124,32 @@ def test_a_stage_that_declares_its_weights_types_loads_the_conversion_of_the_sam
         create("litert").compile(stage).close()
     said = [r.getMessage() for r in caplog.records if r.name == "uhop_onnx.providers.litert"]
     assert said and all("as converted and verified earlier on this machine" in m for m in said), said
+
+
+def test_a_plans_litert_stage_converted_ahead_in_a_worker_is_loaded_as_kept_by_the_plan(fresh_cache, tmp_path,
+                                                                                          caplog):
+    """Before a plan is timed in its own process, the search's worker converts its LiteRT stages at the values
+    they receive (`convert_ahead`, the other stages run on ONNX Runtime for them): the plan's process then loads
+    each conversion as kept (converting is what made it the largest process of an `optimize`)."""
+    pytest.importorskip("ai_edge_litert")
+    from uhop_onnx.runtime.compile import compile_plan, convert_ahead
+    from uhop_onnx.runtime.measure import SearchWorker
+    from uhop_onnx.runtime.plan import Plan
+
+    model = cnn(seed=24)
+    for value in (model.graph.input[0], model.graph.output[0]):  # a free batch: converted per shape
+        value.type.tensor_type.shape.dim[0].dim_param = "batch"
+    del model.graph.value_info[:]
+    plan = uhop_onnx.optimize(model, providers=["litert", "ort-cpu"], profile=False,
+                              assign={"/block0/conv/Conv": "ort-cpu", "/head/fc/Gemm": "ort-cpu"})
+    assert [s.provider for s in plan.stages][:3] == ["ort-cpu", "litert", "ort-cpu"], plan.summary()
+    folder = str(plan.save(tmp_path / "plan", report=False))
+    feeds = {"input": np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)}
+    with SearchWorker() as worker:
+        worker.call(convert_ahead, folder, feeds, None, runtime="litert")
+    with caplog.at_level(logging.INFO, logger="uhop_onnx.providers.litert"):
+        with compile_plan(Plan.load(folder)) as executor:
+            got = executor.run(None, feeds)
+    said = [r.getMessage() for r in caplog.records if r.name == "uhop_onnx.providers.litert"]
+    assert said and all("as converted and verified earlier on this machine" in m for m in said), said
+    assert_matches(got, reference(model, feeds))

@@ -6,6 +6,7 @@ bound is 757 (ONNX Runtime 306, the imports 145); now about 505."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +59,27 @@ def test_a_session_on_onnx_runtime_imports_only_what_serves():
                                                      check=True, timeout=120).stdout)
     assert served == [], f"a session serving ONNX Runtime imported {served}"
     assert "onnx" in asked and nodes == 14  # the plan asked for: the model read, its nodes named
+
+
+def test_optimize_simplifies_in_a_worker_and_its_own_process_imports_no_simplifier(tmp_path):
+    """onnx-ir, onnxscript and the sympy they import (about 60 MiB) are imported only by the search worker that
+    simplifies the model: a measured `optimize`'s own process held them for its whole run. The plan is the
+    simplified model's (its shape arithmetic folded)."""
+    from uhop_onnx.model.loader import load
+    from uhop_onnx.model.simplify import simplify
+
+    from .test_litert import exported_flatten
+
+    model = exported_flatten()
+    onnx.save(model, tmp_path / "flatten.onnx")
+    code = ("import json, sys, uhop_onnx; "
+            f"plan = uhop_onnx.optimize({str(tmp_path / 'flatten.onnx')!r}, providers=['ort-cpu'], budget=5); "
+            "print(json.dumps([sorted({m.split('.')[0] for m in sys.modules} & {'onnx_ir', 'onnxscript', 'sympy'}), "
+            "sorted(n for s in plan.stages for n in s.nodes)]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "UHOP_CACHE_DIR": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr
+    imported, nodes = json.loads(done.stdout.splitlines()[-1])
+    assert imported == [], f"optimize's own process imported {imported}"
+    simplified = sorted(n.name for n in simplify(load(model)).graph.node)
+    assert nodes == simplified and len(simplified) < len(model.graph.node)

@@ -16,6 +16,7 @@ from onnx import TensorProto, helper
 
 import uhop_onnx
 from uhop_onnx import MeasurementError
+from uhop_onnx.foundation.errors import StageError
 from uhop_onnx.runtime.measure import Candidate, Measurement, Profiler, SearchWorker, WorkerFailed, time_candidates
 from uhop_onnx.models import mlp
 from uhop_onnx.products.optimizer import analyze
@@ -70,6 +71,16 @@ def held() -> tuple[int, int]:
         return os.getpid(), next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
 
+def left_in_a_cycle(mebibytes: int) -> None:
+    """`mebibytes` of arrays left in a reference cycle (as a converter's and a runtime's objects are left)."""
+    chunks: list = [np.ones(1 << 17) for _ in range(mebibytes)]
+    chunks.append(chunks)
+
+
+def raises_a_stage_error() -> None:
+    raise StageError("stage 2 (litert, 3 nodes from 'a') failed: no", 2, "litert")
+
+
 def freed_between_live_chunks(mebibytes: int) -> None:
     """`mebibytes` of C heap written, then freed but one chunk in 16: glibc cannot shrink its heap past the
     chunks left, so the pages freed between them stay resident until the heap is trimmed (as runtimes leave
@@ -103,6 +114,20 @@ def test_a_worker_returns_the_heap_a_request_freed_before_the_next():
         worker.call(freed_between_live_chunks, 200)
         _, after = worker.call(held)
     assert after - before < 50 * 1024, (before, after)  # about 190 MiB stays resident untrimmed
+
+
+def test_a_worker_collects_what_a_request_left_in_reference_cycles_before_the_next():
+    with SearchWorker() as worker:
+        _, before = worker.call(held)
+        worker.call(left_in_a_cycle, 200)
+        _, after = worker.call(held)
+    assert after - before < 50 * 1024, (before, after)
+
+
+def test_a_stage_error_raised_in_a_worker_reaches_its_coordinator_whole():
+    with SearchWorker() as worker, pytest.raises(StageError, match="stage 2 .*failed: no") as raised:
+        worker.call(raises_a_stage_error)
+    assert (raised.value.stage, raised.value.provider) == (2, "litert")
 
 
 @pytest.mark.slow

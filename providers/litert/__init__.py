@@ -114,6 +114,7 @@ class LiteRt(Provider):
     option_types = {"delegate": str, "delegate_options": dict[str, str | int | float | bool], "allow_fallback": bool}
     precision_options = frozenset({"fp16"})
     static_shapes = True  # converted once per shape and integer input value a stage runs at
+    keeps_conversions = True  # each checked conversion kept in the cache (`build_at`, `_compile_fixed`)
 
     @classmethod
     def device_kind(cls, options: Mapping[str, Any]) -> str:

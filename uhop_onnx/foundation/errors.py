@@ -82,6 +82,9 @@ class StageError(ProviderError):
         self.stage = stage
         self.provider = provider
 
+    def __reduce__(self) -> tuple:  # pickled as raised in a worker process, whole
+        return type(self), (str(self), self.stage, self.provider)
+
 
 class MeasurementError(ProviderError):
     """No candidate plan could be timed; the message lists each one with its error."""

@@ -49,6 +49,7 @@ from ..model.simplify import at_fixed_shapes, opset, simplify, within_opsets
 from ..foundation.timing import Deadline
 
 log = logger(__name__)
+SIMPLIFIER = "onnxscript"  # what a search worker loads to simplify (`SearchWorker.call`'s runtime)
 
 
 def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[ProviderSpec] | None = None,
@@ -63,12 +64,19 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
     present on this host answers from its table alone. `resolved` is `resolve(providers, threads, strict)`
     when the caller has it already. With `sample` (or given `shapes` or `inputs`), the inputs measurements
     run on are settled first (`inputs.profile_feeds`), so that free dimensions nobody gave stop it before
-    anything is measured. With a `worker`, providers but ONNX Runtime's CPU are asked there (`_asked`).
+    anything is measured. With a `worker`, the model is simplified there (`_simplified`) and providers but
+    ONNX Runtime's CPU are asked there (`_asked`).
     """
     progress("loading and checking the model")
     loaded = load(model)
     progress("simplifying the graph")
-    simplified = simplify(loaded)
+    try:
+        simplified = _simplified(worker, simplify, loaded)
+    except WorkerFailed as failure:
+        if worker.deadline is not None and worker.deadline.abandoned:
+            raise
+        log.warning("simplifying the model failed (%s); it is planned as loaded", failure)
+        simplified = loaded
     graph = Graph.from_model(simplified)
     signatures = [graph.signature(name) for name in graph.inputs]
     if sample or shapes is not None or inputs is not None:
@@ -90,7 +98,7 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
     fixed = None
     if feeds is not None and free_inputs(simplified):
         try:
-            fixed = FixedShapes(simplified, measured_shapes(feeds))
+            fixed = FixedShapes(_simplified(worker, at_fixed_shapes, simplified, measured_shapes(feeds)))
         except Exception as error:  # noqa: BLE001 - inference may refuse the shapes; such runtimes then refuse too
             log.warning("the model at %s could not be prepared for fixed-shape runtimes: %s",
                         shapes_text(measured_shapes(feeds)), first_line(error))
@@ -156,13 +164,23 @@ def _asked(worker: SearchWorker | None, provider: Provider, graph: Graph, questi
         return {n.name: Support(False, f"asking {provider.label} failed: {failure}", "check") for n in graph.nodes}
 
 
-class FixedShapes:
-    """The model at the shapes it is measured at, simplified again (its shape arithmetic folded there): what
-    a runtime that builds for fixed shapes is asked about."""
+def _simplified(worker: SearchWorker | None, simplification: Callable[..., onnx.ModelProto], *args: Any
+                ) -> onnx.ModelProto:
+    """`simplification(*args)` (`simplify`, `at_fixed_shapes`), in `worker` where there is one: this process
+    then never imports the simplifier (onnx-ir, onnxscript and sympy, about 60 MiB), and a crash in it costs
+    the worker (`WorkerFailed`)."""
+    if worker is None:
+        return simplification(*args)
+    return worker.call(simplification, *args, runtime=SIMPLIFIER)
 
-    def __init__(self, simplified: onnx.ModelProto, shapes: Shapes):
-        self.model = at_fixed_shapes(simplified, shapes)
-        self.graph = Graph.from_model(self.model)
+
+class FixedShapes:
+    """The model at the shapes it is measured at, simplified again (its shape arithmetic folded there,
+    `at_fixed_shapes`): what a runtime that builds for fixed shapes is asked about."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        self.graph = Graph.from_model(model)
 
     def capabilities(self, graph: Graph, provider: Provider) -> dict[str, Support]:
         """`provider`'s answer for every node of `graph`; a node folded away at these shapes is a constant
@@ -355,7 +373,7 @@ def place_measured(a: Analysis, threads: int | None, *, budget: float = 60.0, pr
                         return
                     yield name, plan_of(c)
 
-            timed = time_plans_in_processes(built(), a.feeds, threads, deadline=deadline)
+            timed = time_plans_in_processes(built(), a.feeds, threads, deadline=deadline, worker=worker)
             return {name: timed.get(name) or Measurement.failed(LATE) for name in choices}
     else:
         def run_plan(choice: Choice):

@@ -1,10 +1,12 @@
 """`compile_plan`: a plan's stages compiled on their providers, at their precisions, into one `Executor`;
-with fallback, a stage that fails during a call is re-run on the last resort for that call."""
+with fallback, a stage that fails during a call is re-run on the last resort for that call. `convert_ahead`:
+a plan's stages converted and kept before the plan is timed."""
 
 from __future__ import annotations
 
 import threading
 import warnings
+from collections.abc import Mapping
 from contextlib import ExitStack
 from typing import Any
 
@@ -13,7 +15,7 @@ import numpy as np
 from ..foundation.errors import StageError, UhopError, first_line, logger, outside
 from .executor import Check, Executor
 from .plan import Plan, Stage
-from ..providers import LAST_RESORT, Runner, create
+from ..providers import LAST_RESORT, REGISTRY, Runner, create
 
 log = logger(__name__)
 
@@ -66,6 +68,28 @@ def compile_stage(plan: Plan, stage: Stage, threads: int | None, exclusive: bool
         k = plan.stages.index(stage)
         raise StageError(f"stage {k} ({stage.described}) could not be compiled on {provider_id}: "
                          f"{first_line(error)}", k, provider_id) from error
+
+
+def convert_ahead(folder: str, feeds: dict[str, np.ndarray], threads: int | None) -> None:
+    """The plan saved in `folder` run once on `feeds`: each stage on a provider that keeps its conversions built
+    there (converted at the shapes and values it receives, checked and kept), every other one on ONNX Runtime's
+    CPU; each stage compiled for its run and closed after it, so that one stage's runtime is held at a time."""
+    plan = Plan.load(folder)
+    runners: list[Runner] = [_OneRun(plan, stage, threads) for stage in plan.stages]
+    Executor(plan.stages, runners, plan.inputs, [o.name for o in plan.outputs], plan.constants).run(None, feeds)
+
+
+class _OneRun(Runner):
+    """A stage compiled when it runs, on its provider where that keeps its conversions, else on ONNX Runtime's
+    CPU, and closed after the run: its results as host arrays."""
+
+    def __init__(self, plan: Plan, stage: Stage, threads: int | None):
+        self.plan, self.stage, self.threads = plan, stage, threads
+
+    def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        on = None if REGISTRY[self.stage.provider].keeps_conversions else LAST_RESORT
+        with compile_stage(self.plan, self.stage, self.threads, on=on) as runner:
+            return {name: runner.to_host(value) for name, value in runner.run(feeds).items()}
 
 
 class LastResort:

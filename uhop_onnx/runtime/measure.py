@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..foundation.errors import first_line
+from ..foundation.errors import first_line, logger
 from ..foundation.files import temporary_folder
 from .profiler import Measurement, Profiler
 from ..foundation.timing import Deadline, spread
@@ -28,6 +28,7 @@ from .worker_protocol import reply as _reply
 from .worker_protocol import spawn as _spawn
 
 T = TypeVar("T")
+log = logger(__name__)
 
 
 SETTLE_SECONDS = 0.05  # between candidates: worker threads the previous one left spinning go to sleep
@@ -53,22 +54,44 @@ class Candidate:
 
 
 def time_plans_in_processes(plans: Mapping[str, Any] | Iterable[tuple[str, Any]], feeds: dict[str, np.ndarray],
-                            threads: int | None, rounds: int = 5, deadline: Deadline | None = None
-                            ) -> dict[str, Measurement]:
+                            threads: int | None, rounds: int = 5, deadline: Deadline | None = None,
+                            worker: SearchWorker | None = None) -> dict[str, Measurement]:
     """Whole plans (by name, or `(name, plan)` pairs, which may be made one at a time) timed each in its own
     process on `feeds`, in alternating rounds -> `Measurement` per name (infinite for a plan that failed),
     with its round medians for `faster`. Each plan is saved for its worker without reports, and not held
-    here after. Past the `deadline`, no round starts after the third."""
+    here after; with a search `worker`, its stages on a provider that keeps its conversions are converted
+    there first (`_converted_ahead`). Past the `deadline`, no round starts after the third."""
     with temporary_folder("plans") as work:
         candidates = []
         for name, plan in plans.items() if isinstance(plans, Mapping) else plans:
             folder = Path(work) / f"plan{len(candidates)}"
             plan.save(folder, report=False)
+            if worker is not None and not (deadline is not None and deadline.passed):
+                _converted_ahead(worker, plan, str(folder), feeds, threads)
             candidates.append(Candidate(name, str(folder)))
             del plan  # what its worker needs is on disk
         figures = time_candidates(candidates, None, feeds, threads, rounds, deadline=deadline) if candidates else {}
     return {name: Measurement.of(f["round_medians_ms"]) if f["ms"] is not None else Measurement.failed(f["error"])
             for name, f in figures.items()}
+
+
+def _converted_ahead(worker: SearchWorker, plan: Any, folder: str, feeds: dict[str, np.ndarray],
+                     threads: int | None) -> None:
+    """The stages of `plan` (saved in `folder`) on a provider that keeps its conversions, converted in `worker`
+    at the values they receive on `feeds` (`convert_ahead`): the plan's own process then loads them as kept, and
+    its peak is the plan's, not a converter's (the simplifier, the converter, ONNX Runtime's reference of the
+    stage: more than the plan holds when it runs). A failure is the plan's own process's to meet again."""
+    from ..providers import REGISTRY
+    from .compile import convert_ahead
+
+    ids = sorted({s.provider for s in plan.stages if REGISTRY[s.provider].keeps_conversions})
+    if not ids:
+        return
+    try:
+        worker.call(convert_ahead, folder, feeds, threads, runtime="+".join(ids))
+    except Exception as error:  # noqa: BLE001 - a conversion may fail in any way; the plan's process says how
+        log.info("converting %s's stages on %s before timing it failed: %s", folder, ", ".join(ids),
+                 first_line(error))
 
 
 def time_candidates(candidates: list[Candidate], model: str | None, feeds: dict[str, np.ndarray],
@@ -220,8 +243,9 @@ class SearchWorker:
     whose conversion, quantization or compile may crash are lowered, compiled and timed there by a `Profiler`,
     and a provider's capability questions (a conversion, a runtime's query) are answered there (`call`). A
     crash costs the block it was building (its failure names the signal) or the question; what the runtimes
-    held leaves with the process. Started at once (it imports the runtimes while its coordinator loads the
-    model) and again after a crash, or when a call outlives its deadline; what it is sent is pickled into a
+    held leaves with the process. Started at once (it imports onnx and the providers' modules while its
+    coordinator loads the model) and again after a crash, or when a call outlives its deadline, or to serve
+    another runtime (it imports one only when a request loads it); what it is sent is pickled into a
     temporary folder, a model once per object. Requests go to its stdin, its replies come on a pipe of their
     own (`worker_protocol.spawn`). A worker serves one runtime (a request names the one it loads): a request
     for another ends it first and starts a new one, so that what a runtime keeps after its runners are closed
@@ -420,12 +444,12 @@ class _ModelPickler(pickle.Pickler):
         return self.worker.model_file(obj) if type(obj).__name__ == "ModelProto" else None
 
 
-def _runtimes_imported() -> None:
-    """A search worker's first step: the runtimes present imported, while its coordinator loads the model."""
-    from ..providers import resolve
-
-    resolve(None)
+def _prepared() -> None:
+    """A search worker's first step, while its coordinator loads the model: what every request needs (onnx and
+    the providers' modules) imported; a runtime only when a request loads it, so that a worker holds the one it
+    serves and no other."""
+    import uhop_onnx.providers  # noqa: F401
 
 
 if __name__ == "__main__":  # a worker process (`worker_protocol.spawn`)
-    main(sys.argv[1:], _runtimes_imported)
+    main(sys.argv[1:], _prepared)
