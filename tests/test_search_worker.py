@@ -77,6 +77,23 @@ def left_in_a_cycle(mebibytes: int) -> None:
     chunks.append(chunks)
 
 
+class Picky(Exception):
+    """An exception whose arguments are not the ones it is made from: it pickles, and does not unpickle."""
+
+    def __init__(self, stage: int, reason: str):
+        super().__init__(f"stage {stage}: {reason}")
+
+
+def raises_picky() -> None:
+    raise Picky(3, "refused")
+
+
+def warns(text: str) -> int:
+    logging.getLogger("uhop_onnx.providers.litert").warning("%s", text)
+    logging.getLogger("uhop_onnx.providers.litert").info("not sent: %s", text)
+    return 7
+
+
 def raises_a_stage_error() -> None:
     raise StageError("stage 2 (litert, 3 nodes from 'a') failed: no", 2, "litert")
 
@@ -128,6 +145,27 @@ def test_a_stage_error_raised_in_a_worker_reaches_its_coordinator_whole():
     with SearchWorker() as worker, pytest.raises(StageError, match="stage 2 .*failed: no") as raised:
         worker.call(raises_a_stage_error)
     assert (raised.value.stage, raised.value.provider) == (2, "litert")
+
+
+def test_an_exception_that_would_not_unpickle_here_comes_as_its_first_line():
+    with SearchWorker() as worker, pytest.raises(RuntimeError, match="stage 3: refused"):
+        worker.call(raises_picky)
+
+
+def test_what_a_call_logs_as_a_warning_is_logged_by_its_coordinator(caplog):
+    with SearchWorker() as worker, caplog.at_level(logging.INFO, logger="uhop_onnx"):
+        assert worker.call(warns, "shape arithmetic left unfolded: folder bug") == 7
+    said = [(r.name, r.levelno, r.getMessage()) for r in caplog.records if r.name.startswith("uhop_onnx.providers")]
+    assert said == [("uhop_onnx.providers.litert", logging.WARNING, "shape arithmetic left unfolded: folder bug")]
+
+
+def test_a_model_the_search_workers_simplification_leaves_as_it_was_is_the_loaded_model_itself():
+    """Simplified in the search's worker, a model nothing was taken from comes back as the loaded model, not a
+    copy of its weights held beside it for the whole search."""
+    path = os.path.join(os.path.dirname(__file__), "..", "models", "example_mobilenet.onnx")
+    with SearchWorker() as worker:
+        a = analyze(path, ["ort-cpu"], worker=worker)
+    assert a.simplified is a.loaded
 
 
 @pytest.mark.slow

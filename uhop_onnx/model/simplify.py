@@ -15,22 +15,27 @@ from ..foundation.inference import inferred
 from ..foundation.inputs import Shapes, at_shapes
 
 
+COLLECTED = 4 << 20  # bytes of weights from which `simplify` collects the copies it left in reference cycles
+
+
 def simplify(model: onnx.ModelProto, fixed: bool = False) -> onnx.ModelProto:
     """Lift constants to initializers, read constant Identities through, fold integer shape arithmetic (with
     `fixed`, everything computed from shapes: the inputs' shapes are fixed), remove dead nodes; shapes are
     inferred again. The onnx-ir graphs it made (the folder's copy of the weights among them) are reference
-    cycles: they are collected before it returns, not whenever Python's collector next runs (a LiteRT block's
-    conversion peaked 25 MiB higher with them left; the collection takes tens of ms)."""
+    cycles: for a model of `COLLECTED` bytes of weights or more they are collected before it returns, not
+    whenever Python's collector next runs (a LiteRT block of 10 MB converted 25 MiB higher with them left; a
+    collection takes 40-120 ms, which a small model's simplification is not worth)."""
     import onnx_ir as ir
 
     from .passes import FOLDING, PASSES, FoldShapeArithmeticPass
 
     folding = (FoldShapeArithmeticPass(fixed=True),) if fixed else FOLDING
-    passes = ir.passes.Sequential(*folding, ir.passes.PassManager(PASSES, steps=2))
-    result = passes(ir.serde.deserialize_model(model))
+    pipeline = ir.passes.Sequential(*folding, ir.passes.PassManager(PASSES, steps=2))
+    result = pipeline(ir.serde.deserialize_model(model))
     simplified = ir.serde.serialize_model(result.model) if result.modified else model
     del result
-    gc.collect()
+    if sum(len(t.raw_data) for t in model.graph.initializer) >= COLLECTED:
+        gc.collect()
     return inferred(simplified) if simplified is not model else model
 
 

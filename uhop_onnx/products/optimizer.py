@@ -21,7 +21,8 @@ from ..foundation.errors import InputError, PlanError, TooLargeError, UhopError,
 from ..foundation.graph import Graph, declared_outputs
 from ..foundation.inputs import Inputs, Shapes, free_inputs, inputs_digest, measured_shapes, profile_feeds
 from ..model.loader import load, sha256
-from ..runtime.measure import LATE, Measurement, Profiler, SearchWorker, WorkerFailed, time_plans_in_processes
+from ..runtime.measure import (CALL_SECONDS, LATE, Measurement, Profiler, SearchWorker, WorkerFailed,
+                               time_plans_in_processes)
 from ..partitioner.capabilities import capabilities, only_the_rest, whole_model
 from ..partitioner.extract import extract
 from ..partitioner.partition import partition
@@ -99,6 +100,11 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
     if feeds is not None and free_inputs(simplified):
         try:
             fixed = FixedShapes(_simplified(worker, at_fixed_shapes, simplified, measured_shapes(feeds)))
+        except WorkerFailed:
+            if worker.deadline is not None and worker.deadline.abandoned:
+                raise
+            log.warning("the model at %s could not be prepared for fixed-shape runtimes: simplifying it there "
+                        "failed", shapes_text(measured_shapes(feeds)))
         except Exception as error:  # noqa: BLE001 - inference may refuse the shapes; such runtimes then refuse too
             log.warning("the model at %s could not be prepared for fixed-shape runtimes: %s",
                         shapes_text(measured_shapes(feeds)), first_line(error))
@@ -164,14 +170,23 @@ def _asked(worker: SearchWorker | None, provider: Provider, graph: Graph, questi
         return {n.name: Support(False, f"asking {provider.label} failed: {failure}", "check") for n in graph.nodes}
 
 
-def _simplified(worker: SearchWorker | None, simplification: Callable[..., onnx.ModelProto], *args: Any
-                ) -> onnx.ModelProto:
-    """`simplification(*args)` (`simplify`, `at_fixed_shapes`), in `worker` where there is one: this process
-    then never imports the simplifier (onnx-ir, onnxscript and sympy, about 60 MiB), and a crash in it costs
-    the worker (`WorkerFailed`)."""
+def _simplified(worker: SearchWorker | None, simplification: Callable[..., onnx.ModelProto],
+                model: onnx.ModelProto, *args: Any) -> onnx.ModelProto:
+    """`simplification(model, *args)` (`simplify`, `at_fixed_shapes`), in `worker` where there is one: this
+    process then never imports the simplifier (onnx-ir, onnxscript and sympy, about 60 MiB), and a crash in it
+    costs the worker (`WorkerFailed`). It is not bound by the search's deadline (as in this process, the search
+    needs its result); a model it leaves as it was is `model` itself, not a copy."""
     if worker is None:
-        return simplification(*args)
-    return worker.call(simplification, *args, runtime=SIMPLIFIER)
+        return simplification(model, *args)
+    changed = worker.call(_changed, simplification, model, *args, runtime=SIMPLIFIER, seconds=CALL_SECONDS)
+    return model if changed is None else changed
+
+
+def _changed(simplification: Callable[..., onnx.ModelProto], model: onnx.ModelProto, *args: Any
+             ) -> onnx.ModelProto | None:
+    """`simplification(model, *args)`, or None where it returned `model` as it was (nothing to send back)."""
+    simplified = simplification(model, *args)
+    return None if simplified is model else simplified
 
 
 class FixedShapes:

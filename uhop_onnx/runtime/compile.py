@@ -70,13 +70,25 @@ def compile_stage(plan: Plan, stage: Stage, threads: int | None, exclusive: bool
                          f"{first_line(error)}", k, provider_id) from error
 
 
+def keeps_conversions(stage: Stage) -> bool:
+    """Whether `stage`'s provider keeps its checked conversions on this machine (`Provider.keeps_conversions`)."""
+    return REGISTRY[stage.provider].keeps_conversions
+
+
 def convert_ahead(folder: str, feeds: dict[str, np.ndarray], threads: int | None) -> None:
-    """The plan saved in `folder` run once on `feeds`: each stage on a provider that keeps its conversions built
-    there (converted at the shapes and values it receives, checked and kept), every other one on ONNX Runtime's
-    CPU; each stage compiled for its run and closed after it, so that one stage's runtime is held at a time."""
+    """The plan saved in `folder` run once on `feeds`, as far as its last stage on a provider that keeps its
+    conversions: each such stage built there (converted at the shapes and values it receives, checked and kept;
+    one its check refuses is run on ONNX Runtime instead, as the plan's process runs it), every other one on
+    ONNX Runtime's CPU; each stage compiled for its run and closed after it, so that one stage's runtime is held
+    at a time."""
     plan = Plan.load(folder)
+    last = max((k for k, stage in enumerate(plan.stages) if keeps_conversions(stage)), default=None)
+    if last is None:
+        return
     runners: list[Runner] = [_OneRun(plan, stage, threads) for stage in plan.stages]
-    Executor(plan.stages, runners, plan.inputs, [o.name for o in plan.outputs], plan.constants).run(None, feeds)
+    with Executor(plan.stages, runners, plan.inputs, plan.stages[last].outputs, plan.constants,
+                  LastResort(plan, threads)) as executor:
+        executor.run(None, feeds)
 
 
 class _OneRun(Runner):
@@ -87,7 +99,7 @@ class _OneRun(Runner):
         self.plan, self.stage, self.threads = plan, stage, threads
 
     def run(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        on = None if REGISTRY[self.stage.provider].keeps_conversions else LAST_RESORT
+        on = None if keeps_conversions(self.stage) else LAST_RESORT
         with compile_stage(self.plan, self.stage, self.threads, on=on) as runner:
             return {name: runner.to_host(value) for name, value in runner.run(feeds).items()}
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+from importlib import import_module
 import pickle
 import random
 import subprocess
@@ -67,7 +69,7 @@ def time_plans_in_processes(plans: Mapping[str, Any] | Iterable[tuple[str, Any]]
             folder = Path(work) / f"plan{len(candidates)}"
             plan.save(folder, report=False)
             if worker is not None and not (deadline is not None and deadline.passed):
-                _converted_ahead(worker, plan, str(folder), feeds, threads)
+                _converted_ahead(worker, plan, str(folder), feeds, threads, deadline)
             candidates.append(Candidate(name, str(folder)))
             del plan  # what its worker needs is on disk
         figures = time_candidates(candidates, None, feeds, threads, rounds, deadline=deadline) if candidates else {}
@@ -76,19 +78,20 @@ def time_plans_in_processes(plans: Mapping[str, Any] | Iterable[tuple[str, Any]]
 
 
 def _converted_ahead(worker: SearchWorker, plan: Any, folder: str, feeds: dict[str, np.ndarray],
-                     threads: int | None) -> None:
+                     threads: int | None, deadline: Deadline | None) -> None:
     """The stages of `plan` (saved in `folder`) on a provider that keeps its conversions, converted in `worker`
-    at the values they receive on `feeds` (`convert_ahead`): the plan's own process then loads them as kept, and
-    its peak is the plan's, not a converter's (the simplifier, the converter, ONNX Runtime's reference of the
-    stage: more than the plan holds when it runs). A failure is the plan's own process's to meet again."""
-    from ..providers import REGISTRY
-    from .compile import convert_ahead
+    at the values they receive on `feeds` (`convert_ahead`), stopped at the `deadline`: the plan's own process
+    then loads them as kept, and its peak is the plan's, not a converter's (the simplifier, the converter, ONNX
+    Runtime's reference of the stage: more than the plan holds when it runs). A failure is the plan's own
+    process's to meet again."""
+    from .compile import convert_ahead, keeps_conversions
 
-    ids = sorted({s.provider for s in plan.stages if REGISTRY[s.provider].keeps_conversions})
+    ids = sorted({s.provider for s in plan.stages if keeps_conversions(s)})
     if not ids:
         return
     try:
-        worker.call(convert_ahead, folder, feeds, threads, runtime="+".join(ids))
+        worker.call(convert_ahead, folder, feeds, threads, runtime="+".join(ids),
+                    seconds=None if deadline is None else max(deadline.left(), 0.0))
     except Exception as error:  # noqa: BLE001 - a conversion may fail in any way; the plan's process says how
         log.info("converting %s's stages on %s before timing it failed: %s", folder, ", ".join(ids),
                  first_line(error))
@@ -266,11 +269,13 @@ class SearchWorker:
         self.log: Any = None
         self._started()
 
-    def call(self, function: Callable[..., T], *args: Any, runtime: str | None = None) -> T:
+    def call(self, function: Callable[..., T], *args: Any, runtime: str | None = None,
+             seconds: float | None = None) -> T:
         """`function(*args)` run in the worker (a module-level function or a bound method, and arguments
-        that pickle) that serves `runtime` (any, when None); what it raises is raised here. `WorkerFailed`
-        naming the signal when the worker crashed, or saying so when the call ran out of time and the worker
-        was stopped (a new one answers the next call); `Unsendable` when the call does not pickle."""
+        that pickle) that serves `runtime` (any, when None); what it raises is raised here, and what it logged
+        at WARNING or above is logged here. It may run `seconds` (default: until `grace` past the deadline).
+        `WorkerFailed` naming the signal when the worker crashed, or saying so when the call ran out of time and
+        the worker was stopped (a new one answers the next call); `Unsendable` when the call does not pickle."""
         self.calls += 1
         path = self.folder / f"call{self.calls}.pickle"
         try:
@@ -280,7 +285,8 @@ class SearchWorker:
             os.unlink(path)
             raise Unsendable(f"{function!r} cannot be sent to a worker: {first_line(error)}") from error
         worker = self._started(runtime)
-        limit = CALL_SECONDS if self.deadline is None else max(self.deadline.left(), 0.0) + self.grace
+        limit = seconds if seconds is not None else CALL_SECONDS if self.deadline is None else (
+            max(self.deadline.left(), 0.0) + self.grace)
         expired = threading.Event()
         watchdog = _watchdog(self.deadline, limit, lambda: (expired.set(), kill(worker)))
         try:
@@ -300,9 +306,11 @@ class SearchWorker:
                 reason = f"the worker did not answer within {limit:.3g} s and was stopped"
             raise WorkerFailed(reason)
         with open(f"{path}.out", "rb") as f:
-            raised, value = pickle.load(f)  # noqa: S301 - written by this coordinator's own worker
+            raised, value, said = pickle.load(f)  # noqa: S301 - written by this coordinator's own worker
         os.unlink(path)
         os.unlink(f"{path}.out")
+        for name, level, message in said:
+            logging.getLogger(name).log(level, "%s", message)
         if raised:
             raise value
         return value
@@ -445,10 +453,11 @@ class _ModelPickler(pickle.Pickler):
 
 
 def _prepared() -> None:
-    """A search worker's first step, while its coordinator loads the model: what every request needs (onnx and
-    the providers' modules) imported; a runtime only when a request loads it, so that a worker holds the one it
-    serves and no other."""
-    import uhop_onnx.providers  # noqa: F401
+    """A search worker's first step, while its coordinator loads the model: what every request needs (onnx, to
+    read the models it is sent, and the providers' base) imported; a runtime only when a request loads it, so
+    that a worker holds the runtimes its requests name and no other."""
+    for module in ("onnx", "uhop_onnx.providers"):
+        import_module(module)
 
 
 if __name__ == "__main__":  # a worker process (`worker_protocol.spawn`)

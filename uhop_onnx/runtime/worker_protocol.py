@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
+import logging
 import os
 import pickle
 import select
@@ -252,20 +253,39 @@ def _returned_freed() -> None:
 
 
 def _answer(path: str, models: dict[str, Any]) -> None:
-    """Run the call pickled at `path`; its result, or what it raised, pickled at `path.out`."""
+    """Run the call pickled at `path`; its result, or what it raised, pickled at `path.out` with what uhop-onnx
+    logged meanwhile at WARNING or above (`(logger, level, message)`, logged again by the coordinator). An
+    exception that does not pickle, or would not unpickle there, goes as a `RuntimeError` of its first line."""
     with open(path, "rb") as f:
         function, args = _ModelUnpickler(f, models).load()  # noqa: S301 - written by this worker's coordinator
+    said = _Said()
+    logging.getLogger("uhop_onnx").addHandler(said)
     try:
         answer = (False, function(*args))
     except Exception as error:  # noqa: BLE001 - raised again in the coordinator
         answer = (True, error)
+    finally:
+        logging.getLogger("uhop_onnx").removeHandler(said)
     with open(f"{path}.out", "wb") as f:
         try:
-            pickle.dump(answer, f)
+            if answer[0]:
+                pickle.loads(pickle.dumps(answer[1]))  # noqa: S301 - its own bytes: does it come back whole?
+            pickle.dump((*answer, said.records), f)
         except Exception as error:  # noqa: BLE001 - an exception that does not pickle is told in one line
             f.seek(0)
             f.truncate()
-            pickle.dump((True, RuntimeError(first_line(answer[1] if answer[0] else error))), f)
+            pickle.dump((True, RuntimeError(first_line(answer[1] if answer[0] else error)), said.records), f)
+
+
+class _Said(logging.Handler):
+    """The records uhop-onnx logs at WARNING or above during a call, as `(logger, level, message)`."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[tuple[str, int, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append((record.name, record.levelno, record.getMessage()))
 
 
 def _block_call(provider: Any, model: str, feeds: str, runners: ExitStack) -> Callable[[], object]:
