@@ -15,9 +15,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import uhop_onnx
 from uhop_onnx import InputError, ProviderError
-from uhop_onnx.models import EXAMPLE_ENCODER, cnn
+from uhop_onnx.models import EXAMPLE_ENCODER, cnn, mlp
 
-from .conftest import assert_matches, reference
+from .conftest import assert_matches, random_feeds, reference
 
 SCRIPT = Path(__file__).with_name("ort_script.py")
 
@@ -245,3 +245,18 @@ def test_a_second_construction_reuses_the_measured_plan(caplog):
     assert second.plan.placement == "measured" and second.plan.profile == first.plan.profile
     feeds = {"input": np.ones((4, 64), np.float32)}
     assert_matches(second.run(None, feeds), first.run(None, feeds))
+
+
+def test_a_stage_sharing_its_process_plans_no_memory_pattern_and_a_whole_model_keeps_onnxruntimes_defaults():
+    """ONNX Runtime allocates the memory pattern its first run planned on its second, beside what the first left
+    in its arena: each session of a plan of several stages held its activations twice."""
+    from uhop_onnx.providers import create
+
+    model = mlp()
+    shared, whole = (create("ort-cpu").compile(model, exclusive=exclusive) for exclusive in (False, True))
+    assert shared.session.get_session_options().enable_mem_pattern is False
+    assert whole.session.get_session_options().enable_mem_pattern is True
+    feeds = random_feeds(model)
+    assert_matches([shared.run(feeds)[o.name] for o in model.graph.output], reference(model, feeds))
+    shared.close()
+    whole.close()
