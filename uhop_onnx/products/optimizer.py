@@ -74,7 +74,7 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
     try:
         simplified = _simplified(worker, simplify, loaded)
     except WorkerFailed as failure:
-        if worker.deadline is not None and worker.deadline.abandoned:
+        if worker.abandoned:
             raise
         log.warning("simplifying the model failed (%s); it is planned as loaded", failure)
         simplified = loaded
@@ -101,7 +101,7 @@ def analyze(model: str | os.PathLike | onnx.ModelProto, providers: Sequence[Prov
         try:
             fixed = FixedShapes(_simplified(worker, at_fixed_shapes, simplified, measured_shapes(feeds)))
         except WorkerFailed:
-            if worker.deadline is not None and worker.deadline.abandoned:
+            if worker.abandoned:
                 raise
             log.warning("the model at %s could not be prepared for fixed-shape runtimes: simplifying it there "
                         "failed", shapes_text(measured_shapes(feeds)))
@@ -164,7 +164,7 @@ def _asked(worker: SearchWorker | None, provider: Provider, graph: Graph, questi
     try:
         return worker.call(question, *args, runtime=provider.id)
     except WorkerFailed as failure:  # it crashed, or did not answer in time and was stopped
-        if worker.deadline is not None and worker.deadline.abandoned:
+        if worker.abandoned:
             raise  # stopped as the search was abandoned: nobody waits for the answer
         log.warning("%s: asking it what it can run failed (%s); it runs nothing here", provider.label, failure)
         return {n.name: Support(False, f"asking {provider.label} failed: {failure}", "check") for n in graph.nodes}

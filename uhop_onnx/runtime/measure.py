@@ -300,7 +300,7 @@ class SearchWorker:
         if not done or expired.is_set():  # an answer as the time ran out counts as none: the worker is killed
             reason = self._ended()
             os.unlink(path)
-            if expired.is_set() and self.deadline is not None and self.deadline.abandoned:
+            if expired.is_set() and self.abandoned:
                 reason = "the worker was stopped: the search was abandoned"
             elif expired.is_set():
                 reason = f"the worker did not answer within {limit:.3g} s and was stopped"
@@ -314,6 +314,11 @@ class SearchWorker:
         if raised:
             raise value
         return value
+
+    @property
+    def abandoned(self) -> bool:
+        """Whether the search this worker serves was abandoned: a call it stopped then has nobody waiting."""
+        return self.deadline is not None and self.deadline.abandoned
 
     def model_file(self, model: Any) -> str:
         """The file `model` (an `onnx.ModelProto`) is saved in for the worker, once per object."""
